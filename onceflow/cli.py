@@ -1,0 +1,218 @@
+"""The ``onceflow`` command line.
+
+Every flag has an environment-variable twin (shown in ``--help``); settings that have
+no flag come from ``ONCEFLOW_*`` variables (see the README's configuration table).
+Any failure becomes one line on stderr and a non-zero exit status.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from onceflow.errors import OnceflowError
+from onceflow.settings import Settings, get_settings
+
+
+def _settings() -> Settings:
+    return get_settings()
+
+
+def _apply_overrides(**overrides: Any) -> None:
+    """Turn CLI flags into the environment variables the settings read."""
+    for name, value in overrides.items():
+        if value is not None:
+            os.environ[f"ONCEFLOW_{name.upper()}"] = str(value)
+    get_settings.cache_clear()
+
+
+def _dev_services():
+    from onceflow.dev import DevServices
+
+    return DevServices(_settings().state_dir)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.version_option(package_name="onceflow")
+def cli() -> None:
+    """onceflow: HTTP bursts into durable workflows, one per job id."""
+
+
+# --- dev services -------------------------------------------------------------------
+
+
+@cli.group()
+def dev() -> None:
+    """Local Kafka and PostgreSQL on loopback (no Docker needed)."""
+
+
+@dev.command("up")
+def dev_up() -> None:
+    """Install what is missing, start Kafka and PostgreSQL, wait until both are ready."""
+    services = _dev_services()
+    services.up()
+    for name, state in services.status().items():
+        click.echo(f"{name}: {state}")
+
+
+@dev.command("down")
+def dev_down() -> None:
+    """Stop Kafka and PostgreSQL (data is kept under the state directory)."""
+    _dev_services().down()
+    click.echo("stopped")
+
+
+@dev.command("status")
+def dev_status() -> None:
+    """Show whether each service answers."""
+    for name, state in _dev_services().status().items():
+        click.echo(f"{name}: {state}")
+
+
+@dev.command("env")
+def dev_env() -> None:
+    """Print the service addresses as shell exports."""
+    for key, value in _dev_services().env().items():
+        click.echo(f"export {key}={value}")
+
+
+# --- schema and topics -------------------------------------------------------------------
+
+
+@cli.command()
+def migrate() -> None:
+    """Apply pending database migrations (safe to run from several processes)."""
+    from workflow_engine.db import check_connection, make_engine
+    from workflow_engine.schema import migrate as run_migrations
+
+    engine = make_engine(_settings().database_url, pool_size=1)
+    check_connection(engine)
+    applied = run_migrations(engine)
+    click.echo(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
+
+
+@cli.group()
+def topics() -> None:
+    """Kafka topics."""
+
+
+@topics.command("create")
+def topics_create() -> None:
+    """Create the jobs topic and its dead-letter topic if they do not exist."""
+    from onceflow.topics import ensure_topics
+
+    settings = _settings()
+    created = ensure_topics(settings)
+    click.echo(f"created: {', '.join(created)}" if created else "topics exist")
+
+
+# --- the three processes -----------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--host", envvar="ONCEFLOW_INGEST_HOST", default=None, help="Listen address.")
+@click.option("--port", envvar="ONCEFLOW_INGEST_PORT", type=int, default=None, help="HTTP port.")
+def ingest(host: str | None, port: int | None) -> None:
+    """Run the HTTP ingest service (POST /v1/jobs)."""
+    _apply_overrides(ingest_host=host, ingest_port=port)
+    from producers.server import serve
+
+    serve(_settings())
+
+
+@cli.command()
+@click.option("--concurrency", envvar="ONCEFLOW_STREAMS_CONCURRENCY", type=int, default=None,
+              help="Database transactions in flight per batch.")
+def worker(concurrency: int | None) -> None:
+    """Run the streams worker (Faust agent: Kafka records into workflow instances)."""
+    _apply_overrides(streams_concurrency=concurrency)
+    from streams.worker import run_worker
+
+    run_worker(_settings())
+
+
+@cli.command()
+@click.option("--concurrency", envvar="ONCEFLOW_ENGINE_CONCURRENCY", type=int, default=None,
+              help="Instances run at once by this engine process.")
+def engine(concurrency: int | None) -> None:
+    """Run a workflow engine process (claims and runs instances durably)."""
+    _apply_overrides(engine_concurrency=concurrency)
+    from workflow_engine.runner import run_engine
+
+    run_engine(_settings())
+
+
+# --- instances -----------------------------------------------------------------------------
+
+
+@cli.group()
+def instances() -> None:
+    """Inspect workflow instances."""
+
+
+@instances.command("describe")
+@click.argument("workflow")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def instances_describe(workflow: str, job_id: str, as_json: bool) -> None:
+    """Show one instance's status and each step's state."""
+    from onceflow.describe import render_instance
+    from workflow_engine.db import make_engine
+    from workflow_engine.instances import describe_instance
+
+    view = describe_instance(make_engine(_settings().database_url, pool_size=1), job_id)
+    if view is None or view.workflow != workflow:
+        raise OnceflowError(f"no instance of {workflow!r} with job id {job_id!r}")
+    if as_json:
+        click.echo(orjson.dumps(view.to_dict(), option=orjson.OPT_INDENT_2, default=str))
+    else:
+        click.echo(render_instance(view))
+
+
+# --- demo ---------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--jobs", "n_jobs", envvar="ONCEFLOW_DEMO_JOBS", type=int, default=100,
+              help="Distinct jobs to submit.")
+@click.option("--clients", envvar="ONCEFLOW_DEMO_CLIENTS", type=int, default=4,
+              help="Concurrent clients resubmitting a random subset.")
+@click.option("--seed", envvar="ONCEFLOW_DEMO_SEED", type=int, default=None,
+              help="Random seed (printed, so a run can be replayed).")
+@click.option("--timeout", envvar="ONCEFLOW_DEMO_TIMEOUT", type=float, default=180.0,
+              help="Seconds to wait for all work to finish.")
+@click.option("--json-out", envvar="ONCEFLOW_DEMO_JSON_OUT", type=click.Path(path_type=Path),
+              default=None, help="Also write the proof as JSON to this file.")
+def demo(n_jobs: int, clients: int, seed: int | None, timeout: float,
+         json_out: Path | None) -> None:
+    """Run the whole pipeline on real services and print a re-checkable proof."""
+    from onceflow.demo import run_demo
+
+    ok = run_demo(_settings(), n_jobs=n_jobs, clients=clients, seed=seed, timeout=timeout,
+                  json_out=json_out)
+    sys.exit(0 if ok else 1)
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("onceflow: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except OnceflowError as exc:
+        click.echo(f"onceflow: {exc}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

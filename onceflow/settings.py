@@ -1,0 +1,77 @@
+"""All settings in one place.
+
+Every setting is read from an environment variable named ``ONCEFLOW_<NAME>``; the two
+service addresses also accept the conventional ``KAFKA_BOOTSTRAP_SERVERS`` and
+``DATABASE_URL``. CLI flags, where a command has them, override these. The README's
+configuration table is the documentation of this class.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ONCEFLOW_", extra="ignore")
+
+    # --- services -----------------------------------------------------------------
+    kafka_bootstrap_servers: str = Field(
+        default="127.0.0.1:19092",
+        validation_alias=AliasChoices("ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS"),
+    )
+    database_url: str = Field(
+        default="postgresql://postgres@127.0.0.1:15432/onceflow",
+        validation_alias=AliasChoices("ONCEFLOW_DATABASE_URL", "DATABASE_URL"),
+    )
+
+    # --- topics ---------------------------------------------------------------------
+    jobs_topic: str = "onceflow.jobs"
+    dlq_topic: str = "onceflow.jobs.dlq"
+    topic_partitions: int = Field(default=4, ge=1)
+    topic_replication_factor: int = Field(default=1, ge=1)
+
+    # --- ingest (producers/) ------------------------------------------------------
+    ingest_host: str = "127.0.0.1"
+    ingest_port: int = 8080
+    ingest_metrics_port: int = 9101
+    ingest_max_batch: int = Field(default=1000, ge=1)
+    ingest_max_params_bytes: int = Field(default=65536, ge=2)
+    ingest_ack_timeout_seconds: float = Field(default=15.0, gt=0)
+    ingest_retry_after_seconds: int = Field(default=2, ge=1)
+    producer_linger_ms: int = Field(default=2, ge=0)
+
+    # --- streams worker (streams/) ------------------------------------------------
+    consumer_group: str = "onceflow-streams"
+    streams_batch_size: int = Field(default=500, ge=1)
+    streams_batch_within_seconds: float = Field(default=0.2, gt=0)
+    streams_concurrency: int = Field(default=4, ge=1)
+    streams_metrics_port: int = 9102
+    streams_commit_interval_seconds: float = Field(default=2.8, gt=0)
+    streams_shutdown_grace_seconds: float = Field(default=30.0, gt=0)
+
+    # --- workflow engine (workflow_engine/) ---------------------------------------
+    engine_concurrency: int = Field(default=64, ge=1)
+    engine_claim_batch: int = Field(default=32, ge=1)
+    engine_lease_seconds: float = Field(default=30.0, gt=0)
+    engine_poll_interval_seconds: float = Field(default=1.0, gt=0)
+    engine_metrics_port: int = 9103
+    workflow_modules: list[str] = Field(default_factory=lambda: ["workflow_engine.examples"])
+    step_result_max_bytes: int = Field(default=1024 * 1024, ge=2)
+
+    # --- process-wide ---------------------------------------------------------------
+    state_dir: Path = Path(".onceflow")
+    log_level: str = "INFO"
+    log_format: str = Field(default="json", pattern="^(json|text)$")
+    # Fault injection for tests: "streams.after_db_commit:N" kills the streams worker
+    # with SIGKILL right after its N-th database commit, before offsets are committed.
+    failpoint: str = ""
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read once from the environment."""
+    return Settings()

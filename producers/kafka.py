@@ -1,0 +1,139 @@
+"""The Kafka side of ingest: an idempotent producer whose acks become awaitables.
+
+``send`` returns only when Kafka acknowledged (acks=all) or refused each record, so
+the HTTP layer can answer 202 only for jobs that are durably in the topic.
+A dedicated thread serves librdkafka's delivery callbacks (``poll``) and hands each
+result to the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from onceflow.envelope import JobEnvelope
+from onceflow.settings import Settings
+from producers.metrics import KAFKA_ERRORS, PRODUCE_LATENCY, QUEUE_DEPTH
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    job_id: str
+    partition: int | None = None
+    offset: int | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def producer_config(settings: Settings) -> dict[str, object]:
+    timeout_ms = int(settings.ingest_ack_timeout_seconds * 1000)
+    return {
+        "bootstrap.servers": settings.kafka_bootstrap_servers,
+        "client.id": "onceflow-ingest",
+        "enable.idempotence": True,
+        "acks": "all",
+        # Same partition for a job id whichever client wrote it (Java and aiokafka
+        # use murmur2; librdkafka's default is CRC32 'consistent_random').
+        "partitioner": "murmur2_random",
+        "linger.ms": settings.producer_linger_ms,
+        "delivery.timeout.ms": timeout_ms,
+        "request.timeout.ms": min(timeout_ms, 30000),
+        "queue.buffering.max.messages": 500000,
+        "queue.buffering.max.kbytes": 262144,
+    }
+
+
+class JobProducer:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.topic = settings.jobs_topic
+        self._producer = Producer(producer_config(settings), logger=log)
+        self._running = True
+        self._poller = threading.Thread(target=self._poll, name="kafka-poll", daemon=True)
+        self._poller.start()
+
+    def _poll(self) -> None:
+        while self._running:
+            self._producer.poll(0.1)
+            QUEUE_DEPTH.set(len(self._producer))
+
+    async def send(self, envelopes: Sequence[JobEnvelope]) -> list[Ack]:
+        """Produce every envelope; wait for each one's delivery report."""
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Ack]] = []
+        started = loop.time()
+        for env in envelopes:
+            fut: asyncio.Future[Ack] = loop.create_future()
+            futures.append(fut)
+
+            def on_delivery(
+                err: KafkaError | None, msg: Message, fut=fut, job_id=env.job_id
+            ) -> None:
+                if err is not None:
+                    ack = Ack(job_id, error=err.str())
+                else:
+                    ack = Ack(job_id, msg.partition(), msg.offset())
+                loop.call_soon_threadsafe(_resolve, fut, ack)
+
+            try:
+                self._producer.produce(
+                    self.topic,
+                    key=env.key(),
+                    value=env.encode(),
+                    headers=env.headers(),
+                    on_delivery=on_delivery,
+                )
+            except BufferError:
+                fut.set_result(Ack(env.job_id, error="producer queue is full"))
+            except Exception as exc:  # KafkaException for a record librdkafka refuses
+                fut.set_result(Ack(env.job_id, error=str(exc)))
+        try:
+            acks = await asyncio.wait_for(
+                asyncio.gather(*futures), self.settings.ingest_ack_timeout_seconds + 5
+            )
+        except TimeoutError:
+            # librdkafka's delivery.timeout.ms fires first; this is a safety net. A job
+            # whose report has not arrived is *not* reported accepted.
+            acks = [
+                f.result() if f.done() else Ack(env.job_id, error="no delivery report in time")
+                for f, env in zip(futures, envelopes, strict=True)
+            ]
+        PRODUCE_LATENCY.observe(loop.time() - started)
+        failed = [a for a in acks if not a.ok]
+        if failed:
+            KAFKA_ERRORS.inc(len(failed))
+            log.warning(
+                "kafka refused %d of %d records: %s", len(failed), len(acks), failed[0].error,
+                extra={"event": "ingest.produce_failed", "job_id": failed[0].job_id},
+            )
+        return acks
+
+    def ready(self, timeout: float = 2.0) -> bool:
+        try:
+            md = self._producer.list_topics(self.topic, timeout=timeout)
+        except Exception:
+            return False
+        topic = md.topics.get(self.topic)
+        return topic is not None and topic.error is None and bool(topic.partitions)
+
+    def close(self, timeout: float = 30.0) -> int:
+        """Flush what is queued (clean shutdown); return records still undelivered."""
+        remaining = self._producer.flush(timeout)
+        self._running = False
+        self._poller.join(timeout=2)
+        return remaining
+
+
+def _resolve(fut: asyncio.Future[Ack], ack: Ack) -> None:
+    if not fut.done():
+        fut.set_result(ack)

@@ -1,0 +1,22 @@
+"""Prometheus metrics of the ingest process (served on ``ONCEFLOW_INGEST_METRICS_PORT``)."""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+REQUESTS = Counter(
+    "onceflow_ingest_requests_total", "HTTP requests to /v1/jobs by status code", ["status"]
+)
+JOBS_ACCEPTED = Counter(
+    "onceflow_ingest_jobs_accepted_total", "Jobs acknowledged by Kafka and answered 202"
+)
+JOBS_REJECTED = Counter(
+    "onceflow_ingest_jobs_rejected_total", "Jobs not accepted, by reason", ["reason"]
+)
+PRODUCE_LATENCY = Histogram(
+    "onceflow_ingest_produce_latency_seconds",
+    "From produce() to the last delivery report of one request",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+QUEUE_DEPTH = Gauge(
+    "onceflow_ingest_producer_queue_depth", "Records waiting in the producer's local queue"
+)
+KAFKA_ERRORS = Counter("onceflow_ingest_kafka_errors_total", "Records Kafka did not acknowledge")

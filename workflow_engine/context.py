@@ -1,0 +1,164 @@
+"""The ``ctx`` a workflow function receives: durable steps with replay.
+
+Replay model: a workflow function runs from the top every time its instance is
+claimed. ``ctx.step`` counts positions; a step already checkpointed at that position
+returns its stored result without running again, so only unfinished work runs. If the
+code now asks for a different step name than the one recorded at that position, the
+instance fails with :class:`NonDeterminismError` instead of doing something wrong.
+
+At-least-once steps: a step's side effect can happen more than once if the process
+dies after the side effect and before its checkpoint is written. Pass
+``current_step().idempotency_key`` (``{job_id}:{step name}``) to external systems so
+they can drop the repeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from workflow_engine import store
+from workflow_engine.definitions import DEFAULT_RETRY, RetryPolicy
+from workflow_engine.errors import NonDeterminismError, NonRetryableError, StepFailed
+from workflow_engine.metrics import STEP_DURATION, STEPS
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    job_id: str
+    workflow: str
+    name: str
+    position: int
+    attempt: int
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.job_id}:{self.name}"
+
+
+_current_step: contextvars.ContextVar[StepInfo | None] = contextvars.ContextVar(
+    "onceflow_current_step", default=None
+)
+
+
+def current_step() -> StepInfo:
+    """The step being run (for step code: its idempotency key, attempt number)."""
+    info = _current_step.get()
+    if info is None:
+        raise RuntimeError("current_step() called outside a workflow step")
+    return info
+
+
+class WorkflowContext:
+    def __init__(
+        self,
+        runtime: Any,
+        job_id: str,
+        workflow: str,
+        recorded: list[store.RecordedStep],
+    ) -> None:
+        self._rt = runtime
+        self.job_id = job_id
+        self.workflow = workflow
+        self._recorded = {s.position: s for s in recorded}
+        self._position = 0
+
+    def idempotency_key(self, step_name: str) -> str:
+        return f"{self.job_id}:{step_name}"
+
+    async def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retries: RetryPolicy | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` once, durably; return its (JSON) result."""
+        position = self._position
+        self._position += 1
+        recorded = self._recorded.get(position)
+        if recorded is not None:
+            if recorded.name != name:
+                raise NonDeterminismError(
+                    f"workflow {self.workflow!r} asked for step {name!r} at position {position},"
+                    f" but the history has {recorded.name!r} there"
+                )
+            if recorded.status == "complete":
+                return recorded.result
+        policy = retries or self._rt.default_retry or DEFAULT_RETRY
+        while True:
+            attempt = await self._rt.db(
+                store.start_step, self._rt.owner, self.job_id, position, name
+            )
+            token = _current_step.set(StepInfo(self.job_id, self.workflow, name, position, attempt))
+            started = time.perf_counter()
+            try:
+                value = await self._invoke(fn, args, kwargs, timeout)
+                encoded = store.encode_result(value, self._rt.max_result_bytes)
+            except NonRetryableError as exc:
+                await self._finish(position, attempt, "failed", error=_describe(exc))
+                STEPS.labels(self.workflow, "failed").inc()
+                raise
+            except Exception as exc:  # step code may raise anything: that is a failed attempt
+                final = attempt > policy.limit
+                outcome = "failed" if final else "retry"
+                await self._finish(position, attempt, outcome, error=_describe(exc))
+                STEPS.labels(self.workflow, outcome).inc()
+                log.warning(
+                    "step %r attempt %d failed: %s",
+                    name, attempt, exc,
+                    extra={"event": "step.failed" if final else "step.retry",
+                           "job_id": self.job_id, "step": name, "attempt": attempt},
+                )
+                if final:
+                    raise StepFailed(
+                        f"step {name!r} failed after {attempt} attempts: {_describe(exc)}"
+                    ) from exc
+                await self._rt.sleep(policy.delay_for(exc, attempt))
+                continue
+            finally:
+                _current_step.reset(token)
+            await self._finish(position, attempt, "complete", result=encoded)
+            STEPS.labels(self.workflow, "complete").inc()
+            STEP_DURATION.labels(self.workflow).observe(time.perf_counter() - started)
+            log.info(
+                "step %r complete", name,
+                extra={"event": "step.complete", "job_id": self.job_id, "step": name,
+                       "attempt": attempt},
+            )
+            return value
+
+    async def _invoke(
+        self, fn: Callable[..., Any], args: tuple, kwargs: dict, timeout: float | None
+    ) -> Any:
+        if inspect.iscoroutinefunction(fn):
+            call = fn(*args, **kwargs)
+        else:
+            # Run sync step code in a thread that carries this step's context.
+            ctx = contextvars.copy_context()
+            call = asyncio.to_thread(ctx.run, fn, *args, **kwargs)
+        return await asyncio.wait_for(call, timeout) if timeout else await call
+
+    async def _finish(
+        self, position: int, attempt: int, outcome: str,
+        result: bytes | None = None, error: str | None = None,
+    ) -> None:
+        await self._rt.db(
+            store.finish_step, self._rt.owner, self.job_id, position, attempt, outcome,
+            result, error,
+        )
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:2000]

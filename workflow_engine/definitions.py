@@ -1,0 +1,83 @@
+"""Defining workflows: the ``@workflow`` decorator, the registry and retry policies.
+
+    from workflow_engine import workflow
+
+    @workflow("order-workflow")
+    async def order(ctx, params):
+        receipt = await ctx.step("charge payment", charge, params["amount"])
+        await ctx.step("ship", ship, receipt["id"])
+        return {"receipt": receipt["id"]}
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from workflow_engine.context import WorkflowContext
+
+WorkflowFn = Callable[["WorkflowContext", dict[str, Any]], Awaitable[Any]]
+
+_REGISTRY: dict[str, WorkflowFn] = {}
+
+
+def workflow(name: str) -> Callable[[WorkflowFn], WorkflowFn]:
+    """Register an async function ``(ctx, params)`` as the workflow called ``name``."""
+
+    def register(fn: WorkflowFn) -> WorkflowFn:
+        existing = _REGISTRY.get(name)
+        if existing is not None and existing is not fn:
+            raise ValueError(f"workflow {name!r} is registered twice")
+        _REGISTRY[name] = fn
+        return fn
+
+    return register
+
+
+def get_workflow(name: str) -> WorkflowFn | None:
+    return _REGISTRY.get(name)
+
+
+def registered_workflows() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def load_workflow_modules(modules: Iterable[str]) -> list[str]:
+    """Import the modules that define workflows (``ONCEFLOW_WORKFLOW_MODULES``)."""
+    for module in modules:
+        importlib.import_module(module)
+    return registered_workflows()
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a failing step is retried. Defaults follow Cloudflare Workflows.
+
+    ``delay_fn``, when given, computes the delay from the error and the attempt number
+    (1-based) and overrides ``delay``/``backoff``; return ``None`` to use them.
+    """
+
+    limit: int = 5
+    delay: float = 10.0
+    backoff: Literal["constant", "linear", "exponential"] = "exponential"
+    max_delay: float = 3600.0
+    delay_fn: Callable[[BaseException, int], float | None] | None = None
+
+    def delay_for(self, error: BaseException, attempt: int) -> float:
+        if self.delay_fn is not None:
+            custom = self.delay_fn(error, attempt)
+            if custom is not None:
+                return max(0.0, float(custom))
+        if self.backoff == "constant":
+            value = self.delay
+        elif self.backoff == "linear":
+            value = self.delay * attempt
+        else:
+            value = self.delay * (2 ** (attempt - 1))
+        return min(value, self.max_delay)
+
+
+DEFAULT_RETRY = RetryPolicy()

@@ -1,0 +1,52 @@
+"""The sample ``order-workflow`` used by the demo and the tests.
+
+Each step performs a pretend side effect by writing one row per *execution* to
+``onceflow_demo_side_effects`` (no unique constraint there), so a step that ran twice
+would show as two rows: the demo's "exactly one side effect per step" check can fail.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import sqlalchemy as sa
+
+from onceflow.settings import get_settings
+from workflow_engine.context import current_step
+from workflow_engine.db import shared_engine
+from workflow_engine.definitions import RetryPolicy, workflow
+
+ORDER_STEPS = ("charge payment", "reserve stock", "ship")
+
+# Short delays so the demo finishes fast; real workflows keep the defaults.
+DEMO_RETRY = RetryPolicy(limit=3, delay=0.2, backoff="exponential")
+
+
+class TransientError(Exception):
+    """A failure worth retrying (the sample's flaky warehouse)."""
+
+
+def _record_side_effect(params: dict[str, Any]) -> dict[str, Any]:
+    step = current_step()
+    time.sleep(float(params.get("step_seconds", 0.05)))
+    if params.get("flaky") and step.name == "reserve stock" and step.attempt == 1:
+        raise TransientError("warehouse timed out")
+    engine = shared_engine(get_settings().database_url)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO onceflow_demo_side_effects (job_id, step, idempotency_key,"
+                " performed_by) VALUES (:j, :s, :k, :b)"
+            ),
+            {"j": step.job_id, "s": step.name, "k": step.idempotency_key, "b": str(step.attempt)},
+        )
+    return {"step": step.name, "key": step.idempotency_key}
+
+
+@workflow("order-workflow")
+async def order_workflow(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
+    receipt = await ctx.step("charge payment", _record_side_effect, params, retries=DEMO_RETRY)
+    await ctx.step("reserve stock", _record_side_effect, params, retries=DEMO_RETRY)
+    shipment = await ctx.step("ship", _record_side_effect, params, retries=DEMO_RETRY)
+    return {"receipt": receipt["key"], "shipment": shipment["key"]}

@@ -1,0 +1,37 @@
+"""Prometheus metrics of the engine process (served on ``ONCEFLOW_ENGINE_METRICS_PORT``)."""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+
+CLAIMED = Counter("onceflow_engine_instances_claimed_total", "Instances claimed by this engine")
+FINISHED = Counter(
+    "onceflow_engine_instances_finished_total",
+    "Instances this engine brought to a final status",
+    ["workflow", "status"],
+)
+STEPS = Counter(
+    "onceflow_engine_steps_total",
+    "Step attempts by outcome (complete, retry, failed)",
+    ["workflow", "outcome"],
+)
+STEP_DURATION = Histogram(
+    "onceflow_engine_step_duration_seconds",
+    "Duration of successful step attempts",
+    ["workflow"],
+    buckets=_LATENCY_BUCKETS,
+)
+CLAIM_LATENCY = Histogram(
+    "onceflow_engine_claim_latency_seconds",
+    "Time for one claim query",
+    buckets=_LATENCY_BUCKETS,
+)
+SUBMIT_TO_COMPLETE = Histogram(
+    "onceflow_engine_submission_to_completion_seconds",
+    "From HTTP submission to instance completion",
+    ["workflow"],
+    buckets=_E2E_BUCKETS,
+)
+INFLIGHT = Gauge("onceflow_engine_inflight_instances", "Instances this engine is running now")
+RESCUED = Counter("onceflow_engine_leases_rescued_total", "Expired leases re-queued by this engine")

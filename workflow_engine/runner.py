@@ -1,0 +1,273 @@
+"""The engine process: claim runnable instances, run them durably, hold leases.
+
+* Claims in batches with one ``FOR UPDATE SKIP LOCKED`` statement, up to the free
+  slots of its bounded concurrency; several engines can share one database.
+* Heartbeats extend the leases of everything in flight; a rescuer re-queues instances
+  whose lease expired (their engine died), so another engine resumes them from their
+  last checkpoint.
+* Wakes on ``LISTEN onceflow_runnable`` (sent when instances are created or rescued),
+  with a polling fallback.
+* SIGTERM: stop claiming, let in-flight instances finish for a grace period, release
+  the rest, exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import select
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import psycopg2
+from prometheus_client import start_http_server
+from sqlalchemy.engine import Engine
+from ulid import ULID
+
+from onceflow.logs import setup_logging
+from onceflow.settings import Settings
+from workflow_engine import store
+from workflow_engine.context import WorkflowContext
+from workflow_engine.db import check_connection, make_engine
+from workflow_engine.definitions import (
+    RetryPolicy,
+    get_workflow,
+    load_workflow_modules,
+)
+from workflow_engine.errors import LeaseLost, WorkflowError
+from workflow_engine.instances import RUNNABLE_CHANNEL
+from workflow_engine.metrics import (
+    CLAIM_LATENCY,
+    CLAIMED,
+    FINISHED,
+    INFLIGHT,
+    RESCUED,
+    SUBMIT_TO_COMPLETE,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class EngineRunner:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine | None = None,
+        default_retry: RetryPolicy | None = None,
+        sleep: Callable[[float], Any] = asyncio.sleep,
+    ) -> None:
+        self.settings = settings
+        self.engine = engine or make_engine(
+            settings.database_url, pool_size=min(settings.engine_concurrency, 16)
+        )
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{str(ULID())[-6:]}"
+        self.default_retry = default_retry
+        self.sleep = sleep
+        self.max_result_bytes = settings.step_result_max_bytes
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._wake = asyncio.Event()
+        self._slot_free = asyncio.Event()
+        self._stopping = asyncio.Event()
+
+    async def db(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking store function off the event loop."""
+        return await asyncio.to_thread(fn, self.engine, *args)
+
+    # --- main loops ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+        listener = threading.Thread(target=self._listen, args=(loop,), daemon=True)
+        listener.start()
+        log.info(
+            "engine started",
+            extra={"event": "engine.started", "engine_id": self.owner,
+                   "concurrency": self.settings.engine_concurrency},
+        )
+        side = [asyncio.create_task(self._heartbeat_loop()),
+                asyncio.create_task(self._rescue_loop())]
+        try:
+            await self._claim_loop()
+        finally:
+            await self._drain()
+            for task in side:
+                task.cancel()
+            log.info("engine stopped", extra={"event": "engine.stopped", "engine_id": self.owner})
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        self._slot_free.set()
+
+    async def _claim_loop(self) -> None:
+        s = self.settings
+        while not self._stopping.is_set():
+            free = s.engine_concurrency - len(self._inflight)
+            if free <= 0:
+                self._slot_free.clear()
+                await self._slot_free.wait()
+                continue
+            self._wake.clear()
+            started = time.perf_counter()
+            try:
+                claimed = await self.db(
+                    store.claim, self.owner, min(free, s.engine_claim_batch), s.engine_lease_seconds
+                )
+            except Exception:
+                log.exception("claim failed; retrying", extra={"event": "engine.claim_error"})
+                await self._wait_wake(s.engine_poll_interval_seconds)
+                continue
+            CLAIM_LATENCY.observe(time.perf_counter() - started)
+            CLAIMED.inc(len(claimed))
+            for inst in claimed:
+                self._inflight[inst.job_id] = asyncio.create_task(self._run_instance(inst))
+            INFLIGHT.set(len(self._inflight))
+            if len(claimed) < min(free, s.engine_claim_batch):
+                await self._wait_wake(s.engine_poll_interval_seconds)
+
+    async def _wait_wake(self, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        except TimeoutError:
+            pass
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.settings.engine_lease_seconds / 3
+        while True:
+            await asyncio.sleep(interval)
+            ids = list(self._inflight)
+            try:
+                kept = await self.db(
+                    store.heartbeat, self.owner, ids, self.settings.engine_lease_seconds
+                )
+            except Exception:
+                log.exception("heartbeat failed", extra={"event": "engine.heartbeat_error"})
+                continue
+            for lost in set(ids) - kept:
+                task = self._inflight.get(lost)
+                if task is not None and not task.done():
+                    log.warning("lease lost; abandoning run",
+                                extra={"event": "engine.lease_lost", "job_id": lost})
+                    task.cancel()
+
+    async def _rescue_loop(self) -> None:
+        interval = max(1.0, self.settings.engine_lease_seconds / 2)
+        while True:
+            try:
+                rescued = await self.db(store.rescue_expired)
+            except Exception:
+                log.exception("rescue failed", extra={"event": "engine.rescue_error"})
+                rescued = []
+            for job_id in rescued:
+                RESCUED.inc()
+                log.warning("expired lease re-queued",
+                            extra={"event": "engine.lease_rescued", "job_id": job_id})
+            await asyncio.sleep(interval)
+
+    async def _drain(self) -> None:
+        if not self._inflight:
+            return
+        grace = self.settings.engine_lease_seconds / 2
+        _, pending = await asyncio.wait(list(self._inflight.values()), timeout=grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+        left = list(self._inflight)
+        if left:
+            released = await self.db(store.release, self.owner, left)
+            log.info("released unfinished instances",
+                     extra={"event": "engine.released", "count": released})
+
+    # --- one instance ----------------------------------------------------------------
+
+    async def _run_instance(self, inst: store.Claimed) -> None:
+        job = inst.job_id
+        try:
+            fn = get_workflow(inst.workflow)
+            if fn is None:
+                await self._finish(inst, "errored", error=f"unknown workflow {inst.workflow!r}")
+                return
+            recorded = await self.db(store.load_steps, job)
+            ctx = WorkflowContext(self, job, inst.workflow, recorded)
+            log.info("instance running", extra={"event": "instance.running", "job_id": job,
+                                                "workflow": inst.workflow,
+                                                "claim": inst.claim_count})
+            try:
+                value = await fn(ctx, inst.params)
+                encoded = store.encode_result(value, self.max_result_bytes)
+            except LeaseLost:
+                raise
+            except WorkflowError as exc:
+                await self._finish(inst, "errored", error=str(exc))
+                return
+            except Exception as exc:
+                await self._finish(inst, "errored", error=f"{type(exc).__name__}: {exc}")
+                return
+            await self._finish(inst, "complete", result=encoded)
+        except LeaseLost as exc:
+            log.warning("%s", exc, extra={"event": "engine.lease_lost", "job_id": job})
+        except asyncio.CancelledError:
+            log.info("run cancelled", extra={"event": "instance.cancelled", "job_id": job})
+        except Exception:
+            # A database outage mid-run: leave the lease to expire so it is retried.
+            log.exception("run crashed", extra={"event": "instance.crashed", "job_id": job})
+        finally:
+            self._inflight.pop(job, None)
+            INFLIGHT.set(len(self._inflight))
+            self._slot_free.set()
+
+    async def _finish(
+        self, inst: store.Claimed, status: str, result: bytes | None = None,
+        error: str | None = None,
+    ) -> None:
+        await self.db(store.finish_instance, self.owner, inst.job_id, status, result, error)
+        FINISHED.labels(inst.workflow, status).inc()
+        if inst.submitted_at is not None:
+            SUBMIT_TO_COMPLETE.labels(inst.workflow).observe(
+                (datetime.now(UTC) - inst.submitted_at).total_seconds()
+            )
+        level = logging.INFO if status == "complete" else logging.WARNING
+        log.log(level, "instance %s", status,
+                extra={"event": f"instance.{status}", "job_id": inst.job_id,
+                       "workflow": inst.workflow, "error": error})
+
+    # --- LISTEN/NOTIFY ----------------------------------------------------------------
+
+    def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Blocking LISTEN in a thread; each notification wakes the claim loop."""
+        dsn = self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        while not self._stopping.is_set():
+            try:
+                conn = psycopg2.connect(dsn)
+                conn.set_isolation_level(psycopg2.extensions.ISOLATION_LEVEL_AUTOCOMMIT)
+                conn.cursor().execute(f"LISTEN {RUNNABLE_CHANNEL}")
+                while not self._stopping.is_set():
+                    if select.select([conn], [], [], 1.0)[0]:
+                        conn.poll()
+                        if conn.notifies:
+                            conn.notifies.clear()
+                            loop.call_soon_threadsafe(self._wake.set)
+            except Exception:
+                log.warning("LISTEN connection lost; polling until it is back",
+                            extra={"event": "engine.listen_error"})
+                time.sleep(1.0)
+
+
+def run_engine(settings: Settings) -> None:
+    setup_logging(settings.log_level, settings.log_format, "engine")
+    names = load_workflow_modules(settings.workflow_modules)
+    runner = EngineRunner(settings)
+    check_connection(runner.engine)
+    start_http_server(settings.engine_metrics_port, addr="0.0.0.0")
+    log.info("workflows loaded: %s", ", ".join(names), extra={"event": "engine.workflows"})
+    asyncio.run(runner.run())
