@@ -1,0 +1,32 @@
+"""The one Faust app of the streams worker process, declared once.
+
+Its id is the Kafka consumer group. Topics are created beforehand (``onceflow topics
+create``), so the app never declares them; there are no tables, so no changelogs.
+"""
+
+from __future__ import annotations
+
+import faust
+
+from onceflow.settings import Settings, get_settings
+
+
+def create_app(settings: Settings) -> faust.App:
+    datadir = settings.state_dir / "faust"
+    datadir.parent.mkdir(parents=True, exist_ok=True)
+    brokers = [f"kafka://{hp.strip()}" for hp in settings.kafka_bootstrap_servers.split(",")]
+    return faust.App(
+        settings.consumer_group,
+        broker=brokers,
+        web_enabled=False,
+        topic_allow_declare=False,
+        topic_disable_leader=True,
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=settings.streams_commit_interval_seconds,
+        datadir=str(datadir),
+        stream_buffer_maxsize=max(4096, settings.streams_batch_size * 2),
+    )
+
+
+settings = get_settings()
+app = create_app(settings)

@@ -1,0 +1,211 @@
+"""Handling one batch of consumed records: the part of the worker that must be right.
+
+Guarantees (see docs/architecture.md, "Offsets after commits"):
+
+* A batch's records are acked to Faust only when :meth:`BatchHandler.handle` returns,
+  and it returns only after every record is either committed to Postgres (instance
+  created or duplicate recorded) or acknowledged by Kafka on the dead-letter topic.
+* Database outages block and retry with backoff; nothing is skipped.
+* Bounded concurrency lives *inside* a batch: up to ``streams_concurrency``
+  transactions in parallel, one per group of whole partitions. The next batch is not
+  taken until all of them committed, so no offset can pass an uncommitted record
+  (the trap of faust-streaming's agent ``concurrency>1``, issue #606).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import threading
+import time
+
+import sqlalchemy.exc as sa_exc
+from confluent_kafka import Producer
+from sqlalchemy.engine import Engine
+from tenacity import Retrying, retry_if_exception_type, stop_never, wait_exponential_jitter
+
+from onceflow.settings import Settings
+from streams.metrics import (
+    BATCH_SIZE,
+    CREATED,
+    DB_LATENCY,
+    DB_RETRIES,
+    DEAD_LETTERED,
+    DUPLICATES,
+    IN_FLIGHT,
+    MISMATCHES,
+    RECORDS,
+)
+from streams.records import DeadLetter, RawRecord, classify, split_by_partition
+from workflow_engine.instances import CreateResult, Delivery, create_instances
+
+log = logging.getLogger(__name__)
+
+# Errors that mean "the database is not reachable right now": block and retry.
+TRANSIENT_DB_ERRORS = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError)
+
+MAX_RECORD_BYTES = 1024 * 1024
+
+
+class BatchHandler:
+    def __init__(self, settings: Settings, engine: Engine, dlq: Producer) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.dlq = dlq
+        self._commits = 0
+        self._lock = threading.Lock()
+        self._failpoint_after = _parse_failpoint(settings.failpoint, "streams.after_db_commit")
+
+    async def handle(self, records: list[RawRecord]) -> CreateResult:
+        IN_FLIGHT.set(len(records))
+        BATCH_SIZE.observe(len(records))
+        for rec in records:
+            RECORDS.labels(rec.topic, str(rec.partition)).inc()
+        deliveries, dead = classify(records, MAX_RECORD_BYTES)
+        if dead:
+            await asyncio.to_thread(self._dead_letter, dead)
+        chunks = split_by_partition(deliveries, self.settings.streams_concurrency)
+        results = await asyncio.gather(*(asyncio.to_thread(self._create, c) for c in chunks))
+        total = CreateResult()
+        for r in results:
+            total.add(r)
+        IN_FLIGHT.set(0)
+        return total
+
+    # --- in worker threads ---------------------------------------------------------
+
+    def _create(self, chunk: list[Delivery]) -> CreateResult:
+        retrying = Retrying(
+            retry=retry_if_exception_type(TRANSIENT_DB_ERRORS),
+            wait=wait_exponential_jitter(initial=0.1, max=5.0),
+            stop=stop_never,
+            before_sleep=_log_retry,
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    started = time.perf_counter()
+                    result = create_instances(self.engine, chunk)
+                    DB_LATENCY.observe(time.perf_counter() - started)
+        except sa_exc.DBAPIError as exc:
+            # The database refused the batch for a reason that retrying will not fix:
+            # isolate the offending record(s), dead-letter them, keep the rest.
+            log.error("batch rejected (%s); retrying record by record", exc.orig,
+                      extra={"event": "streams.batch_rejected"})
+            result = self._create_one_by_one(chunk)
+        self._after_commit()
+        self._report(chunk, result)
+        return result
+
+    def _create_one_by_one(self, chunk: list[Delivery]) -> CreateResult:
+        total = CreateResult()
+        for delivery in chunk:
+            for attempt in Retrying(
+                retry=retry_if_exception_type(TRANSIENT_DB_ERRORS),
+                wait=wait_exponential_jitter(initial=0.1, max=5.0),
+                stop=stop_never, before_sleep=_log_retry, reraise=True,
+            ):
+                with attempt:
+                    try:
+                        total.add(create_instances(self.engine, [delivery]))
+                    except sa_exc.DBAPIError as exc:
+                        if isinstance(exc, TRANSIENT_DB_ERRORS):
+                            raise
+                        rec = RawRecord(delivery.topic, delivery.partition, delivery.offset,
+                                        delivery.envelope.key(), delivery.envelope.encode(),
+                                        delivery.envelope.headers())
+                        self._dead_letter([DeadLetter(rec, f"database rejected: {exc.orig}")])
+        return total
+
+    def _dead_letter(self, dead: list[DeadLetter]) -> None:
+        """Write dead letters and wait for Kafka's acknowledgement (retrying forever)."""
+        pending = list(dead)
+        while pending:
+            failed: list[DeadLetter] = []
+
+            def on_delivery(err, _msg, letter):
+                if err is not None:
+                    failed.append(letter)
+
+            for letter in pending:
+                self.dlq.produce(
+                    self.settings.dlq_topic,
+                    key=letter.record.key,
+                    value=letter.record.value,
+                    headers=letter.headers(),
+                    on_delivery=lambda err, msg, letter=letter: on_delivery(err, msg, letter),
+                )
+            self.dlq.flush()
+            for letter in pending:
+                if letter not in failed:
+                    DEAD_LETTERED.labels(_reason_label(letter.reason)).inc()
+                    log.warning(
+                        "record dead-lettered: %s", letter.reason,
+                        extra={"event": "record.dead_lettered", "reason": letter.reason,
+                               "topic": letter.record.topic,
+                               "partition": letter.record.partition,
+                               "offset": letter.record.offset,
+                               "job_id": (letter.record.key or b"").decode(errors="replace")},
+                    )
+            if failed:
+                log.error("dead-letter topic did not acknowledge %d records; retrying",
+                          len(failed), extra={"event": "streams.dlq_retry"})
+                time.sleep(1.0)
+            pending = failed
+
+    def _after_commit(self) -> None:
+        with self._lock:
+            self._commits += 1
+            commits = self._commits
+        if self._failpoint_after is not None and commits >= self._failpoint_after:
+            log.critical("failpoint streams.after_db_commit reached: SIGKILL",
+                         extra={"event": "streams.failpoint"})
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _report(self, chunk: list[Delivery], result: CreateResult) -> None:
+        CREATED.inc(result.created)
+        DUPLICATES.labels("redelivery").inc(result.redeliveries)
+        DUPLICATES.labels("resubmission").inc(result.duplicates - result.redeliveries)
+        MISMATCHES.inc(result.mismatches)
+        first = {}
+        for d in chunk:
+            first.setdefault(d.envelope.job_id, d)
+        for job_id in result.created_ids:
+            d = first[job_id]
+            log.info("instance created", extra={
+                "event": "instance.created", "job_id": job_id, "workflow": d.envelope.workflow,
+                "request_id": d.envelope.request_id, "topic": d.topic,
+                "partition": d.partition, "offset": d.offset})
+        mismatched = set(result.mismatch_ids)
+        for job_id in result.duplicate_ids:
+            log.info("duplicate delivery collapsed", extra={
+                "event": "delivery.duplicate", "job_id": job_id,
+                "params_match": job_id not in mismatched})
+
+
+def _log_retry(retry_state) -> None:
+    DB_RETRIES.inc()
+    exc = retry_state.outcome.exception() if retry_state.outcome else None
+    log.warning("database unavailable (%s); retrying in %.1fs", exc,
+                retry_state.next_action.sleep if retry_state.next_action else 0,
+                extra={"event": "streams.db_retry", "attempt": retry_state.attempt_number})
+
+
+def _reason_label(reason: str) -> str:
+    for prefix in ("value is not JSON", "invalid job_id", "missing workflow", "record is",
+                   "database rejected", "params must", "unsupported envelope"):
+        if reason.startswith(prefix):
+            return prefix.replace(" ", "_")
+    return "invalid_envelope"
+
+
+def _parse_failpoint(spec: str, name: str) -> int | None:
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        key, _, value = part.partition(":")
+        if key == name:
+            return int(value or 1)
+    return None

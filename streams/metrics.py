@@ -1,0 +1,36 @@
+"""Prometheus metrics of the streams worker (served on ``ONCEFLOW_STREAMS_METRICS_PORT``)."""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+RECORDS = Counter(
+    "onceflow_streams_records_consumed_total", "Kafka records consumed", ["topic", "partition"]
+)
+CREATED = Counter("onceflow_streams_instances_created_total", "Workflow instances created")
+DUPLICATES = Counter(
+    "onceflow_streams_duplicates_collapsed_total",
+    "Deliveries of a job id that already had an instance (no-ops), by kind",
+    ["kind"],
+)
+MISMATCHES = Counter(
+    "onceflow_streams_payload_mismatches_total",
+    "Duplicate deliveries whose params differ from the first delivery's",
+)
+DEAD_LETTERED = Counter(
+    "onceflow_streams_dead_lettered_total", "Records sent to the dead-letter topic", ["reason"]
+)
+BATCH_SIZE = Histogram(
+    "onceflow_streams_batch_size",
+    "Records per batch handed to the database",
+    buckets=(1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000),
+)
+DB_LATENCY = Histogram(
+    "onceflow_streams_db_latency_seconds",
+    "Duration of one create-instances transaction",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+DB_RETRIES = Counter(
+    "onceflow_streams_db_retries_total", "Create-instances transactions retried after an error"
+)
+IN_FLIGHT = Gauge(
+    "onceflow_streams_records_in_flight", "Records taken from Kafka not yet committed to Postgres"
+)

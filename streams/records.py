@@ -1,0 +1,74 @@
+"""From consumed records to deliveries: decode, validate, or send to the dead-letter topic.
+
+Pure functions over plain values so they can be unit-tested without Kafka.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onceflow.envelope import (
+    HEADER_DLQ_REASON,
+    HEADER_DLQ_SOURCE,
+    JobEnvelope,
+)
+from onceflow.errors import InvalidEnvelope
+from workflow_engine.instances import Delivery
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    record: RawRecord
+    reason: str
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        source = f"{self.record.topic}/{self.record.partition}@{self.record.offset}"
+        return [
+            *self.record.headers,
+            (HEADER_DLQ_REASON, self.reason.encode()),
+            (HEADER_DLQ_SOURCE, source.encode()),
+        ]
+
+
+def classify(
+    records: list[RawRecord], max_value_bytes: int
+) -> tuple[list[Delivery], list[DeadLetter]]:
+    """Split records into valid deliveries (in order) and dead letters with a reason."""
+    deliveries: list[Delivery] = []
+    dead: list[DeadLetter] = []
+    for rec in records:
+        if rec.value is not None and len(rec.value) > max_value_bytes:
+            dead.append(DeadLetter(rec, f"record is {len(rec.value)} bytes, limit {max_value_bytes}"))
+            continue
+        try:
+            env = JobEnvelope.decode(rec.key, rec.value)
+        except InvalidEnvelope as exc:
+            dead.append(DeadLetter(rec, str(exc)))
+            continue
+        deliveries.append(Delivery(env, rec.topic, rec.partition, rec.offset))
+    return deliveries, dead
+
+
+def split_by_partition(deliveries: list[Delivery], groups: int) -> list[list[Delivery]]:
+    """At most ``groups`` chunks; all records of one partition stay in one chunk, in order.
+
+    Each chunk is one transaction. Keeping a partition together means the same job id
+    (always on one partition) is never written by two concurrent transactions.
+    """
+    by_partition: dict[tuple[str, int], list[Delivery]] = {}
+    for d in deliveries:
+        by_partition.setdefault((d.topic, d.partition), []).append(d)
+    chunks: list[list[Delivery]] = [[] for _ in range(max(1, min(groups, len(by_partition))))]
+    for i, part in enumerate(sorted(by_partition)):
+        chunks[i % len(chunks)].extend(by_partition[part])
+    return [c for c in chunks if c]

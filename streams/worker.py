@@ -1,0 +1,47 @@
+"""Running the streams worker process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+from prometheus_client import start_http_server
+
+from onceflow.settings import Settings
+
+
+def _logging_config(settings: Settings) -> dict:
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "json": {"()": "onceflow.logs.JsonFormatter", "process_name": "streams"},
+            "text": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        },
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": settings.log_format}},
+        "root": {"level": settings.log_level.upper(), "handlers": ["stderr"]},
+        "loggers": {name: {"level": "WARNING"} for name in ("aiokafka", "faust", "mode")},
+    }
+
+
+def run_worker(settings: Settings) -> None:
+    import faust
+
+    from streams import agents  # noqa: F401  (registers the agent)
+    from streams.app import app
+
+    start_http_server(settings.streams_metrics_port, addr="0.0.0.0")
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=settings.streams_concurrency + 4))
+    worker = faust.Worker(
+        app,
+        loop=loop,
+        loglevel=settings.log_level.upper(),
+        logging_config=_logging_config(settings),
+        quiet=True,
+    )
+    logging.getLogger(__name__).info("streams worker starting",
+                                     extra={"event": "streams.starting"})
+    worker.execute_from_commandline()
