@@ -52,6 +52,8 @@ class Settings(BaseSettings):
     streams_metrics_port: int = 9102
     streams_commit_interval_seconds: float = Field(default=2.8, gt=0)
     streams_shutdown_grace_seconds: float = Field(default=30.0, gt=0)
+    # How soon a dead worker's partitions move to the others (Kafka session timeout).
+    streams_session_timeout_seconds: float = Field(default=10.0, ge=6)
 
     # --- workflow engine (workflow_engine/) ---------------------------------------
     engine_concurrency: int = Field(default=64, ge=1)

@@ -23,6 +23,8 @@ def create_app(settings: Settings) -> faust.App:
         topic_disable_leader=True,
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=settings.streams_commit_interval_seconds,
+        broker_session_timeout=settings.streams_session_timeout_seconds,
+        broker_heartbeat_interval=settings.streams_session_timeout_seconds / 4,
         datadir=str(datadir),
         stream_buffer_maxsize=max(4096, settings.streams_batch_size * 2),
     )

@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -65,7 +66,7 @@ class EngineRunner:
     ) -> None:
         self.settings = settings
         self.engine = engine or make_engine(
-            settings.database_url, pool_size=min(settings.engine_concurrency, 16)
+            settings.database_url, pool_size=min(settings.engine_concurrency, 32)
         )
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{str(ULID())[-6:]}"
         self.default_retry = default_retry
@@ -270,4 +271,13 @@ def run_engine(settings: Settings) -> None:
     check_connection(runner.engine)
     start_http_server(settings.engine_metrics_port, addr="0.0.0.0")
     log.info("workflows loaded: %s", ", ".join(names), extra={"event": "engine.workflows"})
-    asyncio.run(runner.run())
+    asyncio.run(_main(runner, settings.engine_concurrency))
+
+
+async def _main(runner: EngineRunner, concurrency: int) -> None:
+    # Sync step code and database calls run in threads: one per instance slot, plus
+    # a few for the heartbeat, rescuer and claim loop.
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(max_workers=concurrency + 8, thread_name_prefix="engine")
+    )
+    await runner.run()

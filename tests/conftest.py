@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+# Tests control the settings they use: scrub the app's own variables first.
+for _name in [n for n in os.environ if n.startswith("ONCEFLOW_")]:
+    del os.environ[_name]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = str(item.path)
+        if "/integration/" in path:
+            item.add_marker(pytest.mark.integration)
+        elif "/acceptance/" in path:
+            item.add_marker(pytest.mark.acceptance)
+
+
+@pytest.fixture(scope="session")
+def services() -> Iterator:
+    from tests.services import Services
+
+    svc = Services().start()
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(scope="session")
+def base_settings(services):
+    from onceflow.settings import Settings
+
+    return Settings(kafka_bootstrap_servers=services.kafka, database_url=services.database_url)
+
+
+@pytest.fixture(scope="session")
+def template_db(base_settings) -> str:
+    """A migrated database that per-test databases are copied from."""
+    from onceflow.stack import recreate_database
+    from workflow_engine.db import make_engine
+    from workflow_engine.schema import migrate
+
+    name = f"onceflow_tpl_{uuid.uuid4().hex[:8]}"
+    url = recreate_database(base_settings.database_url, name)
+    engine = make_engine(url, pool_size=1)
+    migrate(engine)
+    engine.dispose()
+    return name
+
+
+@pytest.fixture
+def db_url(base_settings, template_db) -> Iterator[str]:
+    """A fresh, migrated database for one test."""
+    import sqlalchemy as sa
+
+    from onceflow.stack import database_url_for
+    from workflow_engine.db import make_engine
+
+    name = f"onceflow_t_{uuid.uuid4().hex[:10]}"
+    admin = make_engine(database_url_for(base_settings.database_url, "postgres"), pool_size=1)
+    with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"'))
+    yield database_url_for(base_settings.database_url, name)
+    with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture
+def db(db_url):
+    from workflow_engine.db import make_engine
+
+    engine = make_engine(db_url, pool_size=4)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def settings(base_settings, db_url, tmp_path):
+    """Settings for one test: its own database, topics and consumer group."""
+    from onceflow.topics import ensure_topics
+
+    run = uuid.uuid4().hex[:8]
+    s = base_settings.model_copy(update={
+        "database_url": db_url,
+        "jobs_topic": f"test.{run}.jobs",
+        "dlq_topic": f"test.{run}.jobs.dlq",
+        "consumer_group": f"test-{run}",
+        "state_dir": tmp_path / "state",
+    })
+    ensure_topics(s)
+    return s
+
+
+def settings_env(s) -> dict[str, str]:
+    """The environment that gives a subprocess the same settings."""
+    return {
+        "ONCEFLOW_DATABASE_URL": s.database_url,
+        "ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS": s.kafka_bootstrap_servers,
+        "ONCEFLOW_JOBS_TOPIC": s.jobs_topic,
+        "ONCEFLOW_DLQ_TOPIC": s.dlq_topic,
+        "ONCEFLOW_CONSUMER_GROUP": s.consumer_group,
+        "ONCEFLOW_TOPIC_PARTITIONS": str(s.topic_partitions),
+        "ONCEFLOW_STATE_DIR": str(s.state_dir),
+        "ONCEFLOW_LOG_FORMAT": "json",
+    }

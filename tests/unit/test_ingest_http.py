@@ -1,0 +1,93 @@
+"""The HTTP contract of ingest, with a producer double standing in for Kafka's answers.
+
+(The real producer against real Kafka is covered in tests/integration.)
+"""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from onceflow.envelope import JobEnvelope
+from onceflow.settings import Settings
+from producers.api import create_app
+from producers.kafka import Ack
+
+
+class ScriptedProducer:
+    """Acknowledges every record, except job ids listed in ``refuse``."""
+
+    def __init__(self, refuse=()):
+        self.refuse = set(refuse)
+        self.sent: list[JobEnvelope] = []
+
+    async def send(self, envelopes):
+        self.sent.extend(envelopes)
+        return [Ack(e.job_id, error="Local: Message timed out") if e.job_id in self.refuse
+                else Ack(e.job_id, 0, len(self.sent)) for e in envelopes]
+
+    def ready(self):
+        return True
+
+    def close(self):
+        return 0
+
+
+@pytest.fixture
+def client_for():
+    def make(producer):
+        return TestClient(create_app(Settings(ingest_max_batch=200), producer))
+    return make
+
+
+def test_202_lists_every_job_with_its_offset(client_for):
+    producer = ScriptedProducer()
+    with client_for(producer) as client:
+        r = client.post("/v1/jobs", json={"jobs": [
+            {"job_id": "a", "workflow": "w"}, {"workflow": "w"}, {"job_id": "a", "workflow": "w"}]})
+    assert r.status_code == 202
+    body = r.json()
+    assert [j["job_id"] for j in body["accepted"]][0] == "a"
+    assert body["accepted"][1]["job_id"].startswith("job_")
+    assert body["duplicates_in_request"] == 1
+    assert len(producer.sent) == 2  # the in-request duplicate is written once
+    assert r.headers["x-request-id"] == body["request_id"]
+    assert {e.request_id for e in producer.sent} == {body["request_id"]}
+
+
+def test_503_when_kafka_does_not_acknowledge_and_no_false_accept(client_for):
+    with client_for(ScriptedProducer(refuse={"b"})) as client:
+        r = client.post("/v1/jobs", json={"jobs": [{"job_id": "a", "workflow": "w"},
+                                                   {"job_id": "b", "workflow": "w"}]})
+    assert r.status_code == 503
+    assert r.headers["retry-after"] == "2"
+    body = r.json()
+    assert [j["job_id"] for j in body["accepted"]] == ["a"]
+    assert [j["job_id"] for j in body["rejected"]] == ["b"]
+
+
+def test_wrong_content_type_is_415(client_for):
+    with client_for(ScriptedProducer()) as client:
+        r = client.post("/v1/jobs", content=b'{"workflow":"w"}',
+                        headers={"content-type": "text/plain"})
+    assert r.status_code == 415
+    assert r.json()["error"] == "unsupported_media_type"
+
+
+def test_bad_field_is_422_and_nothing_is_sent(client_for):
+    producer = ScriptedProducer()
+    with client_for(producer) as client:
+        r = client.post("/v1/jobs", json={"jobs": [{"workflow": "w"},
+                                                   {"workflow": "w", "job_id": "bad id"}]})
+    assert r.status_code == 422
+    assert r.json()["fields"][0]["field"] == "jobs[1].job_id"
+    assert producer.sent == []
+
+
+def test_openapi_documents_both_body_shapes(client_for):
+    with client_for(ScriptedProducer()) as client:
+        spec = client.get("/openapi.json").json()
+    body = spec["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]
+    refs = {s["$ref"] for s in body["schema"]["oneOf"]}
+    assert refs == {"#/components/schemas/JobIn", "#/components/schemas/BatchIn"}
+    assert "JobIn" in spec["components"]["schemas"]

@@ -1,0 +1,65 @@
+import orjson
+import pytest
+
+from producers.models import RequestError, parse_jobs
+
+
+def parse(doc, max_batch=100, max_params=1000):
+    body = doc if isinstance(doc, bytes) else orjson.dumps(doc)
+    return parse_jobs(body, max_batch, max_params)
+
+
+def test_single_job_and_batch():
+    assert parse({"workflow": "w", "params": {"a": 1}})[0].params == {"a": 1}
+    jobs = parse({"jobs": [{"workflow": "w"}, {"workflow": "w", "job_id": "j1"}]})
+    assert [j.job_id for j in jobs] == [None, "j1"]
+
+
+def test_batch_of_100_is_fine():
+    assert len(parse({"jobs": [{"workflow": "w"}] * 100})) == 100
+
+
+def _error(doc, **kw) -> RequestError:
+    with pytest.raises(RequestError) as info:
+        parse(doc, **kw)
+    return info.value
+
+
+def test_invalid_job_id_names_the_field():
+    err = _error({"jobs": [{"workflow": "w"}, {"workflow": "w", "job_id": "no spaces"}]})
+    assert err.status == 422
+    assert err.body.fields[0].field == "jobs[1].job_id"
+
+
+def test_over_long_job_id():
+    err = _error({"workflow": "w", "job_id": "x" * 101})
+    assert err.body.fields[0].field == "job_id"
+
+
+def test_missing_workflow_and_unknown_field():
+    err = _error({"params": {}, "colour": "red"})
+    assert {f.field for f in err.body.fields} == {"workflow", "colour"}
+
+
+def test_batch_over_limit():
+    err = _error({"jobs": [{"workflow": "w"}] * 11}, max_batch=10)
+    assert (err.status, err.body.error, err.body.fields[0].field) == (422, "batch_too_large",
+                                                                     "jobs")
+
+
+def test_params_too_large():
+    err = _error({"jobs": [{"workflow": "w", "params": {"x": "y" * 2000}}]})
+    assert (err.body.error, err.body.fields[0].field) == ("params_too_large", "jobs[0].params")
+
+
+@pytest.mark.parametrize("body", [b"{", b"\xff\xfe", b""])
+def test_malformed_json_is_400(body):
+    assert _error(body).status == 400
+
+
+def test_non_object_body():
+    assert _error([1, 2]).status == 422
+
+
+def test_empty_batch_rejected():
+    assert _error({"jobs": []}).body.fields[0].field == "jobs"
