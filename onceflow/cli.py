@@ -126,8 +126,13 @@ def ingest(host: str | None, port: int | None) -> None:
 
 
 @cli.command()
-@click.option("--concurrency", envvar="ONCEFLOW_STREAMS_CONCURRENCY", type=int, default=None,
-              help="Database transactions in flight per batch.")
+@click.option(
+    "--concurrency",
+    envvar="ONCEFLOW_STREAMS_CONCURRENCY",
+    type=int,
+    default=None,
+    help="Database transactions in flight per batch.",
+)
 def worker(concurrency: int | None) -> None:
     """Run the streams worker (Faust agent: Kafka records into workflow instances)."""
     _apply_overrides(streams_concurrency=concurrency)
@@ -137,8 +142,13 @@ def worker(concurrency: int | None) -> None:
 
 
 @cli.command()
-@click.option("--concurrency", envvar="ONCEFLOW_ENGINE_CONCURRENCY", type=int, default=None,
-              help="Instances run at once by this engine process.")
+@click.option(
+    "--concurrency",
+    envvar="ONCEFLOW_ENGINE_CONCURRENCY",
+    type=int,
+    default=None,
+    help="Instances run at once by this engine process.",
+)
 def engine(concurrency: int | None) -> None:
     """Run a workflow engine process (claims and runs instances durably)."""
     _apply_overrides(engine_concurrency=concurrency)
@@ -178,23 +188,51 @@ def instances_describe(workflow: str, job_id: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.option("--jobs", "n_jobs", envvar="ONCEFLOW_DEMO_JOBS", type=int, default=100,
-              help="Distinct jobs to submit.")
-@click.option("--clients", envvar="ONCEFLOW_DEMO_CLIENTS", type=int, default=4,
-              help="Concurrent clients resubmitting a random subset.")
-@click.option("--seed", envvar="ONCEFLOW_DEMO_SEED", type=int, default=None,
-              help="Random seed (printed, so a run can be replayed).")
-@click.option("--timeout", envvar="ONCEFLOW_DEMO_TIMEOUT", type=float, default=180.0,
-              help="Seconds to wait for all work to finish.")
-@click.option("--json-out", envvar="ONCEFLOW_DEMO_JSON_OUT", type=click.Path(path_type=Path),
-              default=None, help="Also write the proof as JSON to this file.")
-def demo(n_jobs: int, clients: int, seed: int | None, timeout: float,
-         json_out: Path | None) -> None:
+@click.option(
+    "--jobs",
+    "n_jobs",
+    envvar="ONCEFLOW_DEMO_JOBS",
+    type=int,
+    default=100,
+    help="Distinct jobs to submit.",
+)
+@click.option(
+    "--clients",
+    envvar="ONCEFLOW_DEMO_CLIENTS",
+    type=int,
+    default=4,
+    help="Concurrent clients resubmitting a random subset.",
+)
+@click.option(
+    "--seed",
+    envvar="ONCEFLOW_DEMO_SEED",
+    type=int,
+    default=None,
+    help="Random seed (printed, so a run can be replayed).",
+)
+@click.option(
+    "--timeout",
+    envvar="ONCEFLOW_DEMO_TIMEOUT",
+    type=float,
+    default=180.0,
+    help="Seconds to wait for all work to finish.",
+)
+@click.option(
+    "--json-out",
+    envvar="ONCEFLOW_DEMO_JSON_OUT",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Also write the proof as JSON to this file.",
+)
+def demo(
+    n_jobs: int, clients: int, seed: int | None, timeout: float, json_out: Path | None
+) -> None:
     """Run the whole pipeline on real services and print a re-checkable proof."""
     from onceflow.demo import run_demo
 
-    ok = run_demo(_settings(), n_jobs=n_jobs, clients=clients, seed=seed, timeout=timeout,
-                  json_out=json_out)
+    ok = run_demo(
+        _settings(), n_jobs=n_jobs, clients=clients, seed=seed, timeout=timeout, json_out=json_out
+    )
     sys.exit(0 if ok else 1)
 
 
@@ -208,7 +246,8 @@ def main() -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except OnceflowError as exc:
-        click.echo(f"onceflow: {exc}", err=True)
+        # One line, whatever the driver's message looked like.
+        click.echo(f"onceflow: {' '.join(str(exc).split())}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -29,20 +29,21 @@ ORDER_STEPS = 3
 
 PROOF_SQL = {
     "instances created": "SELECT count(*) FROM onceflow_instances",
-    "distinct job ids with an instance":
-        "SELECT count(DISTINCT job_id) FROM onceflow_instances",
+    "distinct job ids with an instance": "SELECT count(DISTINCT job_id) FROM onceflow_instances",
     "instances complete": "SELECT count(*) FROM onceflow_instances WHERE status = 'complete'",
     "duplicate deliveries collapsed": "SELECT count(*) FROM onceflow_duplicate_deliveries",
-    "  of which Kafka redeliveries":
-        "SELECT count(*) FROM onceflow_duplicate_deliveries WHERE redelivery",
-    "  of which payload mismatches":
-        "SELECT count(*) FROM onceflow_duplicate_deliveries WHERE NOT params_match",
+    "  of which Kafka redeliveries": (
+        "SELECT count(*) FROM onceflow_duplicate_deliveries WHERE redelivery"
+    ),
+    "  of which payload mismatches": (
+        "SELECT count(*) FROM onceflow_duplicate_deliveries WHERE NOT params_match"
+    ),
     "side effects performed": "SELECT count(*) FROM onceflow_demo_side_effects",
-    "(job, step) pairs not performed exactly once":
-        "SELECT count(*) FROM (SELECT i.job_id, s.step FROM onceflow_instances i"
-        " CROSS JOIN (VALUES ('charge payment'), ('reserve stock'), ('ship')) AS s(step)"
-        " LEFT JOIN onceflow_demo_side_effects e ON e.job_id = i.job_id AND e.step = s.step"
-        " GROUP BY 1, 2 HAVING count(e.id) <> 1) AS bad",
+    "(job, step) pairs not performed exactly once": "SELECT count(*) FROM"
+    " (SELECT i.job_id, s.step FROM onceflow_instances i"
+    " CROSS JOIN (VALUES ('charge payment'), ('reserve stock'), ('ship')) AS s(step)"
+    " LEFT JOIN onceflow_demo_side_effects e ON e.job_id = i.job_id AND e.step = s.step"
+    " GROUP BY 1, 2 HAVING count(e.id) <> 1) AS bad",
 }
 
 
@@ -76,12 +77,22 @@ def run_demo(
         stack.close()
 
 
-def _drive(stack: Stack, rng: random.Random, n_jobs: int, clients: int, timeout: float,
-           json_out: Path | None, seed: int) -> bool:
+def _drive(
+    stack: Stack,
+    rng: random.Random,
+    n_jobs: int,
+    clients: int,
+    timeout: float,
+    json_out: Path | None,
+    seed: int,
+) -> bool:
     assert stack.settings is not None
-    jobs = [
-        {"job_id": f"order_{i:04d}", "workflow": "order-workflow",
-         "params": {"amount": 10 + i, "step_seconds": 0.2, "flaky": i % 10 == 3}}
+    jobs: list[dict[str, Any]] = [
+        {
+            "job_id": f"order_{i:04d}",
+            "workflow": "order-workflow",
+            "params": {"amount": 10 + i, "step_seconds": 0.2, "flaky": i % 10 == 3},
+        }
         for i in range(n_jobs)
     ]
     records_written = 0
@@ -105,13 +116,15 @@ def _drive(stack: Stack, rng: random.Random, n_jobs: int, clients: int, timeout:
     _say(f"2. resubmitted the whole batch: {len(again)} accepted again (duplicates)")
 
     subsets = [rng.sample(jobs, k=max(1, n_jobs * 2 // 5)) for _ in range(clients)]
-    batches = [s[i:i + 10] for s in subsets for i in range(0, len(s), 10)]
+    batches = [s[i : i + 10] for s in subsets for i in range(0, len(s), 10)]
     with ThreadPoolExecutor(max_workers=clients) as pool:
         results = list(pool.map(submit, batches))
     requests += len(batches)
     records_written += sum(len(r) for r in results)
-    _say(f"3. {clients} concurrent clients resubmitted {sum(len(s) for s in subsets)} jobs "
-         f"in {len(batches)} requests")
+    _say(
+        f"3. {clients} concurrent clients resubmitted {sum(len(s) for s in subsets)} jobs "
+        f"in {len(batches)} requests"
+    )
 
     changed = {**jobs[0], "params": {**jobs[0]["params"], "amount": 999_999}}
     records_written += len(submit([changed]))
@@ -121,14 +134,21 @@ def _drive(stack: Stack, rng: random.Random, n_jobs: int, clients: int, timeout:
     # While it runs: describe an instance, as support staff would.
     sample = jobs[3]["job_id"]
     try:
-        stack.wait_for(lambda: stack.scalar(
-            "SELECT count(*) FROM onceflow_steps WHERE job_id = :j", j=sample) > 0, 30,
-            f"{sample} to start")
+        stack.wait_for(
+            lambda: (
+                stack.scalar("SELECT count(*) FROM onceflow_steps WHERE job_id = :j", j=sample) > 0
+            ),
+            30,
+            f"{sample} to start",
+        )
         _say(f"\n$ onceflow instances describe order-workflow {sample}   (while running)")
         out = subprocess.run(
             [*onceflow_command(), "instances", "describe", "order-workflow", sample],
-            env=stack.group.env if stack.group else None, capture_output=True, text=True,
-            check=False)
+            env=stack.group.env if stack.group else None,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         _say((out.stdout or out.stderr).rstrip())
     except TimeoutError:
         _say(f"(could not catch {sample} while running)")
@@ -136,10 +156,12 @@ def _drive(stack: Stack, rng: random.Random, n_jobs: int, clients: int, timeout:
     def drained() -> bool:
         consumed = stack.scalar(
             "SELECT (SELECT count(*) FROM onceflow_instances)"
-            " + (SELECT count(*) FROM onceflow_duplicate_deliveries)")
+            " + (SELECT count(*) FROM onceflow_duplicate_deliveries)"
+        )
         done = stack.scalar(
             "SELECT count(*) FROM onceflow_instances"
-            " WHERE status IN ('complete', 'errored', 'terminated')")
+            " WHERE status IN ('complete', 'errored', 'terminated')"
+        )
         return consumed >= records_written and done >= len(accepted_ids)
 
     stack.wait_for(drained, timeout, "all records consumed and all instances finished")
@@ -153,17 +175,16 @@ def _drive(stack: Stack, rng: random.Random, n_jobs: int, clients: int, timeout:
     checks = {
         "every accepted job id has an instance": not (accepted_ids - have),
         "no instance without an accepted job id": not (have - accepted_ids),
-        f"exactly {len(accepted_ids)} instances": figures["instances created"]
-        == len(accepted_ids),
+        f"exactly {len(accepted_ids)} instances": figures["instances created"] == len(accepted_ids),
         "all instances complete": figures["instances complete"] == len(accepted_ids),
         "records in Kafka = records acknowledged over HTTP": kafka_records == records_written,
-        "instances + duplicates collapsed = records in Kafka":
-            figures["instances created"] + figures["duplicate deliveries collapsed"]
-            == kafka_records,
+        "instances + duplicates collapsed = records in Kafka": figures["instances created"]
+        + figures["duplicate deliveries collapsed"]
+        == kafka_records,
         "the payload mismatch was detected": figures["  of which payload mismatches"] >= 1,
-        "one side effect per step per job":
-            figures["(job, step) pairs not performed exactly once"] == 0
-            and figures["side effects performed"] == ORDER_STEPS * len(accepted_ids),
+        "one side effect per step per job": figures["(job, step) pairs not performed exactly once"]
+        == 0
+        and figures["side effects performed"] == ORDER_STEPS * len(accepted_ids),
     }
     _say(f"\nproof (run {stack.run_id}, {elapsed:.1f}s):")
     _say(f"  {'HTTP requests sent':<48}{requests:>8}")
@@ -181,14 +202,28 @@ def _drive(stack: Stack, rng: random.Random, n_jobs: int, clients: int, timeout:
         _say(f"  -- {name.strip()}\n  {sql};")
     ok = all(checks.values())
     if json_out is not None:
-        json_out.write_bytes(orjson.dumps({
-            "run_id": stack.run_id, "seed": seed, "elapsed_seconds": elapsed,
-            "requests": requests, "accepted": len(accepted_ids),
-            "records_acknowledged": records_written, "records_in_topic": kafka_records,
-            "figures": {k.strip(): v for k, v in figures.items()}, "checks": checks, "ok": ok,
-            "database_url": url,
-        }, option=orjson.OPT_INDENT_2))
-    _say("\nPROPERTY HOLDS: exactly one workflow per accepted job id" if ok
-         else "\nPROPERTY VIOLATED")
+        json_out.write_bytes(
+            orjson.dumps(
+                {
+                    "run_id": stack.run_id,
+                    "seed": seed,
+                    "elapsed_seconds": elapsed,
+                    "requests": requests,
+                    "accepted": len(accepted_ids),
+                    "records_acknowledged": records_written,
+                    "records_in_topic": kafka_records,
+                    "figures": {k.strip(): v for k, v in figures.items()},
+                    "checks": checks,
+                    "ok": ok,
+                    "database_url": url,
+                },
+                option=orjson.OPT_INDENT_2,
+            )
+        )
+    _say(
+        "\nPROPERTY HOLDS: exactly one workflow per accepted job id"
+        if ok
+        else "\nPROPERTY VIOLATED"
+    )
     sys.stdout.flush()
     return ok

@@ -22,6 +22,9 @@ from onceflow.ids import is_valid_job_id
 
 ENVELOPE_VERSION = 1
 
+# Kafka record headers as confluent-kafka takes them.
+KafkaHeaders = list[tuple[str, str | bytes | None]]
+
 HEADER_JOB_ID = "onceflow-job-id"
 HEADER_REQUEST_ID = "onceflow-request-id"
 HEADER_SUBMITTED_AT = "onceflow-submitted-at"
@@ -69,8 +72,8 @@ class JobEnvelope:
             }
         )
 
-    def headers(self) -> list[tuple[str, bytes]]:
-        headers = [
+    def headers(self) -> KafkaHeaders:
+        headers: KafkaHeaders = [
             (HEADER_JOB_ID, self.job_id.encode()),
             (HEADER_WORKFLOW, self.workflow.encode()),
             (HEADER_REQUEST_ID, self.request_id.encode()),

@@ -21,7 +21,9 @@ class Settings(BaseSettings):
     # --- services -----------------------------------------------------------------
     kafka_bootstrap_servers: str = Field(
         default="127.0.0.1:19092",
-        validation_alias=AliasChoices("ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS"),
+        validation_alias=AliasChoices(
+            "ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS"
+        ),
     )
     database_url: str = Field(
         default="postgresql://postgres@127.0.0.1:15432/onceflow",

@@ -24,8 +24,9 @@ from workflow_engine.schema import migrate
 
 def database_url_for(base_url: str, database: str) -> str:
     url = make_url(sqlalchemy_url(base_url)).set(database=database)
-    return url.render_as_string(hide_password=False).replace("postgresql+psycopg2://",
-                                                             "postgresql://")
+    return url.render_as_string(hide_password=False).replace(
+        "postgresql+psycopg2://", "postgresql://"
+    )
 
 
 def recreate_database(base_url: str, database: str) -> str:
@@ -41,8 +42,13 @@ def recreate_database(base_url: str, database: str) -> str:
 
 def topic_record_count(settings: Settings, topic: str) -> int:
     """Records in a topic (sum of high minus low watermarks over its partitions)."""
-    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers,
-                         "group.id": "onceflow-watermarks", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.kafka_bootstrap_servers,
+            "group.id": "onceflow-watermarks",
+            "enable.auto.commit": False,
+        }
+    )
     try:
         md = consumer.list_topics(topic, timeout=10)
         total = 0
@@ -80,7 +86,16 @@ class Stack:
             "ONCEFLOW_STATE_DIR": str(self.log_dir / "state"),
             "ONCEFLOW_LOG_FORMAT": "json",
         }
-        self.settings = Settings(**{k[len("ONCEFLOW_"):].lower(): v for k, v in self.env.items()})
+        self.settings = self.base.model_copy(
+            update={
+                "database_url": url,
+                "jobs_topic": self.env["ONCEFLOW_JOBS_TOPIC"],
+                "dlq_topic": self.env["ONCEFLOW_DLQ_TOPIC"],
+                "consumer_group": self.env["ONCEFLOW_CONSUMER_GROUP"],
+                "topic_partitions": self.partitions,
+                "state_dir": self.log_dir / "state",
+            }
+        )
         self.db = make_engine(url, pool_size=2)
         migrate(self.db)
         ensure_topics(self.settings)
@@ -99,16 +114,18 @@ class Stack:
     def start_worker(self, name: str = "streams", **extra_env: str) -> int:
         assert self.group is not None
         port = free_port()
-        self.group.start(name, "worker",
-                         env={"ONCEFLOW_STREAMS_METRICS_PORT": str(port), **extra_env})
+        self.group.start(
+            name, "worker", env={"ONCEFLOW_STREAMS_METRICS_PORT": str(port), **extra_env}
+        )
         self.group.wait_http(f"http://127.0.0.1:{port}/metrics", timeout=60)
         return port
 
     def start_engine(self, name: str = "engine", **extra_env: str) -> int:
         assert self.group is not None
         port = free_port()
-        self.group.start(name, "engine",
-                         env={"ONCEFLOW_ENGINE_METRICS_PORT": str(port), **extra_env})
+        self.group.start(
+            name, "engine", env={"ONCEFLOW_ENGINE_METRICS_PORT": str(port), **extra_env}
+        )
         self.group.wait_http(f"http://127.0.0.1:{port}/metrics", timeout=60)
         return port
 

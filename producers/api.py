@@ -91,8 +91,11 @@ def create_app(settings: Settings, producer: JobProducer | None = None) -> FastA
         status_code=202,
         response_model=Accepted,
         responses={
-            400: {"model": ErrorBody}, 413: {"model": ErrorBody}, 415: {"model": ErrorBody},
-            422: {"model": ErrorBody}, 503: {"model": ErrorBody},
+            400: {"model": ErrorBody},
+            413: {"model": ErrorBody},
+            415: {"model": ErrorBody},
+            422: {"model": ErrorBody},
+            503: {"model": ErrorBody},
         },
         openapi_extra=_BODY_SCHEMA,
         summary="Submit one job or a batch",
@@ -101,8 +104,12 @@ def create_app(settings: Settings, producer: JobProducer | None = None) -> FastA
         content_type = request.headers.get("content-type", "")
         if content_type.split(";")[0].strip().lower() != "application/json":
             JOBS_REJECTED.labels("content_type").inc()
-            return error(415, ErrorBody(error="unsupported_media_type",
-                                        message="content-type must be application/json"))
+            return error(
+                415,
+                ErrorBody(
+                    error="unsupported_media_type", message="content-type must be application/json"
+                ),
+            )
         body = await request.body()
         try:
             jobs = parse_jobs(body, settings.ingest_max_batch, settings.ingest_max_params_bytes)
@@ -121,36 +128,60 @@ def create_app(settings: Settings, producer: JobProducer | None = None) -> FastA
                 duplicates += 1  # same id twice in one request: written once, first wins
                 continue
             seen.add(job_id)
-            envelopes.append(JobEnvelope(job_id, job.workflow, job.params, request_id, now,
-                                         new_traceparent()))
+            envelopes.append(
+                JobEnvelope(job_id, job.workflow, job.params, request_id, now, new_traceparent())
+            )
 
         acks = await request.app.state.producer.send(envelopes)
-        accepted = [JobAccepted(job_id=a.job_id, partition=a.partition, offset=a.offset)
-                    for a in acks if a.ok]
+        accepted = [
+            JobAccepted(job_id=a.job_id, partition=a.partition, offset=a.offset)
+            for a in acks
+            if a.ok
+        ]
         rejected = [JobRejected(job_id=a.job_id, reason=a.error or "") for a in acks if not a.ok]
         JOBS_ACCEPTED.inc(len(accepted))
         for a in accepted:
-            log.debug("job accepted", extra={"event": "job.accepted", "job_id": a.job_id,
-                                             "request_id": request_id,
-                                             "partition": a.partition, "offset": a.offset})
+            log.info(
+                "job accepted",
+                extra={
+                    "event": "job.accepted",
+                    "job_id": a.job_id,
+                    "request_id": request_id,
+                    "partition": a.partition,
+                    "offset": a.offset,
+                },
+            )
         if rejected:
             JOBS_REJECTED.labels("kafka").inc(len(rejected))
             return error(
                 503,
-                ErrorBody(error="kafka_unavailable",
-                          message=f"Kafka did not acknowledge {len(rejected)} of {len(acks)} "
-                                  "jobs; retry the request (duplicates are safe)",
-                          accepted=accepted, rejected=rejected),
-                headers={"Retry-After": str(settings.ingest_retry_after_seconds),
-                         "X-Request-Id": request_id},
+                ErrorBody(
+                    error="kafka_unavailable",
+                    message=f"Kafka did not acknowledge {len(rejected)} of {len(acks)} "
+                    "jobs; retry the request (duplicates are safe)",
+                    accepted=accepted,
+                    rejected=rejected,
+                ),
+                headers={
+                    "Retry-After": str(settings.ingest_retry_after_seconds),
+                    "X-Request-Id": request_id,
+                },
             )
         REQUESTS.labels("202").inc()
-        log.info("accepted %d jobs", len(accepted),
-                 extra={"event": "ingest.accepted", "request_id": request_id,
-                        "count": len(accepted), "job_id": accepted[0].job_id})
+        log.info(
+            "accepted %d jobs",
+            len(accepted),
+            extra={
+                "event": "ingest.accepted",
+                "request_id": request_id,
+                "count": len(accepted),
+                "job_id": accepted[0].job_id,
+            },
+        )
         return _json(
-            Accepted(request_id=request_id, accepted=accepted,
-                     duplicates_in_request=duplicates).model_dump(),
+            Accepted(
+                request_id=request_id, accepted=accepted, duplicates_in_request=duplicates
+            ).model_dump(),
             202,
             {"X-Request-Id": request_id},
         )
@@ -170,5 +201,6 @@ def create_app(settings: Settings, producer: JobProducer | None = None) -> FastA
 
 
 def _json(body: object, status: int, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(body), status_code=status, headers=headers,
-                    media_type="application/json")
+    return Response(
+        orjson.dumps(body), status_code=status, headers=headers, media_type="application/json"
+    )

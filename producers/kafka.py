@@ -113,7 +113,10 @@ class JobProducer:
         if failed:
             KAFKA_ERRORS.inc(len(failed))
             log.warning(
-                "kafka refused %d of %d records: %s", len(failed), len(acks), failed[0].error,
+                "kafka refused %d of %d records: %s",
+                len(failed),
+                len(acks),
+                failed[0].error,
                 extra={"event": "ingest.produce_failed", "job_id": failed[0].job_id},
             )
         return acks

@@ -91,12 +91,18 @@ def parse_jobs(body: bytes, max_batch: int, max_params_bytes: int) -> list[JobIn
     except orjson.JSONDecodeError as exc:
         raise RequestError(400, "malformed_json", f"body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
-        raise RequestError(422, "invalid_request", "body must be a JSON object",
-                           [FieldError(field="body", reason="expected an object")])
+        raise RequestError(
+            422,
+            "invalid_request",
+            "body must be a JSON object",
+            [FieldError(field="body", reason="expected an object")],
+        )
     is_batch = "jobs" in doc
     if is_batch and isinstance(doc["jobs"], list) and len(doc["jobs"]) > max_batch:
         raise RequestError(
-            422, "batch_too_large", f"at most {max_batch} jobs per request",
+            422,
+            "batch_too_large",
+            f"at most {max_batch} jobs per request",
             [FieldError(field="jobs", reason=f"{len(doc['jobs'])} jobs, limit {max_batch}")],
         )
     try:
@@ -106,14 +112,17 @@ def parse_jobs(body: bytes, max_batch: int, max_params_bytes: int) -> list[JobIn
             FieldError(field=_field_path(tuple(e["loc"]), ""), reason=e["msg"])
             for e in exc.errors(include_url=False)
         ]
-        raise RequestError(422, "invalid_request", f"invalid {fields[0].field}: "
-                           f"{fields[0].reason}", fields) from None
+        raise RequestError(
+            422, "invalid_request", f"invalid {fields[0].field}: {fields[0].reason}", fields
+        ) from None
     for i, job in enumerate(jobs):
         size = len(orjson.dumps(job.params))
         if size > max_params_bytes:
             field = f"jobs[{i}].params" if is_batch else "params"
             raise RequestError(
-                422, "params_too_large", f"{field} is {size} bytes, limit {max_params_bytes}",
+                422,
+                "params_too_large",
+                f"{field} is {size} bytes, limit {max_params_bytes}",
                 [FieldError(field=field, reason=f"{size} bytes, limit {max_params_bytes}")],
             )
     return jobs

@@ -6,9 +6,11 @@ import asyncio
 import logging
 import os
 from functools import lru_cache
+from typing import Any
 
 from confluent_kafka import Producer
 
+from onceflow.envelope import KafkaHeaders
 from streams.app import app, settings
 from streams.batch import BatchHandler
 from streams.records import RawRecord
@@ -21,21 +23,23 @@ log = logging.getLogger(__name__)
 @lru_cache(maxsize=1)
 def handler() -> BatchHandler:
     engine = make_engine(settings.database_url, pool_size=settings.streams_concurrency + 1)
-    dlq = Producer({
-        "bootstrap.servers": settings.kafka_bootstrap_servers,
-        "client.id": "onceflow-streams-dlq",
-        "enable.idempotence": True,
-        "acks": "all",
-        "partitioner": "murmur2_random",
-    })
+    dlq = Producer(
+        {
+            "bootstrap.servers": settings.kafka_bootstrap_servers,
+            "client.id": "onceflow-streams-dlq",
+            "enable.idempotence": True,
+            "acks": "all",
+            "partitioner": "murmur2_random",
+        }
+    )
     return BatchHandler(settings, engine, dlq)
 
 
-def _headers(raw: object) -> list[tuple[str, bytes]]:
+def _headers(raw: Any) -> KafkaHeaders:
     if not raw:
         return []
     items = raw.items() if isinstance(raw, dict) else raw
-    return [(str(k), bytes(v or b"")) for k, v in items]  # type: ignore[union-attr]
+    return [(str(k), bytes(v or b"")) for k, v in items]
 
 
 @app.agent(jobs_topic, concurrency=1)
@@ -52,8 +56,14 @@ async def create_instances(stream):
         settings.streams_batch_size, within=settings.streams_batch_within_seconds
     ):
         records = [
-            RawRecord(e.message.topic, e.message.partition, e.message.offset, e.message.key,
-                      e.message.value, _headers(e.message.headers))
+            RawRecord(
+                e.message.topic,
+                e.message.partition,
+                e.message.offset,
+                e.message.key,
+                e.message.value,
+                _headers(e.message.headers),
+            )
             for e in events
         ]
         task = asyncio.ensure_future(work.handle(records))
@@ -61,18 +71,25 @@ async def create_instances(stream):
             await asyncio.shield(task)
         except asyncio.CancelledError:
             try:
-                await asyncio.wait_for(asyncio.shield(task),
-                                       settings.streams_shutdown_grace_seconds)
+                await asyncio.wait_for(
+                    asyncio.shield(task), settings.streams_shutdown_grace_seconds
+                )
             except BaseException:
-                log.critical("in-flight batch did not commit before shutdown; exiting without"
-                             " committing offsets", extra={"event": "streams.hard_exit"})
+                log.critical(
+                    "in-flight batch did not commit before shutdown; exiting without"
+                    " committing offsets",
+                    extra={"event": "streams.hard_exit"},
+                )
                 logging.shutdown()
                 os._exit(70)
             raise
         except Exception:
             # handle() retries database outages forever and dead-letters bad records,
             # so this is a bug: stop without acking rather than lose the batch.
-            log.critical("batch handler failed; exiting without committing offsets",
-                         exc_info=True, extra={"event": "streams.hard_exit"})
+            log.critical(
+                "batch handler failed; exiting without committing offsets",
+                exc_info=True,
+                extra={"event": "streams.hard_exit"},
+            )
             logging.shutdown()
             os._exit(70)

@@ -20,6 +20,7 @@ import os
 import signal
 import threading
 import time
+from functools import partial
 
 import sqlalchemy.exc as sa_exc
 from confluent_kafka import Producer
@@ -93,8 +94,11 @@ class BatchHandler:
         except sa_exc.DBAPIError as exc:
             # The database refused the batch for a reason that retrying will not fix:
             # isolate the offending record(s), dead-letter them, keep the rest.
-            log.error("batch rejected (%s); retrying record by record", exc.orig,
-                      extra={"event": "streams.batch_rejected"})
+            log.error(
+                "batch rejected (%s); retrying record by record",
+                exc.orig,
+                extra={"event": "streams.batch_rejected"},
+            )
             result = self._create_one_by_one(chunk)
         self._after_commit()
         self._report(chunk, result)
@@ -106,7 +110,9 @@ class BatchHandler:
             for attempt in Retrying(
                 retry=retry_if_exception_type(TRANSIENT_DB_ERRORS),
                 wait=wait_exponential_jitter(initial=0.1, max=5.0),
-                stop=stop_never, before_sleep=_log_retry, reraise=True,
+                stop=stop_never,
+                before_sleep=_log_retry,
+                reraise=True,
             ):
                 with attempt:
                     try:
@@ -114,9 +120,14 @@ class BatchHandler:
                     except sa_exc.DBAPIError as exc:
                         if isinstance(exc, TRANSIENT_DB_ERRORS):
                             raise
-                        rec = RawRecord(delivery.topic, delivery.partition, delivery.offset,
-                                        delivery.envelope.key(), delivery.envelope.encode(),
-                                        delivery.envelope.headers())
+                        rec = RawRecord(
+                            delivery.topic,
+                            delivery.partition,
+                            delivery.offset,
+                            delivery.envelope.key(),
+                            delivery.envelope.encode(),
+                            delivery.envelope.headers(),
+                        )
                         self._dead_letter([DeadLetter(rec, f"database rejected: {exc.orig}")])
         return total
 
@@ -124,45 +135,54 @@ class BatchHandler:
         """Write dead letters and wait for Kafka's acknowledgement (retrying forever)."""
         pending = list(dead)
         while pending:
-            failed: list[DeadLetter] = []
-
-            def on_delivery(err, _msg, letter):
-                if err is not None:
-                    failed.append(letter)
-
-            for letter in pending:
-                self.dlq.produce(
-                    self.settings.dlq_topic,
-                    key=letter.record.key,
-                    value=letter.record.value,
-                    headers=letter.headers(),
-                    on_delivery=lambda err, msg, letter=letter: on_delivery(err, msg, letter),
-                )
-            self.dlq.flush()
+            failed = self._produce_dead(pending)
             for letter in pending:
                 if letter not in failed:
                     DEAD_LETTERED.labels(_reason_label(letter.reason)).inc()
                     log.warning(
-                        "record dead-lettered: %s", letter.reason,
-                        extra={"event": "record.dead_lettered", "reason": letter.reason,
-                               "topic": letter.record.topic,
-                               "partition": letter.record.partition,
-                               "offset": letter.record.offset,
-                               "job_id": (letter.record.key or b"").decode(errors="replace")},
+                        "record dead-lettered: %s",
+                        letter.reason,
+                        extra={
+                            "event": "record.dead_lettered",
+                            "reason": letter.reason,
+                            "topic": letter.record.topic,
+                            "partition": letter.record.partition,
+                            "offset": letter.record.offset,
+                            "job_id": (letter.record.key or b"").decode(errors="replace"),
+                        },
                     )
             if failed:
-                log.error("dead-letter topic did not acknowledge %d records; retrying",
-                          len(failed), extra={"event": "streams.dlq_retry"})
+                log.error(
+                    "dead-letter topic did not acknowledge %d records; retrying",
+                    len(failed),
+                    extra={"event": "streams.dlq_retry"},
+                )
                 time.sleep(1.0)
             pending = failed
+
+    def _produce_dead(self, letters: list[DeadLetter]) -> list[DeadLetter]:
+        """Produce, flush, and return the letters Kafka did not acknowledge."""
+        failed: list[DeadLetter] = []
+        for letter in letters:
+            self.dlq.produce(
+                self.settings.dlq_topic,
+                key=letter.record.key,
+                value=letter.record.value,
+                headers=letter.headers(),
+                on_delivery=partial(_collect_failed, failed, letter),
+            )
+        self.dlq.flush()
+        return failed
 
     def _after_commit(self) -> None:
         with self._lock:
             self._commits += 1
             commits = self._commits
         if self._failpoint_after is not None and commits >= self._failpoint_after:
-            log.critical("failpoint streams.after_db_commit reached: SIGKILL",
-                         extra={"event": "streams.failpoint"})
+            log.critical(
+                "failpoint streams.after_db_commit reached: SIGKILL",
+                extra={"event": "streams.failpoint"},
+            )
             logging.shutdown()
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -171,33 +191,63 @@ class BatchHandler:
         DUPLICATES.labels("redelivery").inc(result.redeliveries)
         DUPLICATES.labels("resubmission").inc(result.duplicates - result.redeliveries)
         MISMATCHES.inc(result.mismatches)
-        first = {}
+        first: dict[str, Delivery] = {}
         for d in chunk:
             first.setdefault(d.envelope.job_id, d)
         for job_id in result.created_ids:
             d = first[job_id]
-            log.info("instance created", extra={
-                "event": "instance.created", "job_id": job_id, "workflow": d.envelope.workflow,
-                "request_id": d.envelope.request_id, "topic": d.topic,
-                "partition": d.partition, "offset": d.offset})
+            log.info(
+                "instance created",
+                extra={
+                    "event": "instance.created",
+                    "job_id": job_id,
+                    "workflow": d.envelope.workflow,
+                    "request_id": d.envelope.request_id,
+                    "topic": d.topic,
+                    "partition": d.partition,
+                    "offset": d.offset,
+                },
+            )
         mismatched = set(result.mismatch_ids)
         for job_id in result.duplicate_ids:
-            log.info("duplicate delivery collapsed", extra={
-                "event": "delivery.duplicate", "job_id": job_id,
-                "params_match": job_id not in mismatched})
+            log.info(
+                "duplicate delivery collapsed",
+                extra={
+                    "event": "delivery.duplicate",
+                    "job_id": job_id,
+                    "params_match": job_id not in mismatched,
+                },
+            )
+
+
+def _collect_failed(
+    failed: list[DeadLetter], letter: DeadLetter, err: object, _msg: object
+) -> None:
+    if err is not None:
+        failed.append(letter)
 
 
 def _log_retry(retry_state) -> None:
     DB_RETRIES.inc()
     exc = retry_state.outcome.exception() if retry_state.outcome else None
-    log.warning("database unavailable (%s); retrying in %.1fs", exc,
-                retry_state.next_action.sleep if retry_state.next_action else 0,
-                extra={"event": "streams.db_retry", "attempt": retry_state.attempt_number})
+    log.warning(
+        "database unavailable (%s); retrying in %.1fs",
+        exc,
+        retry_state.next_action.sleep if retry_state.next_action else 0,
+        extra={"event": "streams.db_retry", "attempt": retry_state.attempt_number},
+    )
 
 
 def _reason_label(reason: str) -> str:
-    for prefix in ("value is not JSON", "invalid job_id", "missing workflow", "record is",
-                   "database rejected", "params must", "unsupported envelope"):
+    for prefix in (
+        "value is not JSON",
+        "invalid job_id",
+        "missing workflow",
+        "record is",
+        "database rejected",
+        "params must",
+        "unsupported envelope",
+    ):
         if reason.startswith(prefix):
             return prefix.replace(" ", "_")
     return "invalid_envelope"

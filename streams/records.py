@@ -7,11 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onceflow.envelope import (
-    HEADER_DLQ_REASON,
-    HEADER_DLQ_SOURCE,
-    JobEnvelope,
-)
+from onceflow.envelope import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, JobEnvelope, KafkaHeaders
 from onceflow.errors import InvalidEnvelope
 from workflow_engine.instances import Delivery
 
@@ -23,7 +19,7 @@ class RawRecord:
     offset: int
     key: bytes | None
     value: bytes | None
-    headers: list[tuple[str, bytes]]
+    headers: KafkaHeaders
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +27,7 @@ class DeadLetter:
     record: RawRecord
     reason: str
 
-    def headers(self) -> list[tuple[str, bytes]]:
+    def headers(self) -> KafkaHeaders:
         source = f"{self.record.topic}/{self.record.partition}@{self.record.offset}"
         return [
             *self.record.headers,
@@ -48,7 +44,9 @@ def classify(
     dead: list[DeadLetter] = []
     for rec in records:
         if rec.value is not None and len(rec.value) > max_value_bytes:
-            dead.append(DeadLetter(rec, f"record is {len(rec.value)} bytes, limit {max_value_bytes}"))
+            dead.append(
+                DeadLetter(rec, f"record is {len(rec.value)} bytes, limit {max_value_bytes}")
+            )
             continue
         try:
             env = JobEnvelope.decode(rec.key, rec.value)

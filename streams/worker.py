@@ -19,7 +19,9 @@ def _logging_config(settings: Settings) -> dict:
             "json": {"()": "onceflow.logs.JsonFormatter", "process_name": "streams"},
             "text": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
         },
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": settings.log_format}},
+        "handlers": {
+            "stderr": {"class": "logging.StreamHandler", "formatter": settings.log_format}
+        },
         "root": {"level": settings.log_level.upper(), "handlers": ["stderr"]},
         "loggers": {name: {"level": "WARNING"} for name in ("aiokafka", "faust", "mode")},
     }
@@ -42,6 +44,5 @@ def run_worker(settings: Settings) -> None:
         logging_config=_logging_config(settings),
         quiet=True,
     )
-    logging.getLogger(__name__).info("streams worker starting",
-                                     extra={"event": "streams.starting"})
+    logging.getLogger(__name__).info("streams worker starting", extra={"event": "streams.starting"})
     worker.execute_from_commandline()

@@ -84,13 +84,15 @@ def settings(base_settings, db_url, tmp_path):
     from onceflow.topics import ensure_topics
 
     run = uuid.uuid4().hex[:8]
-    s = base_settings.model_copy(update={
-        "database_url": db_url,
-        "jobs_topic": f"test.{run}.jobs",
-        "dlq_topic": f"test.{run}.jobs.dlq",
-        "consumer_group": f"test-{run}",
-        "state_dir": tmp_path / "state",
-    })
+    s = base_settings.model_copy(
+        update={
+            "database_url": db_url,
+            "jobs_topic": f"test.{run}.jobs",
+            "dlq_topic": f"test.{run}.jobs.dlq",
+            "consumer_group": f"test-{run}",
+            "state_dir": tmp_path / "state",
+        }
+    )
     ensure_topics(s)
     return s
 

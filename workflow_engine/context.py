@@ -116,9 +116,15 @@ class WorkflowContext:
                 STEPS.labels(self.workflow, outcome).inc()
                 log.warning(
                     "step %r attempt %d failed: %s",
-                    name, attempt, exc,
-                    extra={"event": "step.failed" if final else "step.retry",
-                           "job_id": self.job_id, "step": name, "attempt": attempt},
+                    name,
+                    attempt,
+                    exc,
+                    extra={
+                        "event": "step.failed" if final else "step.retry",
+                        "job_id": self.job_id,
+                        "step": name,
+                        "attempt": attempt,
+                    },
                 )
                 if final:
                     raise StepFailed(
@@ -132,9 +138,14 @@ class WorkflowContext:
             STEPS.labels(self.workflow, "complete").inc()
             STEP_DURATION.labels(self.workflow).observe(time.perf_counter() - started)
             log.info(
-                "step %r complete", name,
-                extra={"event": "step.complete", "job_id": self.job_id, "step": name,
-                       "attempt": attempt},
+                "step %r complete",
+                name,
+                extra={
+                    "event": "step.complete",
+                    "job_id": self.job_id,
+                    "step": name,
+                    "attempt": attempt,
+                },
             )
             return value
 
@@ -150,12 +161,22 @@ class WorkflowContext:
         return await asyncio.wait_for(call, timeout) if timeout else await call
 
     async def _finish(
-        self, position: int, attempt: int, outcome: str,
-        result: bytes | None = None, error: str | None = None,
+        self,
+        position: int,
+        attempt: int,
+        outcome: str,
+        result: bytes | None = None,
+        error: str | None = None,
     ) -> None:
         await self._rt.db(
-            store.finish_step, self._rt.owner, self.job_id, position, attempt, outcome,
-            result, error,
+            store.finish_step,
+            self._rt.owner,
+            self.job_id,
+            position,
+            attempt,
+            outcome,
+            result,
+            error,
         )
 
 

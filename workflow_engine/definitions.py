@@ -1,12 +1,12 @@
 """Defining workflows: the ``@workflow`` decorator, the registry and retry policies.
 
-    from workflow_engine import workflow
+from workflow_engine import workflow
 
-    @workflow("order-workflow")
-    async def order(ctx, params):
-        receipt = await ctx.step("charge payment", charge, params["amount"])
-        await ctx.step("ship", ship, receipt["id"])
-        return {"receipt": receipt["id"]}
+@workflow("order-workflow")
+async def order(ctx, params):
+    receipt = await ctx.step("charge payment", charge, params["amount"])
+    await ctx.step("ship", ship, receipt["id"])
+    return {"receipt": receipt["id"]}
 """
 
 from __future__ import annotations

@@ -209,11 +209,12 @@ _DESCRIBE_SQL = sa.text(
 SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
        i.finished_at, i.error, i.result, j.request_id, j.submitted_at,
        j.source_topic || '/' || j.source_partition || '@' || j.source_offset AS source,
-       (SELECT count(*) FROM onceflow_duplicate_deliveries d WHERE d.job_id = i.job_id),
        (SELECT count(*) FROM onceflow_duplicate_deliveries d
-         WHERE d.job_id = i.job_id AND d.redelivery),
+         WHERE d.job_id = i.job_id) AS duplicates,
        (SELECT count(*) FROM onceflow_duplicate_deliveries d
-         WHERE d.job_id = i.job_id AND NOT d.params_match)
+         WHERE d.job_id = i.job_id AND d.redelivery) AS redeliveries,
+       (SELECT count(*) FROM onceflow_duplicate_deliveries d
+         WHERE d.job_id = i.job_id AND NOT d.params_match) AS mismatches
 FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
 WHERE i.job_id = :job_id
 """
@@ -233,4 +234,4 @@ def describe_instance(engine: Engine, job_id: str) -> InstanceView | None:
         if row is None:
             return None
         steps = [StepView(*r) for r in conn.execute(_STEPS_SQL, {"job_id": job_id})]
-    return InstanceView(*row, steps=steps)
+    return InstanceView(**dict(row._mapping), steps=steps)

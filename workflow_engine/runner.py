@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import select
@@ -91,11 +92,16 @@ class EngineRunner:
         listener.start()
         log.info(
             "engine started",
-            extra={"event": "engine.started", "engine_id": self.owner,
-                   "concurrency": self.settings.engine_concurrency},
+            extra={
+                "event": "engine.started",
+                "engine_id": self.owner,
+                "concurrency": self.settings.engine_concurrency,
+            },
         )
-        side = [asyncio.create_task(self._heartbeat_loop()),
-                asyncio.create_task(self._rescue_loop())]
+        side = [
+            asyncio.create_task(self._heartbeat_loop()),
+            asyncio.create_task(self._rescue_loop()),
+        ]
         try:
             await self._claim_loop()
         finally:
@@ -136,10 +142,8 @@ class EngineRunner:
                 await self._wait_wake(s.engine_poll_interval_seconds)
 
     async def _wait_wake(self, timeout: float) -> None:
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout)
-        except TimeoutError:
-            pass
 
     async def _heartbeat_loop(self) -> None:
         interval = self.settings.engine_lease_seconds / 3
@@ -156,8 +160,10 @@ class EngineRunner:
             for lost in set(ids) - kept:
                 task = self._inflight.get(lost)
                 if task is not None and not task.done():
-                    log.warning("lease lost; abandoning run",
-                                extra={"event": "engine.lease_lost", "job_id": lost})
+                    log.warning(
+                        "lease lost; abandoning run",
+                        extra={"event": "engine.lease_lost", "job_id": lost},
+                    )
                     task.cancel()
 
     async def _rescue_loop(self) -> None:
@@ -170,8 +176,10 @@ class EngineRunner:
                 rescued = []
             for job_id in rescued:
                 RESCUED.inc()
-                log.warning("expired lease re-queued",
-                            extra={"event": "engine.lease_rescued", "job_id": job_id})
+                log.warning(
+                    "expired lease re-queued",
+                    extra={"event": "engine.lease_rescued", "job_id": job_id},
+                )
             await asyncio.sleep(interval)
 
     async def _drain(self) -> None:
@@ -186,8 +194,10 @@ class EngineRunner:
         left = list(self._inflight)
         if left:
             released = await self.db(store.release, self.owner, left)
-            log.info("released unfinished instances",
-                     extra={"event": "engine.released", "count": released})
+            log.info(
+                "released unfinished instances",
+                extra={"event": "engine.released", "count": released},
+            )
 
     # --- one instance ----------------------------------------------------------------
 
@@ -200,9 +210,15 @@ class EngineRunner:
                 return
             recorded = await self.db(store.load_steps, job)
             ctx = WorkflowContext(self, job, inst.workflow, recorded)
-            log.info("instance running", extra={"event": "instance.running", "job_id": job,
-                                                "workflow": inst.workflow,
-                                                "claim": inst.claim_count})
+            log.info(
+                "instance running",
+                extra={
+                    "event": "instance.running",
+                    "job_id": job,
+                    "workflow": inst.workflow,
+                    "claim": inst.claim_count,
+                },
+            )
             try:
                 value = await fn(ctx, inst.params)
                 encoded = store.encode_result(value, self.max_result_bytes)
@@ -228,7 +244,10 @@ class EngineRunner:
             self._slot_free.set()
 
     async def _finish(
-        self, inst: store.Claimed, status: str, result: bytes | None = None,
+        self,
+        inst: store.Claimed,
+        status: str,
+        result: bytes | None = None,
         error: str | None = None,
     ) -> None:
         await self.db(store.finish_instance, self.owner, inst.job_id, status, result, error)
@@ -238,9 +257,17 @@ class EngineRunner:
                 (datetime.now(UTC) - inst.submitted_at).total_seconds()
             )
         level = logging.INFO if status == "complete" else logging.WARNING
-        log.log(level, "instance %s", status,
-                extra={"event": f"instance.{status}", "job_id": inst.job_id,
-                       "workflow": inst.workflow, "error": error})
+        log.log(
+            level,
+            "instance %s",
+            status,
+            extra={
+                "event": f"instance.{status}",
+                "job_id": inst.job_id,
+                "workflow": inst.workflow,
+                "error": error,
+            },
+        )
 
     # --- LISTEN/NOTIFY ----------------------------------------------------------------
 
@@ -259,8 +286,10 @@ class EngineRunner:
                             conn.notifies.clear()
                             loop.call_soon_threadsafe(self._wake.set)
             except Exception:
-                log.warning("LISTEN connection lost; polling until it is back",
-                            extra={"event": "engine.listen_error"})
+                log.warning(
+                    "LISTEN connection lost; polling until it is back",
+                    extra={"event": "engine.listen_error"},
+                )
                 time.sleep(1.0)
 
 

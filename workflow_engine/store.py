@@ -114,7 +114,8 @@ def start_step(engine: Engine, owner: str, job_id: str, position: int, name: str
                 _START_STEP, {"owner": owner, "job_id": job_id, "position": position, "name": name}
             ).scalar()
     except IntegrityError as exc:
-        if getattr(exc.orig.diag, "constraint_name", None) == "onceflow_steps_name_key":
+        diag = getattr(exc.orig, "diag", None)
+        if getattr(diag, "constraint_name", None) == "onceflow_steps_name_key":
             raise NonDeterminismError(
                 f"step name {name!r} is used twice in one workflow run"
             ) from None

@@ -129,9 +129,16 @@ class KafkaService:
         shutil.rmtree(tmp, ignore_errors=True)
         print(f"fetching Apache Kafka {KAFKA_VERSION} jars from Maven Central…", file=sys.stderr)
         subprocess.run(
-            ["mvn", "-q", "-B", "dependency:copy-dependencies", "-DincludeScope=runtime",
-             f"-DoutputDirectory={tmp}"],
-            cwd=work, check=True,
+            [
+                "mvn",
+                "-q",
+                "-B",
+                "dependency:copy-dependencies",
+                "-DincludeScope=runtime",
+                f"-DoutputDirectory={tmp}",
+            ],
+            cwd=work,
+            check=True,
         )
         shutil.rmtree(self.libs_dir, ignore_errors=True)
         tmp.rename(self.libs_dir)
@@ -141,9 +148,16 @@ class KafkaService:
     def _java(self, *args: str, log_dir: Path) -> list[str]:
         log4j = resources.files("onceflow.dev").joinpath("log4j2.properties")
         return [
-            "java", "-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.log.dir={log_dir}",
-            "-cp", f"{self.libs_dir}/*", *args,
+            "java",
+            "-Xms256m",
+            "-Xmx1g",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={log4j}",
+            f"-Dkafka.log.dir={log_dir}",
+            "-cp",
+            f"{self.libs_dir}/*",
+            *args,
         ]
 
     def running(self) -> bool:
@@ -167,7 +181,9 @@ class KafkaService:
         if self.running() and self.ready():
             return
         if _port_open("127.0.0.1", self.port):
-            raise ServiceUnavailable(f"port {self.port} is taken by a process onceflow did not start")
+            raise ServiceUnavailable(
+                f"port {self.port} is taken by a process onceflow did not start"
+            )
         self.ensure_jars()
         data, logs = self.root / "data", self.root / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -179,19 +195,37 @@ class KafkaService:
             .replace("@LOG_DIR@", str(data.resolve()))
         )
         if not (data / "meta.properties").exists():
-            cluster_id = subprocess.run(
-                self._java("kafka.tools.StorageTool", "random-uuid", log_dir=logs),
-                check=True, capture_output=True, text=True,
-            ).stdout.strip().splitlines()[-1]
+            cluster_id = (
+                subprocess.run(
+                    self._java("kafka.tools.StorageTool", "random-uuid", log_dir=logs),
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
+                .stdout.strip()
+                .splitlines()[-1]
+            )
             subprocess.run(
-                self._java("kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id,
-                           "-c", str(props), log_dir=logs),
-                check=True, capture_output=True, text=True,
+                self._java(
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "--standalone",
+                    "-t",
+                    cluster_id,
+                    "-c",
+                    str(props),
+                    log_dir=logs,
+                ),
+                check=True,
+                capture_output=True,
+                text=True,
             )
         with open(logs / "stdout.log", "ab") as out:
             proc = subprocess.Popen(
                 self._java("kafka.Kafka", str(props), log_dir=logs),
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         (self.root / "kafka.pid").write_text(str(proc.pid))
         _wait_until(self.ready, 90, f"Kafka on {self.bootstrap} (logs: {logs})", proc)
@@ -244,10 +278,28 @@ class PostgresService:
 
     def _psql(self, sql: str, database: str = "postgres") -> str:
         return subprocess.run(
-            [str(self.bindir() / "psql"), "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1",
-             "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-d", database,
-             "-c", sql],
-            check=True, capture_output=True, text=True,
+            [
+                str(self.bindir() / "psql"),
+                "-X",
+                "-q",
+                "-t",
+                "-A",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-d",
+                database,
+                "-c",
+                sql,
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout.strip()
 
     def up(self) -> None:
@@ -261,9 +313,22 @@ class PostgresService:
                 shutil.chown(self.root, "postgres", "postgres")
                 shutil.chown(data, "postgres", "postgres")
             subprocess.run(
-                self._as_owner([str(bindir / "initdb"), "-D", str(data.resolve()), "-U",
-                                "postgres", "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8"]),
-                check=True, capture_output=True, text=True,
+                self._as_owner(
+                    [
+                        str(bindir / "initdb"),
+                        "-D",
+                        str(data.resolve()),
+                        "-U",
+                        "postgres",
+                        "--auth=trust",
+                        "-E",
+                        "UTF8",
+                        "--locale=C.UTF-8",
+                    ]
+                ),
+                check=True,
+                capture_output=True,
+                text=True,
             )
             with open(data / "postgresql.conf", "a") as conf:
                 conf.write(
@@ -283,9 +348,22 @@ class PostgresService:
             if os.geteuid() == 0:
                 shutil.chown(logfile, "postgres", "postgres")
             subprocess.run(
-                self._as_owner([str(bindir / "pg_ctl"), "-D", str(data.resolve()), "-l",
-                                str(logfile.resolve()), "-w", "-t", "60", "start"]),
-                check=True, capture_output=True, text=True,
+                self._as_owner(
+                    [
+                        str(bindir / "pg_ctl"),
+                        "-D",
+                        str(data.resolve()),
+                        "-l",
+                        str(logfile.resolve()),
+                        "-w",
+                        "-t",
+                        "60",
+                        "start",
+                    ]
+                ),
+                check=True,
+                capture_output=True,
+                text=True,
             )
         _wait_until(self.ready, 60, f"PostgreSQL on 127.0.0.1:{self.port}")
         exists = self._psql(f"SELECT 1 FROM pg_database WHERE datname = '{self.database}'")
@@ -297,9 +375,20 @@ class PostgresService:
         if not self.running():
             return False
         subprocess.run(
-            self._as_owner([str(self.bindir() / "pg_ctl"), "-D", str(data.resolve()), "-m",
-                            "fast", "-w", "stop"]),
-            check=True, capture_output=True, text=True,
+            self._as_owner(
+                [
+                    str(self.bindir() / "pg_ctl"),
+                    "-D",
+                    str(data.resolve()),
+                    "-m",
+                    "fast",
+                    "-w",
+                    "stop",
+                ]
+            ),
+            check=True,
+            capture_output=True,
+            text=True,
         )
         return True
 

@@ -9,8 +9,14 @@ from onceflow.envelope import JobEnvelope
 
 
 def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes | None, list]]):
-    producer = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random",
-                         "enable.idempotence": True, "acks": "all"})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "partitioner": "murmur2_random",
+            "enable.idempotence": True,
+            "acks": "all",
+        }
+    )
     for key, value, headers in records:
         producer.produce(topic, key=key, value=value, headers=headers)
     assert producer.flush(30) == 0
@@ -21,8 +27,14 @@ def produce_envelopes(bootstrap: str, topic: str, envelopes: list[JobEnvelope]) 
 
 
 def consume_all(bootstrap: str, topic: str, expected: int, timeout: float = 30.0) -> list[Message]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"t-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     got: list[Message] = []
     deadline = time.monotonic() + timeout
@@ -39,8 +51,9 @@ def consume_all(bootstrap: str, topic: str, expected: int, timeout: float = 30.0
 def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
     from confluent_kafka import TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
+    )
     try:
         tps = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
         return {tp.partition: tp.offset for tp in tps}
@@ -54,14 +67,14 @@ def murmur2_partition(key: bytes, partitions: int) -> int:
     length = len(key)
     h = (seed ^ length) & 0xFFFFFFFF
     for i in range(length // 4):
-        k = int.from_bytes(key[i * 4:i * 4 + 4], "little")
+        k = int.from_bytes(key[i * 4 : i * 4 + 4], "little")
         k = (k * m) & 0xFFFFFFFF
         k ^= k >> r
         k = (k * m) & 0xFFFFFFFF
         h = (h * m) & 0xFFFFFFFF
         h ^= k
     rest = length % 4
-    tail = key[length - rest:]
+    tail = key[length - rest :]
     if rest == 3:
         h ^= tail[2] << 16
     if rest >= 2:

@@ -11,8 +11,9 @@ from workflow_engine.instances import Delivery, create_instances, describe_insta
 
 
 def d(job_id, params=None, offset=0, partition=0, topic="jobs"):
-    return Delivery(JobEnvelope(job_id, "order-workflow", params or {}, "req"), topic, partition,
-                    offset)
+    return Delivery(
+        JobEnvelope(job_id, "order-workflow", params or {}, "req"), topic, partition, offset
+    )
 
 
 def count(db, sql):
@@ -40,14 +41,20 @@ def test_same_id_different_params_creates_nothing_and_is_recorded(db):
 
 
 def test_batch_containing_duplicates_of_one_id(db):
-    batch = [d("a", {"x": 1}, 1), d("b", {}, 2), d("a", {"x": 1}, 3), d("a", {"x": 9}, 4),
-             d("c", {}, 5)]
+    batch = [
+        d("a", {"x": 1}, 1),
+        d("b", {}, 2),
+        d("a", {"x": 1}, 3),
+        d("a", {"x": 9}, 4),
+        d("c", {}, 5),
+    ]
     result = create_instances(db, batch)
     assert sorted(result.created_ids) == ["a", "b", "c"]
     assert (result.duplicates, result.mismatches, result.redeliveries) == (2, 1, 0)
     with db.connect() as conn:
-        source = conn.execute(sa.text(
-            "SELECT source_offset FROM onceflow_jobs WHERE job_id = 'a'")).scalar()
+        source = conn.execute(
+            sa.text("SELECT source_offset FROM onceflow_jobs WHERE job_id = 'a'")
+        ).scalar()
     assert source == 1  # the earliest delivery in the batch wins
 
 

@@ -46,36 +46,57 @@ def test_worker_creates_one_instance_per_id_and_dead_letters_bad_records(setting
     envs = [JobEnvelope(f"job_{i}", "order-workflow", {"i": i}) for i in range(30)]
     dupes = envs[:10]
     mismatch = JobEnvelope("job_0", "order-workflow", {"i": "different"})
-    produce_envelopes(settings.kafka_bootstrap_servers, settings.jobs_topic,
-                      envs + dupes + [mismatch])
-    produce(settings.kafka_bootstrap_servers, settings.jobs_topic, [
-        (b"junk", b"this is not json", []),
-        (b"job_x", orjson.dumps({"v": 1, "job_id": "job_x", "params": {}}), []),
-    ])
+    produce_envelopes(
+        settings.kafka_bootstrap_servers, settings.jobs_topic, envs + dupes + [mismatch]
+    )
+    produce(
+        settings.kafka_bootstrap_servers,
+        settings.jobs_topic,
+        [
+            (b"junk", b"this is not json", []),
+            (b"job_x", orjson.dumps({"v": 1, "job_id": "job_x", "params": {}}), []),
+        ],
+    )
     with ProcessGroup(settings_env(settings), tmp_path / "logs") as group:
         start_worker(group)
-        wait_until(lambda: scalar(db, "SELECT (SELECT count(*) FROM onceflow_instances) +"
-                                      " (SELECT count(*) FROM onceflow_duplicate_deliveries)")
-                   >= 41, 60, "41 deliveries", group)
+        wait_until(
+            lambda: (
+                scalar(
+                    db,
+                    "SELECT (SELECT count(*) FROM onceflow_instances) +"
+                    " (SELECT count(*) FROM onceflow_duplicate_deliveries)",
+                )
+                >= 41
+            ),
+            60,
+            "41 deliveries",
+            group,
+        )
         dead = consume_all(settings.kafka_bootstrap_servers, settings.dlq_topic, 2)
         # Clean shutdown: SIGTERM commits what was written, exits 0.
         assert group.stop("streams", signal.SIGTERM) == 0
 
     assert scalar(db, "SELECT count(*) FROM onceflow_instances") == 30
     assert scalar(db, "SELECT count(*) FROM onceflow_duplicate_deliveries") == 11
-    assert scalar(db, "SELECT count(*) FROM onceflow_duplicate_deliveries"
-                      " WHERE NOT params_match") == 1
+    assert (
+        scalar(db, "SELECT count(*) FROM onceflow_duplicate_deliveries WHERE NOT params_match") == 1
+    )
     assert scalar(db, "SELECT params->>'i' FROM onceflow_instances WHERE job_id = 'job_0'") == "0"
 
     reasons = sorted(dict(m.headers())[HEADER_DLQ_REASON].decode() for m in dead)
     assert len(reasons) == 2
     assert reasons[0] == "missing workflow"
     assert reasons[1].startswith("value is not JSON")
-    assert all(dict(m.headers())[HEADER_DLQ_SOURCE].startswith(settings.jobs_topic.encode())
-               for m in dead)
+    assert all(
+        dict(m.headers())[HEADER_DLQ_SOURCE].startswith(settings.jobs_topic.encode()) for m in dead
+    )
     # Everything consumed was committed: 43 records across the partitions.
-    committed = committed_offsets(settings.kafka_bootstrap_servers, settings.consumer_group,
-                                  settings.jobs_topic, settings.topic_partitions)
+    committed = committed_offsets(
+        settings.kafka_bootstrap_servers,
+        settings.consumer_group,
+        settings.jobs_topic,
+        settings.topic_partitions,
+    )
     assert sum(max(o, 0) for o in committed.values()) == 43
 
 
@@ -90,25 +111,40 @@ def test_sigkill_between_db_commit_and_offset_commit(settings, db, tmp_path):
     produce_envelopes(settings.kafka_bootstrap_servers, settings.jobs_topic, envs)
     with ProcessGroup(settings_env(settings), tmp_path / "logs") as group:
         port = free_port()
-        proc = group.start("streams-doomed", "worker", env={
-            "ONCEFLOW_STREAMS_METRICS_PORT": str(port),
-            "ONCEFLOW_FAILPOINT": "streams.after_db_commit:1",
-            # a long commit interval: the kill certainly lands before any offset commit
-            "ONCEFLOW_STREAMS_COMMIT_INTERVAL_SECONDS": "60",
-        })
+        proc = group.start(
+            "streams-doomed",
+            "worker",
+            env={
+                "ONCEFLOW_STREAMS_METRICS_PORT": str(port),
+                "ONCEFLOW_FAILPOINT": "streams.after_db_commit:1",
+                # a long commit interval: the kill certainly lands before any offset commit
+                "ONCEFLOW_STREAMS_COMMIT_INTERVAL_SECONDS": "60",
+            },
+        )
         proc.wait(timeout=90)
         assert proc.returncode == -signal.SIGKILL
         group.procs.pop("streams-doomed")
         written_before_kill = scalar(db, "SELECT count(*) FROM onceflow_instances")
         assert written_before_kill > 0
-        committed = committed_offsets(settings.kafka_bootstrap_servers, settings.consumer_group,
-                                      settings.jobs_topic, settings.topic_partitions)
+        committed = committed_offsets(
+            settings.kafka_bootstrap_servers,
+            settings.consumer_group,
+            settings.jobs_topic,
+            settings.topic_partitions,
+        )
         assert all(o < 0 for o in committed.values()), committed  # nothing committed
 
         start_worker(group)
-        wait_until(lambda: scalar(db, "SELECT count(*) FROM onceflow_instances") == n
-                   and scalar(db, "SELECT count(*) FROM onceflow_duplicate_deliveries")
-                   >= written_before_kill, 60, "redelivery to finish", group)
+        wait_until(
+            lambda: (
+                scalar(db, "SELECT count(*) FROM onceflow_instances") == n
+                and scalar(db, "SELECT count(*) FROM onceflow_duplicate_deliveries")
+                >= written_before_kill
+            ),
+            60,
+            "redelivery to finish",
+            group,
+        )
         time.sleep(1.0)
         group.stop("streams")
 
@@ -116,5 +152,7 @@ def test_sigkill_between_db_commit_and_offset_commit(settings, db, tmp_path):
     assert scalar(db, "SELECT count(DISTINCT job_id) FROM onceflow_instances") == n
     # Exactly the records written before the kill came back, each once, as redeliveries.
     assert scalar(db, "SELECT count(*) FROM onceflow_duplicate_deliveries") == written_before_kill
-    assert scalar(db, "SELECT count(*) FROM onceflow_duplicate_deliveries WHERE redelivery") \
+    assert (
+        scalar(db, "SELECT count(*) FROM onceflow_duplicate_deliveries WHERE redelivery")
         == written_before_kill
+    )

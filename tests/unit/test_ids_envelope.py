@@ -39,9 +39,14 @@ def test_traceparent_format():
 
 
 def _env(**kw):
-    base = dict(job_id="job_1", workflow="order-workflow", params={"b": 2, "a": [1, {"c": None}]},
-                request_id="req_1", submitted_at=datetime(2026, 1, 2, 3, 4, 5, 6000, tzinfo=UTC),
-                traceparent=new_traceparent())
+    base = dict(
+        job_id="job_1",
+        workflow="order-workflow",
+        params={"b": 2, "a": [1, {"c": None}]},
+        request_id="req_1",
+        submitted_at=datetime(2026, 1, 2, 3, 4, 5, 6000, tzinfo=UTC),
+        traceparent=new_traceparent(),
+    )
     base.update(kw)
     return JobEnvelope(**base)
 
@@ -61,7 +66,8 @@ def test_envelope_headers_carry_the_ids():
 
 def test_params_digest_ignores_key_order_but_not_values():
     assert params_digest({"a": 1, "b": {"x": 1, "y": 2}}) == params_digest(
-        {"b": {"y": 2, "x": 1}, "a": 1})
+        {"b": {"y": 2, "x": 1}, "a": 1}
+    )
     assert params_digest({"a": 1}) != params_digest({"a": 2})
 
 
@@ -75,10 +81,16 @@ def test_params_digest_ignores_key_order_but_not_values():
         (b"x", _env().encode(), "key does not match"),
         (b"bad id", orjson.dumps({"v": 1, "job_id": "bad id"}), "invalid job_id"),
         (b"j", orjson.dumps({"v": 1, "job_id": "j", "params": {}}), "missing workflow"),
-        (b"j", orjson.dumps({"v": 1, "job_id": "j", "workflow": "w", "params": []}),
-         "params must be"),
-        (b"j", orjson.dumps({"v": 1, "job_id": "j", "workflow": "w", "params": {}}),
-         "submitted_at"),
+        (
+            b"j",
+            orjson.dumps({"v": 1, "job_id": "j", "workflow": "w", "params": []}),
+            "params must be",
+        ),
+        (
+            b"j",
+            orjson.dumps({"v": 1, "job_id": "j", "workflow": "w", "params": {}}),
+            "submitted_at",
+        ),
     ],
 )
 def test_envelope_decode_says_why(key, value, reason):

@@ -23,8 +23,12 @@ class ScriptedProducer:
 
     async def send(self, envelopes):
         self.sent.extend(envelopes)
-        return [Ack(e.job_id, error="Local: Message timed out") if e.job_id in self.refuse
-                else Ack(e.job_id, 0, len(self.sent)) for e in envelopes]
+        return [
+            Ack(e.job_id, error="Local: Message timed out")
+            if e.job_id in self.refuse
+            else Ack(e.job_id, 0, len(self.sent))
+            for e in envelopes
+        ]
 
     def ready(self):
         return True
@@ -37,17 +41,26 @@ class ScriptedProducer:
 def client_for():
     def make(producer):
         return TestClient(create_app(Settings(ingest_max_batch=200), producer))
+
     return make
 
 
 def test_202_lists_every_job_with_its_offset(client_for):
     producer = ScriptedProducer()
     with client_for(producer) as client:
-        r = client.post("/v1/jobs", json={"jobs": [
-            {"job_id": "a", "workflow": "w"}, {"workflow": "w"}, {"job_id": "a", "workflow": "w"}]})
+        r = client.post(
+            "/v1/jobs",
+            json={
+                "jobs": [
+                    {"job_id": "a", "workflow": "w"},
+                    {"workflow": "w"},
+                    {"job_id": "a", "workflow": "w"},
+                ]
+            },
+        )
     assert r.status_code == 202
     body = r.json()
-    assert [j["job_id"] for j in body["accepted"]][0] == "a"
+    assert next(j["job_id"] for j in body["accepted"]) == "a"
     assert body["accepted"][1]["job_id"].startswith("job_")
     assert body["duplicates_in_request"] == 1
     assert len(producer.sent) == 2  # the in-request duplicate is written once
@@ -57,8 +70,10 @@ def test_202_lists_every_job_with_its_offset(client_for):
 
 def test_503_when_kafka_does_not_acknowledge_and_no_false_accept(client_for):
     with client_for(ScriptedProducer(refuse={"b"})) as client:
-        r = client.post("/v1/jobs", json={"jobs": [{"job_id": "a", "workflow": "w"},
-                                                   {"job_id": "b", "workflow": "w"}]})
+        r = client.post(
+            "/v1/jobs",
+            json={"jobs": [{"job_id": "a", "workflow": "w"}, {"job_id": "b", "workflow": "w"}]},
+        )
     assert r.status_code == 503
     assert r.headers["retry-after"] == "2"
     body = r.json()
@@ -68,8 +83,9 @@ def test_503_when_kafka_does_not_acknowledge_and_no_false_accept(client_for):
 
 def test_wrong_content_type_is_415(client_for):
     with client_for(ScriptedProducer()) as client:
-        r = client.post("/v1/jobs", content=b'{"workflow":"w"}',
-                        headers={"content-type": "text/plain"})
+        r = client.post(
+            "/v1/jobs", content=b'{"workflow":"w"}', headers={"content-type": "text/plain"}
+        )
     assert r.status_code == 415
     assert r.json()["error"] == "unsupported_media_type"
 
@@ -77,8 +93,9 @@ def test_wrong_content_type_is_415(client_for):
 def test_bad_field_is_422_and_nothing_is_sent(client_for):
     producer = ScriptedProducer()
     with client_for(producer) as client:
-        r = client.post("/v1/jobs", json={"jobs": [{"workflow": "w"},
-                                                   {"workflow": "w", "job_id": "bad id"}]})
+        r = client.post(
+            "/v1/jobs", json={"jobs": [{"workflow": "w"}, {"workflow": "w", "job_id": "bad id"}]}
+        )
     assert r.status_code == 422
     assert r.json()["fields"][0]["field"] == "jobs[1].job_id"
     assert producer.sent == []

@@ -12,8 +12,13 @@ def _rec(partition, offset, env=None, value=None):
 def test_classify_keeps_order_and_dead_letters_with_reason():
     a = JobEnvelope("a", "w", {})
     b = JobEnvelope("b", "w", {})
-    records = [_rec(0, 1, a), _rec(0, 2, value=b"garbage"), _rec(1, 1, b), _rec(0, 3, a),
-               _rec(1, 2, value=b"x" * 500)]
+    records = [
+        _rec(0, 1, a),
+        _rec(0, 2, value=b"garbage"),
+        _rec(1, 1, b),
+        _rec(0, 3, a),
+        _rec(1, 2, value=b"x" * 500),
+    ]
     deliveries, dead = classify(records, max_value_bytes=400)
     assert [(d.envelope.job_id, d.offset) for d in deliveries] == [("a", 1), ("b", 1), ("a", 3)]
     assert [letter.record.offset for letter in dead] == [2, 2]

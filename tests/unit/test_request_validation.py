@@ -43,8 +43,11 @@ def test_missing_workflow_and_unknown_field():
 
 def test_batch_over_limit():
     err = _error({"jobs": [{"workflow": "w"}] * 11}, max_batch=10)
-    assert (err.status, err.body.error, err.body.fields[0].field) == (422, "batch_too_large",
-                                                                     "jobs")
+    assert (err.status, err.body.error, err.body.fields[0].field) == (
+        422,
+        "batch_too_large",
+        "jobs",
+    )
 
 
 def test_params_too_large():

@@ -1,0 +1,43 @@
+# onceflow: developer entry points. `make demo` and `make test` work on a fresh machine:
+# they create the virtualenv, fetch Kafka's jars, install PostgreSQL when missing, and
+# start both on loopback (see `onceflow dev --help`).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup services demo test unit lint down clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+services: setup
+	$(BIN)/onceflow dev up
+
+demo: services
+	$(BIN)/onceflow demo
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+# The whole suite: lint, then unit, integration and acceptance tests on the real
+# services started above (their addresses exported so the tests use them).
+test: services lint
+	eval "$$($(BIN)/onceflow dev env)" && $(BIN)/pytest
+
+unit: setup
+	$(BIN)/pytest tests/unit
+
+down:
+	-$(BIN)/onceflow dev down
+
+clean: down
+	rm -rf .onceflow $(VENV)

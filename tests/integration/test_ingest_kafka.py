@@ -1,0 +1,59 @@
+"""Ingest with the real producer against the real broker."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from onceflow.envelope import HEADER_JOB_ID, HEADER_TRACEPARENT, JobEnvelope
+from onceflow.processes import free_port
+from producers.api import create_app
+from tests.integration.kafka_helpers import consume_all, murmur2_partition
+
+
+def test_202_means_the_records_are_in_kafka(settings):
+    jobs = [
+        {"job_id": f"order_{i}", "workflow": "order-workflow", "params": {"i": i}}
+        for i in range(150)
+    ]
+    with TestClient(create_app(settings)) as client:
+        r = client.post("/v1/jobs", json={"jobs": jobs})
+    assert r.status_code == 202, r.text
+    accepted = {a["job_id"]: a for a in r.json()["accepted"]}
+    assert len(accepted) == 150
+
+    records = consume_all(settings.kafka_bootstrap_servers, settings.jobs_topic, 150)
+    assert len(records) == 150
+    for msg in records:
+        env = JobEnvelope.decode(msg.key(), msg.value())
+        headers = dict(msg.headers())
+        assert headers[HEADER_JOB_ID] == msg.key() == env.job_id.encode()
+        assert headers[HEADER_TRACEPARENT].startswith(b"00-")
+        assert env.request_id == r.json()["request_id"]
+        # the answer names where each job landed
+        assert (msg.partition(), msg.offset()) == (
+            accepted[env.job_id]["partition"],
+            accepted[env.job_id]["offset"],
+        )
+        # murmur2, as the Java clients would choose
+        assert msg.partition() == murmur2_partition(msg.key(), settings.topic_partitions)
+
+
+def test_503_with_retry_after_when_kafka_is_unreachable(settings):
+    dead = settings.model_copy(
+        update={
+            "kafka_bootstrap_servers": f"127.0.0.1:{free_port()}",
+            "ingest_ack_timeout_seconds": 2.0,
+        }
+    )
+    with TestClient(create_app(dead)) as client:
+        r = client.post(
+            "/v1/jobs",
+            json={"jobs": [{"job_id": "a", "workflow": "w"}, {"job_id": "b", "workflow": "w"}]},
+        )
+        ready = client.get("/readyz")
+    assert r.status_code == 503
+    assert r.headers["retry-after"]
+    body = r.json()
+    assert body["accepted"] == []
+    assert sorted(j["job_id"] for j in body["rejected"]) == ["a", "b"]
+    assert ready.status_code == 503
