@@ -236,6 +236,25 @@ def demo(
     sys.exit(0 if ok else 1)
 
 
+def _fail(message: str) -> None:
+    # One line, whatever the driver's message looked like.
+    click.echo(f"onceflow: {' '.join(message.split())}", err=True)
+    sys.exit(1)
+
+
+def _explain(exc: Exception) -> str:
+    """A short, actionable sentence for errors that escape the commands."""
+    import sqlalchemy.exc as sa_exc
+
+    if isinstance(exc, sa_exc.ProgrammingError) and "UndefinedTable" in type(exc.orig).__name__:
+        return "the database has no onceflow schema: run `onceflow migrate` first"
+    if isinstance(exc, sa_exc.OperationalError):
+        return f"PostgreSQL unreachable: {exc.orig}"
+    if isinstance(exc, sa_exc.SQLAlchemyError):
+        return f"database error: {getattr(exc, 'orig', exc)}"
+    return f"unexpected {type(exc).__name__}: {exc}"
+
+
 def main() -> None:
     try:
         cli.main(standalone_mode=False)
@@ -246,9 +265,9 @@ def main() -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except OnceflowError as exc:
-        # One line, whatever the driver's message looked like.
-        click.echo(f"onceflow: {' '.join(str(exc).split())}", err=True)
-        sys.exit(1)
+        _fail(str(exc))
+    except Exception as exc:
+        _fail(_explain(exc))
     except KeyboardInterrupt:
         sys.exit(130)
 

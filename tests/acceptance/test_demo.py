@@ -107,11 +107,24 @@ def test_demo_exactly_one_instance_per_job(cli_env, tmp_path):
     assert 'step "ship": complete' in lines
 
 
-def test_cli_errors_are_one_line(cli_env):
-    result = run_cli("instances", "describe", "order-workflow", "no_such_job", env=cli_env)
+def test_cli_errors_are_one_line(cli_env, db_url):
+    env = {**cli_env, "ONCEFLOW_DATABASE_URL": db_url}
+    result = run_cli("instances", "describe", "order-workflow", "no_such_job", env=env)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         "onceflow: no instance of 'order-workflow' with job id 'no_such_job'"
+    ]
+
+
+def test_cli_on_an_unmigrated_database_says_what_to_do(cli_env, base_settings):
+    from onceflow.stack import recreate_database
+
+    url = recreate_database(base_settings.database_url, "onceflow_unmigrated_test")
+    env = {**cli_env, "ONCEFLOW_DATABASE_URL": url}
+    result = run_cli("instances", "describe", "order-workflow", "x", env=env)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "onceflow: the database has no onceflow schema: run `onceflow migrate` first"
     ]
 
 
