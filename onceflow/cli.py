@@ -184,6 +184,104 @@ def instances_describe(workflow: str, job_id: str, as_json: bool) -> None:
         click.echo(render_instance(view))
 
 
+def _db():
+    from workflow_engine.db import make_engine
+
+    return make_engine(_settings().database_url, pool_size=1)
+
+
+@instances.command("list")
+@click.option("--workflow", default=None, help="Only this workflow.")
+@click.option(
+    "--status",
+    default=None,
+    type=click.Choice(
+        ["queued", "running", "sleeping", "waiting", "paused", "complete", "errored", "terminated"]
+    ),
+)
+@click.option(
+    "--since",
+    "created_since",
+    default=None,
+    type=click.DateTime(formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S"]),
+    help="Created at or after (UTC).",
+)
+@click.option("--prefix", "id_prefix", default=None, help="Job ids starting with this.")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10000))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of a table.")
+def instances_list(workflow, status, created_since, id_prefix, limit, as_json) -> None:
+    """List instances, newest first."""
+    from datetime import UTC
+
+    from workflow_engine.control import list_instances
+
+    since = created_since.replace(tzinfo=UTC) if created_since else None
+    rows = list_instances(_db(), workflow, status, since, id_prefix, limit)
+    for row in rows:
+        if as_json:
+            click.echo(orjson.dumps(row.__dict__, default=str))
+        else:
+            click.echo(
+                f"{row.job_id}\t{row.workflow}\t{row.status}\t{row.created_at:%Y-%m-%d %H:%M:%S}"
+            )
+
+
+def _control(op: str, workflow: str, job_id: str) -> None:
+    from workflow_engine import control
+
+    result = getattr(control, op)(_db(), workflow, job_id)
+    click.echo(result.describe())
+
+
+@instances.command("pause")
+@click.argument("workflow")
+@click.argument("job_id")
+def instances_pause(workflow: str, job_id: str) -> None:
+    """Pause an instance (a running one pauses at its next step)."""
+    _control("pause", workflow, job_id)
+
+
+@instances.command("resume")
+@click.argument("workflow")
+@click.argument("job_id")
+def instances_resume(workflow: str, job_id: str) -> None:
+    """Resume a paused instance."""
+    _control("resume", workflow, job_id)
+
+
+@instances.command("terminate")
+@click.argument("workflow")
+@click.argument("job_id")
+def instances_terminate(workflow: str, job_id: str) -> None:
+    """Stop an instance for good (a running one stops at its next step)."""
+    _control("terminate", workflow, job_id)
+
+
+@instances.command("restart")
+@click.argument("workflow")
+@click.argument("job_id")
+def instances_restart(workflow: str, job_id: str) -> None:
+    """Run an instance again from its first step, forgetting its history."""
+    _control("restart", workflow, job_id)
+
+
+@instances.command("send-event")
+@click.argument("workflow")
+@click.argument("job_id")
+@click.argument("event_type")
+@click.argument("payload", required=False, default=None)
+def instances_send_event(workflow: str, job_id: str, event_type: str, payload: str | None) -> None:
+    """Send an event (PAYLOAD is JSON) to an instance; it wakes if it waits for one."""
+    from workflow_engine.control import send_event
+
+    try:
+        value = orjson.loads(payload) if payload is not None else None
+    except orjson.JSONDecodeError as exc:
+        raise OnceflowError(f"payload is not valid JSON: {exc}") from None
+    event_id = send_event(_db(), workflow, job_id, event_type, value)
+    click.echo(f"{job_id}: event {event_type!r} stored (id {event_id})")
+
+
 # --- demo ---------------------------------------------------------------------------------
 
 

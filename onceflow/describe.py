@@ -18,9 +18,14 @@ def render_instance(view: InstanceView) -> str:
     ]
     for step in view.steps:
         state = step.status
-        if step.status == "running" or step.attempts > 1:
+        if step.kind == "step" and (step.status == "running" or step.attempts > 1):
             state += f" (attempt {step.attempts})"
-        lines.append(f'step "{step.name}": {state}')
+        if step.kind == "sleep" and step.status == "sleeping" and step.wake_at:
+            state += f" until {step.wake_at.isoformat()}"
+        if step.kind == "event" and step.status == "waiting":
+            state += f" for event {step.event_type!r}"
+        label = {"step": "step", "sleep": "sleep", "event": "wait"}[step.kind]
+        lines.append(f'{label} "{step.name}": {state}')
         if step.error and step.status != "complete":
             lines.append(f"    last error: {step.error}")
     if view.error:

@@ -65,6 +65,11 @@ class Settings(BaseSettings):
     engine_metrics_port: int = 9103
     workflow_modules: list[str] = Field(default_factory=lambda: ["workflow_engine.examples"])
     step_result_max_bytes: int = Field(default=1024 * 1024, ge=2)
+    # Finished instances (and their steps) are deleted this long after finishing; the
+    # job-id record that makes a late duplicate collapse is kept longer.
+    retention_instances_seconds: float = Field(default=7 * 86400, gt=0)
+    retention_job_ids_seconds: float = Field(default=30 * 86400, gt=0)
+    maintenance_interval_seconds: float = Field(default=15.0, gt=0)
 
     # --- process-wide ---------------------------------------------------------------
     state_dir: Path = Path(".onceflow")

@@ -21,12 +21,19 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from workflow_engine import store
 from workflow_engine.definitions import DEFAULT_RETRY, RetryPolicy
-from workflow_engine.errors import NonDeterminismError, NonRetryableError, StepFailed
-from workflow_engine.metrics import STEP_DURATION, STEPS
+from workflow_engine.errors import (
+    EventTimeout,
+    NonDeterminismError,
+    NonRetryableError,
+    StepFailed,
+    Suspend,
+)
+from workflow_engine.metrics import STEP_DURATION, STEPS, STEPS_STARTED
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +81,18 @@ class WorkflowContext:
     def idempotency_key(self, step_name: str) -> str:
         return f"{self.job_id}:{step_name}"
 
+    def _next(self, name: str, kind: str) -> tuple[int, store.RecordedStep | None]:
+        """The next history position, checked against what was recorded there."""
+        position = self._position
+        self._position += 1
+        recorded = self._recorded.get(position)
+        if recorded is not None and (recorded.name != name or recorded.kind != kind):
+            raise NonDeterminismError(
+                f"workflow {self.workflow!r} asked for {kind} {name!r} at position {position},"
+                f" but the history has {recorded.kind} {recorded.name!r} there"
+            )
+        return position, recorded
+
     async def step(
         self,
         name: str,
@@ -83,23 +102,21 @@ class WorkflowContext:
         timeout: float | None = None,
         **kwargs: Any,
     ) -> Any:
-        """Run ``fn(*args, **kwargs)`` once, durably; return its (JSON) result."""
-        position = self._position
-        self._position += 1
-        recorded = self._recorded.get(position)
-        if recorded is not None:
-            if recorded.name != name:
-                raise NonDeterminismError(
-                    f"workflow {self.workflow!r} asked for step {name!r} at position {position},"
-                    f" but the history has {recorded.name!r} there"
-                )
-            if recorded.status == "complete":
-                return recorded.result
+        """Run ``fn(*args, **kwargs)`` once, durably; return its (JSON) result.
+
+        A failed attempt is retried per ``retries`` after a delay during which the
+        instance sleeps durably (no worker is held); ``NonRetryableError`` fails the
+        instance at once.
+        """
+        position, recorded = self._next(name, "step")
+        if recorded is not None and recorded.status == "complete":
+            return recorded.result
         policy = retries or self._rt.default_retry or DEFAULT_RETRY
         while True:
             attempt = await self._rt.db(
                 store.start_step, self._rt.owner, self.job_id, position, name
             )
+            STEPS_STARTED.labels(self.workflow).inc()
             token = _current_step.set(StepInfo(self.job_id, self.workflow, name, position, attempt))
             started = time.perf_counter()
             try:
@@ -114,6 +131,7 @@ class WorkflowContext:
                 outcome = "failed" if final else "retry"
                 await self._finish(position, attempt, outcome, error=_describe(exc))
                 STEPS.labels(self.workflow, outcome).inc()
+                delay = 0.0 if final else policy.delay_for(exc, attempt)
                 log.warning(
                     "step %r attempt %d failed: %s",
                     name,
@@ -124,13 +142,15 @@ class WorkflowContext:
                         "job_id": self.job_id,
                         "step": name,
                         "attempt": attempt,
+                        "retry_in": delay,
                     },
                 )
                 if final:
                     raise StepFailed(
                         f"step {name!r} failed after {attempt} attempts: {_describe(exc)}"
                     ) from exc
-                await self._rt.sleep(policy.delay_for(exc, attempt))
+                if delay > 0:
+                    raise Suspend("sleeping", None, delay=delay) from None
                 continue
             finally:
                 _current_step.reset(token)
@@ -148,6 +168,76 @@ class WorkflowContext:
                 },
             )
             return value
+
+    async def sleep(self, name: str, duration: float | timedelta) -> None:
+        """Sleep durably: the instance is released and claimed again when it is due."""
+        seconds = duration.total_seconds() if isinstance(duration, timedelta) else duration
+        await self._sleep(name, delay=max(0.0, float(seconds)))
+
+    async def sleep_until(self, name: str, when: datetime) -> None:
+        """Sleep durably until ``when`` (timezone-aware)."""
+        if when.tzinfo is None:
+            raise ValueError("sleep_until needs a timezone-aware datetime")
+        await self._sleep(name, wake_at=when)
+
+    async def _sleep(
+        self, name: str, delay: float | None = None, wake_at: datetime | None = None
+    ) -> None:
+        position, recorded = self._next(name, "sleep")
+        if recorded is not None and recorded.status == "complete":
+            return
+        wake, due = await self._rt.db(
+            store.begin_wait,
+            self._rt.owner,
+            self.job_id,
+            position,
+            name,
+            "sleep",
+            self._rt.clock.db_now(),
+            delay,
+            wake_at,
+        )
+        if not due:
+            raise Suspend("sleeping", wake)
+        await self._rt.db(
+            store.close_entry, self._rt.owner, self.job_id, position, "complete", b"null"
+        )
+
+    async def wait_for_event(
+        self, name: str, type: str, timeout: float | timedelta | None = None
+    ) -> Any:
+        """Wait durably for an event of ``type``; return its payload.
+
+        Events sent before the wait is reached are kept and consumed in order. Raises
+        :class:`EventTimeout` if ``timeout`` passes first (the workflow may catch it).
+        """
+        position, recorded = self._next(name, "event")
+        if recorded is not None and recorded.status == "complete":
+            return recorded.result
+        if recorded is not None and recorded.status == "failed":
+            raise EventTimeout(recorded.error or f"timed out waiting for event {type!r}")
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        rt = self._rt
+        wake, due = await rt.db(
+            store.begin_wait,
+            rt.owner,
+            self.job_id,
+            position,
+            name,
+            "event",
+            rt.clock.db_now(),
+            seconds,
+            None,
+            type,
+        )
+        found, payload = await rt.db(store.consume_event, rt.owner, self.job_id, position)
+        if found:
+            return payload
+        if due:
+            message = f"timed out waiting for event {type!r} ({name!r})"
+            await rt.db(store.close_entry, rt.owner, self.job_id, position, "failed", None, message)
+            raise EventTimeout(message)
+        raise Suspend("waiting", wake)
 
     async def _invoke(
         self, fn: Callable[..., Any], args: tuple, kwargs: dict, timeout: float | None

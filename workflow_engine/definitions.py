@@ -22,19 +22,67 @@ if TYPE_CHECKING:
 WorkflowFn = Callable[["WorkflowContext", dict[str, Any]], Awaitable[Any]]
 
 _REGISTRY: dict[str, WorkflowFn] = {}
+_LIMITS: dict[str, int] = {}
+_TASKS: dict[str, TaskDef] = {}
 
 
-def workflow(name: str) -> Callable[[WorkflowFn], WorkflowFn]:
-    """Register an async function ``(ctx, params)`` as the workflow called ``name``."""
+def workflow(name: str, concurrency: int | None = None) -> Callable[[WorkflowFn], WorkflowFn]:
+    """Register an async function ``(ctx, params)`` as the workflow called ``name``.
+
+    ``concurrency`` caps how many of its instances run at once across all engines;
+    the rest stay queued. Sleeping and waiting instances do not count.
+    """
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         existing = _REGISTRY.get(name)
-        if existing is not None and existing is not fn:
-            raise ValueError(f"workflow {name!r} is registered twice")
+        if (existing is not None and existing is not fn) or name in _TASKS:
+            raise ValueError(f"{name!r} is registered twice")
         _REGISTRY[name] = fn
+        if concurrency is not None:
+            if concurrency < 1:
+                raise ValueError("concurrency must be at least 1")
+            _LIMITS[name] = concurrency
         return fn
 
     return register
+
+
+def concurrency_limits() -> dict[str, int]:
+    return dict(_LIMITS)
+
+
+@dataclass(frozen=True)
+class TaskDef:
+    name: str
+    fn: Callable[[dict[str, Any]], Any]
+    max_retries: int = 3
+    delay: float = 1.0
+
+
+def task(
+    name: str, max_retries: int = 3, delay: float = 1.0
+) -> Callable[[Callable[[dict[str, Any]], Any]], Callable[[dict[str, Any]], Any]]:
+    """Register a single-step job, run by the streams worker without a workflow.
+
+    The handler gets the job's params. A failure is retried ``max_retries`` times,
+    ``delay`` seconds apart; then the record goes to the dead-letter topic.
+    """
+
+    def register(fn: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+        if name in _REGISTRY or (name in _TASKS and _TASKS[name].fn is not fn):
+            raise ValueError(f"{name!r} is registered twice")
+        _TASKS[name] = TaskDef(name, fn, max_retries, delay)
+        return fn
+
+    return register
+
+
+def get_task(name: str) -> TaskDef | None:
+    return _TASKS.get(name)
+
+
+def registered_tasks() -> list[str]:
+    return sorted(_TASKS)
 
 
 def get_workflow(name: str) -> WorkflowFn | None:

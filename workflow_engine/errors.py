@@ -29,3 +29,28 @@ class LeaseLost(WorkflowError):
 
 class UnknownWorkflow(WorkflowError):
     """No workflow with this name is registered in this engine process."""
+
+
+class EventTimeout(WorkflowError):
+    """``wait_for_event`` reached its timeout before an event of that type arrived."""
+
+
+class ControlRequested(BaseException):
+    """Internal: an operator asked for pause/terminate/restart while the instance ran.
+
+    A BaseException so that workflow code's ``except Exception`` cannot swallow it.
+    """
+
+    def __init__(self, action: str) -> None:
+        super().__init__(action)
+        self.action = action
+
+
+class Suspend(BaseException):
+    """Internal: the instance waits (sleep, retry delay, event) without holding a worker."""
+
+    def __init__(self, status: str, wake_at: object | None, delay: float | None = None) -> None:
+        super().__init__(status)
+        self.status = status
+        self.wake_at = wake_at
+        self.delay = delay

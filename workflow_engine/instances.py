@@ -177,6 +177,9 @@ class StepView:
     error: str | None
     started_at: datetime
     finished_at: datetime | None
+    kind: str = "step"
+    wake_at: datetime | None = None
+    event_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,7 @@ class InstanceView:
     duplicates: int
     redeliveries: int
     mismatches: int
+    restart_count: int
     steps: list[StepView]
 
     def to_dict(self) -> dict[str, Any]:
@@ -214,7 +218,8 @@ SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
        (SELECT count(*) FROM onceflow_duplicate_deliveries d
          WHERE d.job_id = i.job_id AND d.redelivery) AS redeliveries,
        (SELECT count(*) FROM onceflow_duplicate_deliveries d
-         WHERE d.job_id = i.job_id AND NOT d.params_match) AS mismatches
+         WHERE d.job_id = i.job_id AND NOT d.params_match) AS mismatches,
+       i.restart_count
 FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
 WHERE i.job_id = :job_id
 """
@@ -222,7 +227,8 @@ WHERE i.job_id = :job_id
 
 _STEPS_SQL = sa.text(
     """
-SELECT position, name, status, attempts, error, started_at, finished_at
+SELECT position, name, status, attempts, error, started_at, finished_at, kind, wake_at,
+       event_type
 FROM onceflow_steps WHERE job_id = :job_id ORDER BY position
 """
 )

@@ -16,6 +16,9 @@ STEPS = Counter(
     "Step attempts by outcome (complete, retry, failed)",
     ["workflow", "outcome"],
 )
+STEPS_STARTED = Counter(
+    "onceflow_engine_steps_started_total", "Step attempts started", ["workflow"]
+)
 STEP_DURATION = Histogram(
     "onceflow_engine_step_duration_seconds",
     "Duration of successful step attempts",
@@ -35,3 +38,12 @@ SUBMIT_TO_COMPLETE = Histogram(
 )
 INFLIGHT = Gauge("onceflow_engine_inflight_instances", "Instances this engine is running now")
 RESCUED = Counter("onceflow_engine_leases_rescued_total", "Expired leases re-queued by this engine")
+INSTANCES_BY_STATUS = Gauge(
+    "onceflow_engine_instances",
+    "Instances in the database by workflow and status",
+    ["workflow", "status"],
+)
+RUNNABLE_BACKLOG = Gauge(
+    "onceflow_engine_runnable_backlog", "Instances due to run and not yet claimed"
+)
+PRUNED = Counter("onceflow_engine_pruned_total", "Rows removed by retention", ["kind"])

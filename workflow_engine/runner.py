@@ -34,21 +34,25 @@ from ulid import ULID
 
 from onceflow.logs import setup_logging
 from onceflow.settings import Settings
-from workflow_engine import store
+from workflow_engine import control as control_ops
+from workflow_engine import maintenance, store
+from workflow_engine.clock import FakeClock, SystemClock
 from workflow_engine.context import WorkflowContext
 from workflow_engine.db import check_connection, make_engine
 from workflow_engine.definitions import (
     RetryPolicy,
+    concurrency_limits,
     get_workflow,
     load_workflow_modules,
 )
-from workflow_engine.errors import LeaseLost, WorkflowError
+from workflow_engine.errors import ControlRequested, LeaseLost, Suspend, WorkflowError
 from workflow_engine.instances import RUNNABLE_CHANNEL
 from workflow_engine.metrics import (
     CLAIM_LATENCY,
     CLAIMED,
     FINISHED,
     INFLIGHT,
+    PRUNED,
     RESCUED,
     SUBMIT_TO_COMPLETE,
 )
@@ -63,7 +67,7 @@ class EngineRunner:
         settings: Settings,
         engine: Engine | None = None,
         default_retry: RetryPolicy | None = None,
-        sleep: Callable[[float], Any] = asyncio.sleep,
+        clock: SystemClock | FakeClock | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine or make_engine(
@@ -71,7 +75,7 @@ class EngineRunner:
         )
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{str(ULID())[-6:]}"
         self.default_retry = default_retry
-        self.sleep = sleep
+        self.clock = clock or SystemClock()
         self.max_result_bytes = settings.step_result_max_bytes
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
@@ -101,6 +105,7 @@ class EngineRunner:
         side = [
             asyncio.create_task(self._heartbeat_loop()),
             asyncio.create_task(self._rescue_loop()),
+            asyncio.create_task(self._maintenance_loop()),
         ]
         try:
             await self._claim_loop()
@@ -127,7 +132,12 @@ class EngineRunner:
             started = time.perf_counter()
             try:
                 claimed = await self.db(
-                    store.claim, self.owner, min(free, s.engine_claim_batch), s.engine_lease_seconds
+                    store.claim,
+                    self.owner,
+                    min(free, s.engine_claim_batch),
+                    s.engine_lease_seconds,
+                    self.clock.db_now(),
+                    concurrency_limits(),
                 )
             except Exception:
                 log.exception("claim failed; retrying", extra={"event": "engine.claim_error"})
@@ -182,6 +192,21 @@ class EngineRunner:
                 )
             await asyncio.sleep(interval)
 
+    async def _maintenance_loop(self) -> None:
+        """Retention and the gauges that need a query; one engine at a time prunes."""
+        s = self.settings
+        while True:
+            try:
+                pruned = await self.db(
+                    maintenance.prune, s.retention_instances_seconds, s.retention_job_ids_seconds
+                )
+                for kind, count in pruned.items():
+                    PRUNED.labels(kind).inc(count)
+                await self.db(maintenance.refresh_gauges)
+            except Exception:
+                log.exception("maintenance failed", extra={"event": "engine.maintenance_error"})
+            await asyncio.sleep(s.maintenance_interval_seconds)
+
     async def _drain(self) -> None:
         if not self._inflight:
             return
@@ -222,6 +247,43 @@ class EngineRunner:
             try:
                 value = await fn(ctx, inst.params)
                 encoded = store.encode_result(value, self.max_result_bytes)
+            except Suspend as wait:
+                await self.db(
+                    store.suspend,
+                    self.owner,
+                    job,
+                    wait.status,
+                    self.clock.db_now(),
+                    wait.wake_at,
+                    wait.delay,
+                )
+                log.info(
+                    "instance %s",
+                    wait.status,
+                    extra={
+                        "event": f"instance.{wait.status}",
+                        "job_id": job,
+                        "wake_at": wait.wake_at,
+                        "delay": wait.delay,
+                    },
+                )
+                return
+            except ControlRequested as control:
+                new_status = await self.db(
+                    control_ops.apply_requested, self.owner, job, control.action
+                )
+                if new_status in ("terminated",):
+                    FINISHED.labels(inst.workflow, new_status).inc()
+                log.warning(
+                    "operator %s applied",
+                    control.action,
+                    extra={
+                        "event": f"instance.{control.action}",
+                        "job_id": job,
+                        "status": new_status,
+                    },
+                )
+                return
             except LeaseLost:
                 raise
             except WorkflowError as exc:
