@@ -16,6 +16,7 @@ from onceflow.settings import get_settings
 from workflow_engine.context import current_step
 from workflow_engine.db import shared_engine
 from workflow_engine.definitions import RetryPolicy, workflow
+from workflow_engine.errors import EventTimeout
 
 ORDER_STEPS = ("charge payment", "reserve stock", "ship")
 
@@ -50,3 +51,18 @@ async def order_workflow(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
     await ctx.step("reserve stock", _record_side_effect, params, retries=DEMO_RETRY)
     shipment = await ctx.step("ship", _record_side_effect, params, retries=DEMO_RETRY)
     return {"receipt": receipt["key"], "shipment": shipment["key"]}
+
+
+@workflow("approval-workflow")
+async def approval_workflow(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """Waits (durably, holding no worker) for an 'approved' event, or times out."""
+    await ctx.step("request approval", _record_side_effect, params, retries=DEMO_RETRY)
+    try:
+        decision = await ctx.wait_for_event(
+            "approval", type="approved", timeout=float(params.get("timeout_seconds", 86400))
+        )
+    except EventTimeout:
+        await ctx.step("cancel", _record_side_effect, params, retries=DEMO_RETRY)
+        return {"approved": False}
+    await ctx.step("fulfil", _record_side_effect, params, retries=DEMO_RETRY)
+    return {"approved": True, "by": (decision or {}).get("by")}

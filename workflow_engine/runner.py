@@ -90,8 +90,6 @@ class EngineRunner:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop)
         listener = threading.Thread(target=self._listen, args=(loop,), daemon=True)
         listener.start()
         log.info(
@@ -371,4 +369,7 @@ async def _main(runner: EngineRunner, concurrency: int) -> None:
     asyncio.get_running_loop().set_default_executor(
         ThreadPoolExecutor(max_workers=concurrency + 8, thread_name_prefix="engine")
     )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, runner.stop)
     await runner.run()
