@@ -45,6 +45,8 @@ class Settings(BaseSettings):
     ingest_ack_timeout_seconds: float = Field(default=15.0, gt=0)
     ingest_retry_after_seconds: int = Field(default=2, ge=1)
     producer_linger_ms: int = Field(default=2, ge=0)
+    # Serve the instance admin API (/v1/instances…) from the ingest process.
+    admin_api_enabled: bool = True
 
     # --- streams worker (streams/) ------------------------------------------------
     consumer_group: str = "onceflow-streams"

@@ -186,6 +186,12 @@ def create_app(settings: Settings, producer: JobProducer | None = None) -> FastA
             {"X-Request-Id": request_id},
         )
 
+    if settings.admin_api_enabled:
+        from workflow_engine.db import shared_engine
+        from workflow_engine.http import admin_router
+
+        app.include_router(admin_router(lambda: shared_engine(settings.database_url)))
+
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}

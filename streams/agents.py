@@ -16,12 +16,15 @@ from streams.batch import BatchHandler
 from streams.records import RawRecord
 from streams.topics import jobs_topic
 from workflow_engine.db import make_engine
+from workflow_engine.definitions import load_workflow_modules
 
 log = logging.getLogger(__name__)
 
 
 @lru_cache(maxsize=1)
 def handler() -> BatchHandler:
+    # Registered names decide what a record is: a workflow, a task, or a dead letter.
+    load_workflow_modules(settings.workflow_modules)
     engine = make_engine(settings.database_url, pool_size=settings.streams_concurrency + 1)
     dlq = Producer(
         {

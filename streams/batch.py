@@ -20,7 +20,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
+from typing import Any, TypeVar
 
 import sqlalchemy.exc as sa_exc
 from confluent_kafka import Producer
@@ -39,10 +41,19 @@ from streams.metrics import (
     MISMATCHES,
     RECORDS,
 )
-from streams.records import DeadLetter, RawRecord, classify, split_by_partition
+from streams.records import (
+    DeadLetter,
+    RawRecord,
+    classify,
+    registered_kind,
+    split_by_partition,
+)
+from streams.tasks import run_task
+from workflow_engine import task_runs
 from workflow_engine.instances import CreateResult, Delivery, create_instances
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Errors that mean "the database is not reachable right now": block and retry.
 TRANSIENT_DB_ERRORS = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError)
@@ -51,10 +62,17 @@ MAX_RECORD_BYTES = 1024 * 1024
 
 
 class BatchHandler:
-    def __init__(self, settings: Settings, engine: Engine, dlq: Producer) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine,
+        dlq: Producer,
+        kind_of: Callable[[str], str | None] = registered_kind,
+    ) -> None:
         self.settings = settings
         self.engine = engine
         self.dlq = dlq
+        self.kind_of = kind_of
         self._commits = 0
         self._lock = threading.Lock()
         self._failpoint_after = _parse_failpoint(settings.failpoint, "streams.after_db_commit")
@@ -64,7 +82,7 @@ class BatchHandler:
         BATCH_SIZE.observe(len(records))
         for rec in records:
             RECORDS.labels(rec.topic, str(rec.partition)).inc()
-        deliveries, dead = classify(records, MAX_RECORD_BYTES)
+        deliveries, dead = classify(records, MAX_RECORD_BYTES, self.kind_of)
         if dead:
             await asyncio.to_thread(self._dead_letter, dead)
         chunks = split_by_partition(deliveries, self.settings.streams_concurrency)
@@ -72,8 +90,48 @@ class BatchHandler:
         total = CreateResult()
         for r in results:
             total.add(r)
+        await self._run_tasks([d for d in deliveries if d.kind == "task"])
         IN_FLIGHT.set(0)
         return total
+
+    async def _run_tasks(self, deliveries: list[Delivery]) -> None:
+        """Run the batch's tasks that have not succeeded yet (new, or interrupted)."""
+        if not deliveries:
+            return
+        first: dict[str, Delivery] = {}
+        for d in deliveries:
+            first.setdefault(d.envelope.job_id, d)
+        todo = await asyncio.to_thread(
+            self.with_db_retry, task_runs.pending, self.engine, list(first)
+        )
+        slots = asyncio.Semaphore(self.settings.streams_concurrency)
+
+        def dead_letter(job_id: str, reason: str) -> None:
+            d = first[job_id]
+            env = d.envelope
+            rec = RawRecord(d.topic, d.partition, d.offset, env.key(), env.encode(), env.headers())
+            self._dead_letter([DeadLetter(rec, reason)])
+
+        async def one(pending: task_runs.PendingTask) -> None:
+            async with slots:
+                await asyncio.to_thread(
+                    run_task, self.engine, pending, dead_letter, self.with_db_retry
+                )
+
+        await asyncio.gather(*(one(p) for p in todo))
+
+    def with_db_retry(self, fn: Callable[..., T], *args: Any) -> T:
+        """Call ``fn``; while the database is unreachable, wait and call it again."""
+        for attempt in Retrying(
+            retry=retry_if_exception_type(TRANSIENT_DB_ERRORS),
+            wait=wait_exponential_jitter(initial=0.1, max=5.0),
+            stop=stop_never,
+            before_sleep=_log_retry,
+            reraise=True,
+        ):
+            with attempt:
+                return fn(*args)
+        raise AssertionError("unreachable")
 
     # --- in worker threads ---------------------------------------------------------
 

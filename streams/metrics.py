@@ -34,3 +34,6 @@ DB_RETRIES = Counter(
 IN_FLIGHT = Gauge(
     "onceflow_streams_records_in_flight", "Records taken from Kafka not yet committed to Postgres"
 )
+TASKS = Counter(
+    "onceflow_streams_tasks_total", "Plain task attempts by outcome", ["task", "outcome"]
+)

@@ -5,10 +5,12 @@ Pure functions over plain values so they can be unit-tested without Kafka.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from onceflow.envelope import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, JobEnvelope, KafkaHeaders
 from onceflow.errors import InvalidEnvelope
+from workflow_engine.definitions import get_task, get_workflow
 from workflow_engine.instances import Delivery
 
 
@@ -37,9 +39,15 @@ class DeadLetter:
 
 
 def classify(
-    records: list[RawRecord], max_value_bytes: int
+    records: list[RawRecord],
+    max_value_bytes: int,
+    kind_of: Callable[[str], str | None] = lambda name: "workflow",
 ) -> tuple[list[Delivery], list[DeadLetter]]:
-    """Split records into valid deliveries (in order) and dead letters with a reason."""
+    """Split records into valid deliveries (in order) and dead letters with a reason.
+
+    ``kind_of`` maps a type name to "workflow", "task", or None when nothing is
+    registered under that name (the record is dead-lettered).
+    """
     deliveries: list[Delivery] = []
     dead: list[DeadLetter] = []
     for rec in records:
@@ -53,7 +61,11 @@ def classify(
         except InvalidEnvelope as exc:
             dead.append(DeadLetter(rec, str(exc)))
             continue
-        deliveries.append(Delivery(env, rec.topic, rec.partition, rec.offset))
+        kind = kind_of(env.workflow)
+        if kind is None:
+            dead.append(DeadLetter(rec, f"unknown workflow or task type {env.workflow!r}"))
+            continue
+        deliveries.append(Delivery(env, rec.topic, rec.partition, rec.offset, kind))
     return deliveries, dead
 
 
@@ -70,3 +82,12 @@ def split_by_partition(deliveries: list[Delivery], groups: int) -> list[list[Del
     for i, part in enumerate(sorted(by_partition)):
         chunks[i % len(chunks)].extend(by_partition[part])
     return [c for c in chunks if c]
+
+
+def registered_kind(name: str) -> str | None:
+    """'task' or 'workflow' for a registered type name, None for an unknown one."""
+    if get_task(name) is not None:
+        return "task"
+    if get_workflow(name) is not None:
+        return "workflow"
+    return None

@@ -25,6 +25,10 @@ class ControlError(OnceflowError):
     """A control operation that cannot apply to the instance in its current state."""
 
 
+class InstanceNotFound(ControlError):
+    """No instance of that workflow has that job id."""
+
+
 @dataclass(frozen=True)
 class ControlResult:
     job_id: str
@@ -46,7 +50,7 @@ def _lock(conn: Connection, workflow: str, job_id: str) -> tuple[str, str | None
         {"j": job_id},
     ).one_or_none()
     if row is None or row.workflow != workflow:
-        raise ControlError(f"no instance of {workflow!r} with job id {job_id!r}")
+        raise InstanceNotFound(f"no instance of {workflow!r} with job id {job_id!r}")
     return row.status, row.requested_action
 
 

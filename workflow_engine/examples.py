@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from onceflow.settings import get_settings
 from workflow_engine.context import current_step
 from workflow_engine.db import shared_engine
-from workflow_engine.definitions import RetryPolicy, workflow
+from workflow_engine.definitions import RetryPolicy, task, workflow
 from workflow_engine.errors import EventTimeout
 
 ORDER_STEPS = ("charge payment", "reserve stock", "ship")
@@ -66,3 +66,25 @@ async def approval_workflow(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
         return {"approved": False}
     await ctx.step("fulfil", _record_side_effect, params, retries=DEMO_RETRY)
     return {"approved": True, "by": (decision or {}).get("by")}
+
+
+class MailServerDown(Exception):
+    """The sample task's failure (params ``{"fail": true}`` makes it permanent)."""
+
+
+@task("send-welcome-email", max_retries=2, delay=0.1)
+def send_welcome_email(params: dict[str, Any]) -> dict[str, Any]:
+    """A single-step job: no workflow, just the queue's retries and a dead-letter topic."""
+    if params.get("fail"):
+        raise MailServerDown("mail server refused the connection")
+    engine = shared_engine(get_settings().database_url)
+    key = f"{params.get('job_id', '')}:send-welcome-email"
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO onceflow_demo_side_effects (job_id, step, idempotency_key,"
+                " performed_by) VALUES (:j, 'send-welcome-email', :k, 'streams')"
+            ),
+            {"j": params.get("job_id", ""), "k": key},
+        )
+    return {"sent_to": params.get("email")}

@@ -36,6 +36,7 @@ class Delivery:
     topic: str
     partition: int
     offset: int
+    kind: str = "workflow"  # or "task": a single-step job run by the streams worker
 
 
 @dataclass(slots=True)
@@ -47,9 +48,11 @@ class CreateResult:
     created_ids: list[str] = field(default_factory=list)
     duplicate_ids: list[str] = field(default_factory=list)
     mismatch_ids: list[str] = field(default_factory=list)
+    tasks_created: int = 0
 
     def add(self, other: CreateResult) -> None:
         self.created += other.created
+        self.tasks_created += other.tasks_created
         self.duplicates += other.duplicates
         self.mismatches += other.mismatches
         self.redeliveries += other.redeliveries
@@ -62,7 +65,7 @@ _CREATE_SQL = sa.text(
     """
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
-        ord integer, job_id text, workflow text, params jsonb, params_digest text,
+        ord integer, job_id text, kind text, workflow text, params jsonb, params_digest text,
         request_id text, submitted_at timestamptz, traceparent text,
         topic text, part integer, off bigint)
 ),
@@ -73,7 +76,7 @@ upsert AS (
     INSERT INTO onceflow_jobs AS j (
         job_id, kind, type_name, params_digest, request_id, submitted_at, traceparent,
         source_topic, source_partition, source_offset)
-    SELECT job_id, 'workflow', workflow, params_digest, request_id, submitted_at,
+    SELECT job_id, kind, workflow, params_digest, request_id, submitted_at,
            traceparent, topic, part, off
     FROM firsts
     ORDER BY job_id
@@ -100,13 +103,22 @@ inst AS (
     INSERT INTO onceflow_instances (job_id, workflow, params)
     SELECT f.job_id, f.workflow, f.params
     FROM firsts f JOIN upsert u USING (job_id)
-    WHERE u.inserted
+    WHERE u.inserted AND f.kind = 'workflow'
+    RETURNING job_id
+),
+task_runs AS (
+    INSERT INTO onceflow_task_runs (job_id, task, params)
+    SELECT f.job_id, f.workflow, f.params
+    FROM firsts f JOIN upsert u USING (job_id)
+    WHERE u.inserted AND f.kind = 'task'
     RETURNING job_id
 ),
 notified AS (
     SELECT pg_notify(:channel, '') FROM (SELECT 1 FROM inst LIMIT 1) AS any_created
 )
 SELECT 'created' AS kind, job_id, true AS params_match, false AS redelivery FROM inst
+UNION ALL
+SELECT 'task', job_id, true, false FROM task_runs
 UNION ALL
 SELECT 'duplicate', job_id, params_match, redelivery FROM dups
 UNION ALL
@@ -120,6 +132,7 @@ def _row(ord_: int, d: Delivery) -> dict[str, Any]:
     return {
         "ord": ord_,
         "job_id": env.job_id,
+        "kind": d.kind,
         "workflow": env.workflow,
         "params": env.params,
         "params_digest": params_digest(env.params),
@@ -147,6 +160,9 @@ def create_instances_in(conn: Connection, deliveries: Sequence[Delivery]) -> Cre
     ):
         if kind == "created":
             result.created += 1
+            result.created_ids.append(job_id)
+        elif kind == "task":
+            result.tasks_created += 1
             result.created_ids.append(job_id)
         elif kind == "duplicate":
             result.duplicates += 1

@@ -147,7 +147,18 @@ class EngineRunner:
                 self._inflight[inst.job_id] = asyncio.create_task(self._run_instance(inst))
             INFLIGHT.set(len(self._inflight))
             if len(claimed) < min(free, s.engine_claim_batch):
-                await self._wait_wake(s.engine_poll_interval_seconds)
+                await self._wait_wake(await self._idle_wait())
+
+    async def _idle_wait(self) -> float:
+        """Sleep until the next timer falls due, a notification, or the poll interval."""
+        poll = self.settings.engine_poll_interval_seconds
+        try:
+            due = await self.db(store.seconds_until_next_due, self.clock.db_now())
+        except Exception:
+            return poll
+        if due is None:
+            return poll
+        return min(poll, max(0.005, due))
 
     async def _wait_wake(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -510,3 +510,18 @@ def suspend(
         ).rowcount
     if updated != 1:
         raise LeaseLost(f"lease on {job_id} lost before it could be suspended")
+
+
+_NEXT_DUE = sa.text(
+    f"""
+SELECT extract(epoch FROM min(run_after) - {_NOW}) FROM onceflow_instances
+WHERE status IN ('queued', 'sleeping', 'waiting') AND run_after <> 'infinity'
+"""
+)
+
+
+def seconds_until_next_due(engine: Engine, now: datetime | None) -> float | None:
+    """Seconds until the earliest timer (sleep, retry delay, event timeout) falls due."""
+    with engine.connect() as conn:
+        value = conn.execute(_NEXT_DUE, {"now": now}).scalar()
+    return None if value is None else float(value)

@@ -52,6 +52,11 @@ async def fatal(ctx, params):
     await ctx.step("charge", boom, retries=RetryPolicy(limit=5, delay=0.01))
 
 
+@workflow("test-bad-result")
+async def bad_result(ctx, params):
+    await ctx.step("returns a set", lambda: {1, 2})
+
+
 def create(db, job_id, workflow_name, params=None):
     create_instances(db, [Delivery(JobEnvelope(job_id, workflow_name, params or {}), "t", 0, 0)])
 
@@ -223,3 +228,11 @@ def test_sigkill_engine_mid_workflow_another_engine_finishes(settings, db, tmp_p
     assert all(effects[key] == 1 for key in before), "a checkpointed step ran again"
     assert len(effects) == 3 * n  # every step of every job performed
     assert claims == 2  # the survivors were taken over once, from their checkpoints
+
+
+def test_a_step_result_that_is_not_json_is_a_clear_error(settings, db):
+    create(db, "j1", "test-bad-result")
+    run_until(settings, db, lambda: status(db, "j1") == "errored")
+    view = describe_instance(db, "j1")
+    assert "not JSON-serialisable" in view.error
+    assert view.steps[0].attempts == 1  # not retried: retrying cannot fix it

@@ -1,0 +1,63 @@
+"""Plain queue tasks through the real streams worker: retries, dead letters, no rerun."""
+
+from __future__ import annotations
+
+import signal
+
+import sqlalchemy as sa
+
+from onceflow.envelope import HEADER_DLQ_REASON, HEADER_JOB_ID, JobEnvelope
+from onceflow.processes import ProcessGroup
+from tests.conftest import settings_env
+from tests.integration.kafka_helpers import consume_all, produce_envelopes
+from tests.integration.test_streams_worker import scalar, start_worker, wait_until
+
+
+def test_tasks_run_once_retry_and_dead_letter(settings, db, tmp_path):
+    ok = [
+        JobEnvelope(
+            f"mail_{i}", "send-welcome-email", {"job_id": f"mail_{i}", "email": f"u{i}@example.org"}
+        )
+        for i in range(5)
+    ]
+    broken = JobEnvelope(
+        "mail_broken", "send-welcome-email", {"job_id": "mail_broken", "fail": True}
+    )
+    unknown = JobEnvelope("mystery_1", "no-such-type", {})
+    produce_envelopes(
+        settings.kafka_bootstrap_servers, settings.jobs_topic, [*ok, broken, unknown, ok[0], ok[1]]
+    )  # two resubmissions
+    with ProcessGroup(settings_env(settings), tmp_path / "logs") as group:
+        start_worker(group)
+        wait_until(
+            lambda: (
+                scalar(db, "SELECT count(*) FROM onceflow_task_runs WHERE status <> 'pending'") == 6
+            ),
+            60,
+            "tasks",
+            group,
+        )
+        dead = consume_all(settings.kafka_bootstrap_servers, settings.dlq_topic, 2)
+        assert group.stop("streams", signal.SIGTERM) == 0
+
+    assert scalar(db, "SELECT count(*) FROM onceflow_task_runs WHERE status = 'succeeded'") == 5
+    # one side effect per successful task, although two were delivered twice
+    assert scalar(db, "SELECT count(*) FROM onceflow_demo_side_effects") == 5
+    assert scalar(db, "SELECT count(*) FROM onceflow_duplicate_deliveries") == 2
+    assert scalar(db, "SELECT count(*) FROM onceflow_instances") == 0  # no workflows
+    with db.connect() as conn:
+        attempts, status, error = conn.execute(
+            sa.text(
+                "SELECT attempts, status, error FROM onceflow_task_runs"
+                " WHERE job_id = 'mail_broken'"
+            )
+        ).one()
+    assert (attempts, status) == (3, "dead_lettered")  # first try + 2 retries
+    assert "mail server refused" in error
+
+    reasons = {
+        dict(m.headers())[HEADER_JOB_ID].decode(): dict(m.headers())[HEADER_DLQ_REASON].decode()
+        for m in dead
+    }
+    assert reasons["mail_broken"].startswith("task 'send-welcome-email' failed after 3")
+    assert reasons["mystery_1"] == "unknown workflow or task type 'no-such-type'"
