@@ -117,8 +117,16 @@ def parse_jobs(body: bytes, max_batch: int, max_params_bytes: int) -> list[JobIn
         ) from None
     for i, job in enumerate(jobs):
         size = len(orjson.dumps(job.params))
+        field = f"jobs[{i}].params" if is_batch else "params"
+        problem = params_problem(job.params)
+        if problem is not None:
+            raise RequestError(
+                422,
+                "invalid_params",
+                f"{field} {problem}",
+                [FieldError(field=field, reason=problem)],
+            )
         if size > max_params_bytes:
-            field = f"jobs[{i}].params" if is_batch else "params"
             raise RequestError(
                 422,
                 "params_too_large",
@@ -126,3 +134,23 @@ def parse_jobs(body: bytes, max_batch: int, max_params_bytes: int) -> list[JobIn
                 [FieldError(field=field, reason=f"{size} bytes, limit {max_params_bytes}")],
             )
     return jobs
+
+
+MAX_PARAMS_DEPTH = 32
+
+
+def params_problem(value: Any) -> str | None:
+    """Why ``params`` cannot be stored, or None: too deeply nested, or a NUL character
+    (PostgreSQL's jsonb cannot hold one). Iterative, so no input can exhaust the stack."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return "contains a NUL character (\\u0000), which cannot be stored"
+        elif isinstance(item, dict | list):
+            if depth >= MAX_PARAMS_DEPTH:
+                return f"nested deeper than {MAX_PARAMS_DEPTH} levels"
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return None

@@ -107,10 +107,7 @@ class BatchHandler:
         slots = asyncio.Semaphore(self.settings.streams_concurrency)
 
         def dead_letter(job_id: str, reason: str) -> None:
-            d = first[job_id]
-            env = d.envelope
-            rec = RawRecord(d.topic, d.partition, d.offset, env.key(), env.encode(), env.headers())
-            self._dead_letter([DeadLetter(rec, reason)])
+            self._dead_letter([DeadLetter(_as_record(first[job_id]), reason)])
 
         async def one(pending: task_runs.PendingTask) -> None:
             async with slots:
@@ -136,19 +133,10 @@ class BatchHandler:
     # --- in worker threads ---------------------------------------------------------
 
     def _create(self, chunk: list[Delivery]) -> CreateResult:
-        retrying = Retrying(
-            retry=retry_if_exception_type(TRANSIENT_DB_ERRORS),
-            wait=wait_exponential_jitter(initial=0.1, max=5.0),
-            stop=stop_never,
-            before_sleep=_log_retry,
-            reraise=True,
-        )
         try:
-            for attempt in retrying:
-                with attempt:
-                    started = time.perf_counter()
-                    result = create_instances(self.engine, chunk)
-                    DB_LATENCY.observe(time.perf_counter() - started)
+            started = time.perf_counter()
+            result = self.with_db_retry(create_instances, self.engine, chunk)
+            DB_LATENCY.observe(time.perf_counter() - started)
         except sa_exc.DBAPIError as exc:
             # The database refused the batch for a reason that retrying will not fix:
             # isolate the offending record(s), dead-letter them, keep the rest.
@@ -165,28 +153,12 @@ class BatchHandler:
     def _create_one_by_one(self, chunk: list[Delivery]) -> CreateResult:
         total = CreateResult()
         for delivery in chunk:
-            for attempt in Retrying(
-                retry=retry_if_exception_type(TRANSIENT_DB_ERRORS),
-                wait=wait_exponential_jitter(initial=0.1, max=5.0),
-                stop=stop_never,
-                before_sleep=_log_retry,
-                reraise=True,
-            ):
-                with attempt:
-                    try:
-                        total.add(create_instances(self.engine, [delivery]))
-                    except sa_exc.DBAPIError as exc:
-                        if isinstance(exc, TRANSIENT_DB_ERRORS):
-                            raise
-                        rec = RawRecord(
-                            delivery.topic,
-                            delivery.partition,
-                            delivery.offset,
-                            delivery.envelope.key(),
-                            delivery.envelope.encode(),
-                            delivery.envelope.headers(),
-                        )
-                        self._dead_letter([DeadLetter(rec, f"database rejected: {exc.orig}")])
+            try:
+                total.add(self.with_db_retry(create_instances, self.engine, [delivery]))
+            except sa_exc.DBAPIError as exc:
+                self._dead_letter(
+                    [DeadLetter(_as_record(delivery), f"database rejected: {exc.orig}")]
+                )
         return total
 
     def _dead_letter(self, dead: list[DeadLetter]) -> None:
@@ -276,6 +248,12 @@ class BatchHandler:
                     "params_match": job_id not in mismatched,
                 },
             )
+
+
+def _as_record(d: Delivery) -> RawRecord:
+    """The record a delivery came from (for the dead-letter topic)."""
+    env = d.envelope
+    return RawRecord(d.topic, d.partition, d.offset, env.key(), env.encode(), env.headers())
 
 
 def _collect_failed(

@@ -156,3 +156,25 @@ def test_sigkill_between_db_commit_and_offset_commit(settings, db, tmp_path):
         scalar(db, "SELECT count(*) FROM onceflow_duplicate_deliveries WHERE redelivery")
         == written_before_kill
     )
+
+
+def test_a_record_the_database_refuses_is_dead_lettered_and_the_rest_kept(settings, db, tmp_path):
+    # Valid JSON that PostgreSQL's jsonb refuses: a NUL character in a string.
+    poison = JobEnvelope("job_nul", "order-workflow", {"note": "a\u0000b"})
+    good = [JobEnvelope(f"job_ok_{i}", "order-workflow", {"i": i}) for i in range(5)]
+    produce_envelopes(
+        settings.kafka_bootstrap_servers, settings.jobs_topic, [*good[:2], poison, *good[2:]]
+    )
+    with ProcessGroup(settings_env(settings), tmp_path / "logs") as group:
+        start_worker(group)
+        dead = consume_all(settings.kafka_bootstrap_servers, settings.dlq_topic, 1)
+        wait_until(
+            lambda: scalar(db, "SELECT count(*) FROM onceflow_instances") == 5,
+            30,
+            "the good records",
+            group,
+        )
+    assert len(dead) == 1
+    assert dead[0].key() == b"job_nul"
+    assert dict(dead[0].headers())[HEADER_DLQ_REASON].startswith(b"database rejected:")
+    assert scalar(db, "SELECT count(*) FROM onceflow_jobs WHERE job_id = 'job_nul'") == 0

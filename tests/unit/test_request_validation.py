@@ -66,3 +66,30 @@ def test_non_object_body():
 
 def test_empty_batch_rejected():
     assert _error({"jobs": []}).body.fields[0].field == "jobs"
+
+
+def test_nul_characters_in_params_are_refused_at_the_edge():
+    err = _error({"workflow": "w", "params": {"note": "a\u0000b"}})
+    assert (err.status, err.body.fields[0].field) == (422, "params")
+
+
+def test_a_backslash_u0000_text_is_not_a_nul():
+    assert parse({"workflow": "w", "params": {"note": "\\u0000 is how JSON writes NUL"}})
+    err = _error({"workflow": "w", "params": {"deep": [{"k\u0000": 1}]}})
+    assert err.body.error == "invalid_params" and "NUL" in err.body.message
+
+
+def test_too_deeply_nested_params():
+    deep: dict = {}
+    cursor = deep
+    for _ in range(40):
+        cursor["x"] = {}
+        cursor = cursor["x"]
+    err = _error({"workflow": "w", "params": deep}, max_params=100_000)
+    assert err.body.error == "invalid_params" and "nested deeper than 32" in err.body.message
+    ok: dict = {}
+    cursor = ok
+    for _ in range(30):
+        cursor["x"] = {}
+        cursor = cursor["x"]
+    assert parse({"workflow": "w", "params": ok}, max_params=100_000)
