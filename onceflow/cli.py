@@ -282,6 +282,39 @@ def instances_send_event(workflow: str, job_id: str, event_type: str, payload: s
     click.echo(f"{job_id}: event {event_type!r} stored (id {event_id})")
 
 
+@cli.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of a table.")
+def trace(job_id: str, as_json: bool) -> None:
+    """Print one job's whole timeline, from HTTP to its last step."""
+    from onceflow.trace import job_trace, render_trace
+
+    events = job_trace(_db(), job_id)
+    if not events:
+        raise OnceflowError(f"no job with id {job_id!r} has reached the database")
+    if as_json:
+        for e in events:
+            click.echo(orjson.dumps(e.__dict__, default=str))
+    else:
+        click.echo(render_trace(job_id, events))
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def audit(as_json: bool) -> None:
+    """Check that every accepted job id has exactly one instance or task run."""
+    from onceflow.audit import run_audit
+
+    report = run_audit(_settings(), _db())
+    if as_json:
+        doc = {**report.__dict__, "clean": report.clean}
+        click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    else:
+        click.echo(report.render())
+    if not report.clean:
+        sys.exit(1)
+
+
 # --- demo ---------------------------------------------------------------------------------
 
 

@@ -187,10 +187,16 @@ def create_app(settings: Settings, producer: JobProducer | None = None) -> FastA
         )
 
     if settings.admin_api_enabled:
-        from workflow_engine.db import shared_engine
-        from workflow_engine.http import admin_router
+        from sqlalchemy.engine import Engine
 
-        app.include_router(admin_router(lambda: shared_engine(settings.database_url)))
+        from workflow_engine.db import shared_engine
+        from workflow_engine.http import admin_router, jobs_router
+
+        def db() -> Engine:
+            return shared_engine(settings.database_url)
+
+        app.include_router(admin_router(db))
+        app.include_router(jobs_router(db, lambda job_id: lag_for_job(settings, job_id)))
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
@@ -210,3 +216,19 @@ def _json(body: object, status: int, headers: dict[str, str] | None = None) -> R
     return Response(
         orjson.dumps(body), status_code=status, headers=headers, media_type="application/json"
     )
+
+
+def lag_for_job(settings: Settings, job_id: str) -> dict[str, object]:
+    """The streams workers' lag in total and on the partition this job id lands on."""
+    from onceflow.lag import consumer_lag
+    from onceflow.partitioning import partition_for
+
+    lags = consumer_lag(
+        settings.kafka_bootstrap_servers, settings.consumer_group, settings.jobs_topic, timeout=5.0
+    )
+    partition = partition_for(job_id, len(lags)) if lags else None
+    return {
+        "total": sum(p.lag for p in lags),
+        "partition": partition,
+        "partition_lag": next((p.lag for p in lags if p.partition == partition), None),
+    }

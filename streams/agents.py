@@ -66,6 +66,7 @@ async def create_instances(stream):
                 e.message.key,
                 e.message.value,
                 _headers(e.message.headers),
+                e.message.timestamp,
             )
             for e in events
         ]

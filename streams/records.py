@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from onceflow.envelope import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, JobEnvelope, KafkaHeaders
 from onceflow.errors import InvalidEnvelope
@@ -22,6 +23,7 @@ class RawRecord:
     key: bytes | None
     value: bytes | None
     headers: KafkaHeaders
+    timestamp: float | None = None  # the Kafka record's timestamp (seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +67,8 @@ def classify(
         if kind is None:
             dead.append(DeadLetter(rec, f"unknown workflow or task type {env.workflow!r}"))
             continue
-        deliveries.append(Delivery(env, rec.topic, rec.partition, rec.offset, kind))
+        enqueued = datetime.fromtimestamp(rec.timestamp, UTC) if rec.timestamp else None
+        deliveries.append(Delivery(env, rec.topic, rec.partition, rec.offset, kind, enqueued))
     return deliveries, dead
 
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 
 from workflow_engine import control
-from workflow_engine.instances import describe_instance
+from workflow_engine.instances import describe_instance, job_status
 
 Status = Literal[
     "queued", "running", "sleeping", "waiting", "paused", "complete", "errored", "terminated"
@@ -97,5 +97,32 @@ def admin_router(engine: Callable[[], Engine]) -> APIRouter:
             lambda: control.send_event(engine(), workflow, job_id, event.type, event.payload)
         )
         return {"job_id": job_id, "event_id": event_id, "type": event.type}
+
+    return router
+
+
+def jobs_router(engine: Callable[[], Engine], lag: Callable[[str], dict[str, Any]]) -> APIRouter:
+    """``GET /v1/jobs/{job_id}``: what became of a job, or how far the queue is behind."""
+    router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+    @router.get("/{job_id}")
+    def get_job(job_id: str) -> Any:
+        found = job_status(engine(), job_id)
+        if found is not None:
+            return found
+        try:
+            lag_info: dict[str, Any] | None = lag(job_id)
+        except Exception as exc:  # Kafka down: still answer the question we can
+            lag_info = {"error": str(exc)}
+        raise HTTPException(
+            404,
+            {
+                "error": "not_found",
+                "job_id": job_id,
+                "message": "no instance or task run with this job id (yet): if it was accepted,"
+                " it is still in the queue behind consumer_lag records; retry later",
+                "consumer_lag": lag_info,
+            },
+        )
 
     return router

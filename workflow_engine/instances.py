@@ -37,6 +37,7 @@ class Delivery:
     partition: int
     offset: int
     kind: str = "workflow"  # or "task": a single-step job run by the streams worker
+    enqueued_at: datetime | None = None  # the Kafka record's timestamp
 
 
 @dataclass(slots=True)
@@ -67,7 +68,7 @@ WITH input AS (
     SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
         ord integer, job_id text, kind text, workflow text, params jsonb, params_digest text,
         request_id text, submitted_at timestamptz, traceparent text,
-        topic text, part integer, off bigint)
+        topic text, part integer, off bigint, enqueued_at timestamptz)
 ),
 firsts AS (
     SELECT DISTINCT ON (job_id) * FROM input ORDER BY job_id, ord
@@ -75,9 +76,9 @@ firsts AS (
 upsert AS (
     INSERT INTO onceflow_jobs AS j (
         job_id, kind, type_name, params_digest, request_id, submitted_at, traceparent,
-        source_topic, source_partition, source_offset)
+        source_topic, source_partition, source_offset, enqueued_at)
     SELECT job_id, kind, workflow, params_digest, request_id, submitted_at,
-           traceparent, topic, part, off
+           traceparent, topic, part, off, enqueued_at
     FROM firsts
     ORDER BY job_id
     ON CONFLICT ON CONSTRAINT onceflow_jobs_job_id_key
@@ -88,11 +89,11 @@ upsert AS (
 dups AS (
     INSERT INTO onceflow_duplicate_deliveries (
         job_id, source_topic, source_partition, source_offset, params_digest, params_match,
-        redelivery, request_id, submitted_at)
+        redelivery, request_id, submitted_at, enqueued_at)
     SELECT i.job_id, i.topic, i.part, i.off, i.params_digest,
            i.params_digest = u.winner_digest,
            (i.topic, i.part, i.off) = (u.source_topic, u.source_partition, u.source_offset),
-           i.request_id, i.submitted_at
+           i.request_id, i.submitted_at, i.enqueued_at
     FROM input i
     JOIN upsert u USING (job_id)
     JOIN firsts f USING (job_id)
@@ -142,6 +143,7 @@ def _row(ord_: int, d: Delivery) -> dict[str, Any]:
         "topic": d.topic,
         "part": d.partition,
         "off": d.offset,
+        "enqueued_at": d.enqueued_at.isoformat() if d.enqueued_at else None,
     }
 
 
@@ -257,3 +259,25 @@ def describe_instance(engine: Engine, job_id: str) -> InstanceView | None:
             return None
         steps = [StepView(*r) for r in conn.execute(_STEPS_SQL, {"job_id": job_id})]
     return InstanceView(**dict(row._mapping), steps=steps)
+
+
+def job_status(engine: Engine, job_id: str) -> dict[str, Any] | None:
+    """A job's state, whatever it became: a workflow instance or a plain task run."""
+    view = describe_instance(engine, job_id)
+    if view is not None:
+        return {"kind": "workflow", **view.to_dict()}
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.text(
+                "SELECT t.job_id, t.task, t.status, t.attempts, t.error, t.created_at,"
+                " t.finished_at, j.request_id, j.submitted_at,"
+                " (SELECT count(*) FROM onceflow_duplicate_deliveries d"
+                "   WHERE d.job_id = t.job_id) AS duplicates"
+                " FROM onceflow_task_runs t JOIN onceflow_jobs j USING (job_id)"
+                " WHERE t.job_id = :j"
+            ),
+            {"j": job_id},
+        ).one_or_none()
+    if row is None:
+        return None
+    return {"kind": "task", **dict(row._mapping)}

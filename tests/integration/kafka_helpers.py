@@ -59,30 +59,3 @@ def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -
         return {tp.partition: tp.offset for tp in tps}
     finally:
         consumer.close()
-
-
-def murmur2_partition(key: bytes, partitions: int) -> int:
-    """Kafka's Java default partitioner (murmur2, positive, modulo partitions)."""
-    seed, m, r = 0x9747B28C, 0x5BD1E995, 24
-    length = len(key)
-    h = (seed ^ length) & 0xFFFFFFFF
-    for i in range(length // 4):
-        k = int.from_bytes(key[i * 4 : i * 4 + 4], "little")
-        k = (k * m) & 0xFFFFFFFF
-        k ^= k >> r
-        k = (k * m) & 0xFFFFFFFF
-        h = (h * m) & 0xFFFFFFFF
-        h ^= k
-    rest = length % 4
-    tail = key[length - rest :]
-    if rest == 3:
-        h ^= tail[2] << 16
-    if rest >= 2:
-        h ^= tail[1] << 8
-    if rest >= 1:
-        h ^= tail[0]
-        h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 15
-    return (h & 0x7FFFFFFF) % partitions

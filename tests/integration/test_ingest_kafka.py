@@ -5,9 +5,10 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from onceflow.envelope import HEADER_JOB_ID, HEADER_TRACEPARENT, JobEnvelope
+from onceflow.partitioning import partition_for
 from onceflow.processes import free_port
 from producers.api import create_app
-from tests.integration.kafka_helpers import consume_all, murmur2_partition
+from tests.integration.kafka_helpers import consume_all
 
 
 def test_202_means_the_records_are_in_kafka(settings):
@@ -35,7 +36,7 @@ def test_202_means_the_records_are_in_kafka(settings):
             accepted[env.job_id]["offset"],
         )
         # murmur2, as the Java clients would choose
-        assert msg.partition() == murmur2_partition(msg.key(), settings.topic_partitions)
+        assert msg.partition() == partition_for(env.job_id, settings.topic_partitions)
 
 
 def test_503_with_retry_after_when_kafka_is_unreachable(settings):

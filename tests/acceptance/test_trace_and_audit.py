@@ -1,0 +1,156 @@
+"""One job id through everything: SQL, CLI, HTTP and logs tell the same story; the
+audit finds exactly the job ids a test breaks by hand."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import httpx
+import orjson
+import pytest
+import sqlalchemy as sa
+
+from onceflow.stack import Stack
+from producers.client import IngestClient
+from tests.acceptance.test_demo import run_cli
+
+
+@pytest.fixture
+def stack(base_settings, tmp_path):
+    s = Stack(base_settings, f"trace-{uuid.uuid4().hex[:8]}", tmp_path / "run").prepare()
+    s.start_ingest()
+    s.start_worker()
+    s.start_engine()
+    yield s
+    s.close()
+
+
+def log_events(stack, name, job_id):
+    path = stack.log_dir / f"{name}.log"
+    events = []
+    for line in path.read_text().splitlines():
+        if job_id in line and line.startswith("{"):
+            doc = orjson.loads(line)
+            if doc.get("job_id") == job_id:
+                events.append(doc["event"])
+    return events
+
+
+@pytest.mark.timeout(240)
+def test_sql_cli_http_and_logs_tell_the_same_story(stack):
+    jobs = [
+        {
+            "job_id": f"trace_{i:04d}",
+            "workflow": "order-workflow",
+            "params": {"amount": i, "step_seconds": 0.02},
+        }
+        for i in range(20)
+    ]
+    with IngestClient(stack.ingest_url) as client:
+        client.submit(jobs)
+        client.submit(jobs[:5])  # resubmitted
+        client.submit([{**jobs[0], "params": {"amount": 999}}])  # same id, other params
+    stack.wait_for(
+        lambda: (
+            stack.scalar("SELECT count(*) FROM onceflow_instances WHERE status = 'complete'") == 20
+            and stack.scalar("SELECT count(*) FROM onceflow_duplicate_deliveries") == 6
+        ),
+        90,
+        "all jobs complete and all duplicates consumed",
+    )
+    job = "trace_0000"
+
+    with stack.db.connect() as conn:
+        sql = [
+            tuple(r)
+            for r in conn.execute(
+                sa.text("SELECT event, detail, layer FROM job_trace(:j)"), {"j": job}
+            )
+        ]
+    events = [e for e, _, _ in sql]
+    assert events[:3] == ["received", "enqueued", "instance created"]
+    assert events[-1] == "instance complete"
+    assert events.count("duplicate collapsed") == 2
+    assert sum("PAYLOAD MISMATCH" in d for _, d, _ in sql) == 1
+    assert events.count("step started") == 3 and events.count("step complete") == 3
+    assert sql[1][1].startswith(f"{stack.settings.jobs_topic}/")
+
+    out = run_cli("trace", job, "--json", env=stack.env)
+    assert out.returncode == 0, out.stderr
+    cli = [orjson.loads(line) for line in out.stdout.splitlines()]
+    assert [(c["event"], c["detail"], c["layer"]) for c in cli] == sql
+    table = run_cli("trace", job, env=stack.env).stdout
+    assert table.startswith(f"trace of {job}:") and "PAYLOAD MISMATCH" in table
+
+    got = httpx.get(f"{stack.ingest_url}/v1/jobs/{job}").json()
+    assert (got["kind"], got["status"], got["duplicates"], got["mismatches"]) == (
+        "workflow",
+        "complete",
+        2,
+        1,
+    )
+    assert [s["status"] for s in got["steps"]] == ["complete"] * 3
+    unknown = httpx.get(f"{stack.ingest_url}/v1/jobs/never_submitted")
+    assert unknown.status_code == 404
+    lag = unknown.json()["detail"]["consumer_lag"]
+    assert set(lag) == {"total", "partition", "partition_lag"}
+    assert 0 <= lag["total"] <= 26  # everything consumed; offsets commit every few seconds
+
+    def drained():
+        body = httpx.get(f"{stack.ingest_url}/v1/jobs/never_submitted").json()
+        return body["detail"]["consumer_lag"]["total"] == 0
+
+    stack.wait_for(drained, 30, "the committed offsets to catch up")
+
+    time.sleep(0.5)  # let the processes flush their last log lines
+    ingest, streams, engine = (log_events(stack, n, job) for n in ("ingest", "streams", "engine"))
+    assert ingest.count("job.accepted") == 3  # three submissions were acknowledged
+    assert streams.count("instance.created") == 1
+    assert streams.count("delivery.duplicate") == events.count("duplicate collapsed")
+    assert engine.count("step.complete") == events.count("step complete")
+    assert engine.count("instance.complete") == 1
+
+
+@pytest.mark.timeout(240)
+def test_audit_clean_then_names_what_was_broken(stack):
+    jobs = [
+        {"job_id": f"audit_{i:03d}", "workflow": "order-workflow", "params": {"step_seconds": 0}}
+        for i in range(30)
+    ]
+    with IngestClient(stack.ingest_url) as client:
+        client.submit(jobs)
+        client.submit(jobs[:10])
+    stack.wait_for(
+        lambda: (
+            stack.scalar("SELECT count(*) FROM onceflow_instances WHERE status = 'complete'") == 30
+            and stack.scalar("SELECT count(*) FROM onceflow_duplicate_deliveries") == 10
+        ),
+        90,
+        "all consumed",
+    )
+
+    def drained_and_clean():
+        result = run_cli("audit", "--json", env=stack.env)
+        report = orjson.loads(result.stdout)
+        return result.returncode == 0 and report["lag"] == 0 and report["pending_job_ids"] == 0
+
+    stack.wait_for(drained_and_clean, 30, "offsets committed and audit clean")
+    clean = run_cli("audit", env=stack.env)
+    assert "result: CLEAN" in clean.stdout
+    assert "distinct job ids" in clean.stdout
+
+    with stack.db.begin() as conn:
+        conn.execute(sa.text("DELETE FROM onceflow_instances WHERE job_id = 'audit_007'"))
+        conn.execute(
+            sa.text(
+                "INSERT INTO onceflow_task_runs (job_id, task, params)"
+                " VALUES ('audit_012', 'send-welcome-email', '{}')"
+            )
+        )
+    broken = run_cli("audit", "--json", env=stack.env)
+    assert broken.returncode == 1
+    report = orjson.loads(broken.stdout)
+    assert report["missing"] == ["audit_007"]
+    assert report["doubled"] == ["audit_012"]
+    assert report["clean"] is False
