@@ -315,6 +315,25 @@ def audit(as_json: bool) -> None:
         sys.exit(1)
 
 
+@cli.command()
+@click.option(
+    "--write",
+    "path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Write the dashboard JSON to this file instead of stdout.",
+)
+def dashboard(path: Path | None) -> None:
+    """Print the Grafana dashboard JSON (deploy/grafana/onceflow-dashboard.json)."""
+    from onceflow.dashboard import build
+
+    text = orjson.dumps(build(), option=orjson.OPT_INDENT_2).decode() + "\n"
+    if path is None:
+        click.echo(text, nl=False)
+    else:
+        path.write_text(text)
+
+
 # --- demo ---------------------------------------------------------------------------------
 
 

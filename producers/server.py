@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import uvicorn
-from prometheus_client import start_http_server
 
+from onceflow.health import database_ready, kafka_ready, serve_metrics_and_health
 from onceflow.logs import setup_logging
 from onceflow.settings import Settings
 from producers.api import create_app
@@ -12,7 +12,14 @@ from producers.api import create_app
 
 def serve(settings: Settings) -> None:
     setup_logging(settings.log_level, settings.log_format, "ingest")
-    start_http_server(settings.ingest_metrics_port, addr="0.0.0.0")
+
+    def ready() -> dict[str, bool]:
+        state = {"kafka": kafka_ready(settings.kafka_bootstrap_servers, settings.jobs_topic)}
+        if settings.admin_api_enabled:
+            state["postgres"] = database_ready(settings.database_url)
+        return state
+
+    serve_metrics_and_health(settings.ingest_metrics_port, ready)
     uvicorn.run(
         create_app(settings),
         host=settings.ingest_host,

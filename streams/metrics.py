@@ -37,3 +37,25 @@ IN_FLIGHT = Gauge(
 TASKS = Counter(
     "onceflow_streams_tasks_total", "Plain task attempts by outcome", ["task", "outcome"]
 )
+_LAG_LABELS = ["consumer_group", "topic", "partition"]
+LAG = Gauge(
+    "onceflow_streams_consumer_lag",
+    "Records not yet committed by the group, per partition (end offset - committed)",
+    _LAG_LABELS,
+)
+LAG_TOTAL = Gauge(
+    "onceflow_streams_consumer_lag_total",
+    "Records not yet committed by the group, summed over the topic's partitions",
+    ["consumer_group", "topic"],
+)
+END_OFFSET = Gauge(
+    "onceflow_streams_topic_end_offset", "The broker's end offset per partition", _LAG_LABELS
+)
+COMMITTED_OFFSET = Gauge(
+    "onceflow_streams_committed_offset",
+    "The group's committed offset per partition",
+    _LAG_LABELS,
+)
+REBALANCES = Counter(
+    "onceflow_streams_rebalances_total", "Partition assignments received by this worker"
+)

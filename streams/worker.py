@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-from prometheus_client import start_http_server
-
+from onceflow.health import database_ready, kafka_ready, serve_metrics_and_health
 from onceflow.settings import Settings
+from streams.metrics import REBALANCES
+from streams.monitor import LagMonitor
 
 
 def _logging_config(settings: Settings) -> dict:
@@ -33,7 +35,21 @@ def run_worker(settings: Settings) -> None:
     from streams import agents  # noqa: F401  (registers the agent)
     from streams.app import app
 
-    start_http_server(settings.streams_metrics_port, addr="0.0.0.0")
+    serve_metrics_and_health(
+        settings.streams_metrics_port,
+        lambda: {
+            "kafka": kafka_ready(settings.kafka_bootstrap_servers, settings.jobs_topic),
+            "postgres": database_ready(settings.database_url),
+        },
+    )
+    LagMonitor(settings).start()
+
+    async def count_rebalance(sender: Any, *args: Any, **kwargs: Any) -> None:
+        REBALANCES.inc()
+
+    # mode's SignalHandlerT annotation is stricter than what it calls handlers with.
+    app.on_partitions_assigned.connect(count_rebalance)  # type: ignore[arg-type]
+
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     loop.set_default_executor(ThreadPoolExecutor(max_workers=settings.streams_concurrency + 4))

@@ -28,10 +28,10 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import psycopg2
-from prometheus_client import start_http_server
 from sqlalchemy.engine import Engine
 from ulid import ULID
 
+from onceflow.health import database_ready, serve_metrics_and_health
 from onceflow.logs import setup_logging
 from onceflow.settings import Settings
 from workflow_engine import control as control_ops
@@ -369,7 +369,9 @@ def run_engine(settings: Settings) -> None:
     names = load_workflow_modules(settings.workflow_modules)
     runner = EngineRunner(settings)
     check_connection(runner.engine)
-    start_http_server(settings.engine_metrics_port, addr="0.0.0.0")
+    serve_metrics_and_health(
+        settings.engine_metrics_port, lambda: {"postgres": database_ready(settings.database_url)}
+    )
     log.info("workflows loaded: %s", ", ".join(names), extra={"event": "engine.workflows"})
     asyncio.run(_main(runner, settings.engine_concurrency))
 

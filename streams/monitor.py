@@ -1,0 +1,54 @@
+"""Consumer-lag metrics: broker end offsets minus the group's committed offsets.
+
+A background thread reads them every few seconds from the broker, so the figures are
+right across rebalances and restarts (they are not this worker's own positions). Every
+worker of a group reports the whole topic: aggregate with ``max by (partition)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from onceflow.lag import consumer_lag
+from onceflow.settings import Settings
+from streams.metrics import COMMITTED_OFFSET, END_OFFSET, LAG, LAG_TOTAL
+
+log = logging.getLogger(__name__)
+
+
+class LagMonitor:
+    def __init__(self, settings: Settings, interval: float = 5.0) -> None:
+        self.settings = settings
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lag-monitor", daemon=True)
+
+    def start(self) -> LagMonitor:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def refresh(self) -> int:
+        s = self.settings
+        lags = consumer_lag(s.kafka_bootstrap_servers, s.consumer_group, s.jobs_topic)
+        for p in lags:
+            labels = (s.consumer_group, s.jobs_topic, str(p.partition))
+            LAG.labels(*labels).set(p.lag)
+            END_OFFSET.labels(*labels).set(p.end)
+            COMMITTED_OFFSET.labels(*labels).set(p.committed if p.committed is not None else p.low)
+        total = sum(p.lag for p in lags)
+        LAG_TOTAL.labels(s.consumer_group, s.jobs_topic).set(total)
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.refresh()
+            except Exception as exc:
+                log.warning(
+                    "could not read consumer lag: %s", exc, extra={"event": "streams.lag_error"}
+                )
+            self._stop.wait(self.interval)
