@@ -144,7 +144,8 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
                     ("created", f"sum(rate(onceflow_streams_instances_created_total[{RATE}]))"),
                     (
                         "duplicates ({{kind}})",
-                        f"sum by (kind) (rate(onceflow_streams_duplicates_collapsed_total[{RATE}]))",
+                        "sum by (kind) "
+                        f"(rate(onceflow_streams_duplicates_collapsed_total[{RATE}]))",
                     ),
                     (
                         "payload mismatches",

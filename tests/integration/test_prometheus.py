@@ -64,7 +64,7 @@ def test_every_dashboard_expression_returns_data(base_settings, tmp_path, capsys
                 f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                 f"--web.listen-address=127.0.0.1:{prom_port}",
             ],
-            stdout=open(tmp_path / "prometheus.log", "wb"),
+            stdout=open(tmp_path / "prometheus.log", "wb"),  # noqa: SIM115 (child keeps it)
             stderr=subprocess.STDOUT,
         )
         api = f"http://127.0.0.1:{prom_port}/api/v1"
@@ -96,7 +96,7 @@ def test_every_dashboard_expression_returns_data(base_settings, tmp_path, capsys
         )
     empty = [expr for expr, n in results.items() if n == 0]
     assert empty == [], "expressions without data:\n" + "\n".join(empty)
-    assert [r["name"] for r in rules[0]["rules"]][0] == "OnceflowConsumerLagGrowing"
+    assert rules[0]["rules"][0]["name"] == "OnceflowConsumerLagGrowing"
     assert len(rules[0]["rules"]) == 7
 
 
