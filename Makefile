@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup services demo test unit lint down clean
+.PHONY: setup services tools demo test unit lint down clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ services: setup
 demo: services
 	$(BIN)/onceflow demo
 
+# Prometheus/promtool, docker-compose and helm, for the deployment tests.
+tools:
+	./scripts/install-tools.sh
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -30,8 +34,8 @@ lint: setup
 
 # The whole suite: lint, then unit, integration and acceptance tests on the real
 # services started above (their addresses exported so the tests use them).
-test: services lint
-	eval "$$($(BIN)/onceflow dev env)" && $(BIN)/pytest
+test: services tools lint
+	eval "$$($(BIN)/onceflow dev env)" && PATH="$$PATH:$$(go env GOPATH)/bin" $(BIN)/pytest
 
 unit: setup
 	$(BIN)/pytest tests/unit

@@ -30,7 +30,7 @@ def is_setting(env_name: str) -> bool:
         return True
     if not env_name.startswith("ONCEFLOW_"):
         return False
-    return env_name[len("ONCEFLOW_"):].lower() in Settings.model_fields
+    return env_name[len("ONCEFLOW_") :].lower() in Settings.model_fields
 
 
 def test_checks_themselves():

@@ -17,21 +17,36 @@ ROOT = Path(__file__).resolve().parents[2]
 def _config() -> dict:
     tool = shutil.which("docker-compose")
     assert tool, "docker-compose is missing: run `make tools` (Debian package docker-compose)"
-    result = subprocess.run([tool, "-f", str(ROOT / "docker-compose.yml"), "config"],
-                            capture_output=True, text=True, check=False, cwd=ROOT)
+    result = subprocess.run(
+        [tool, "-f", str(ROOT / "docker-compose.yml"), "config"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)
 
 
 def test_compose_is_valid_and_complete():
     services = _config()["services"]
-    assert set(services) == {"kafka", "postgres", "migrate", "topics", "ingest", "streams",
-                             "engine", "prometheus", "grafana"}
+    assert set(services) == {
+        "kafka",
+        "postgres",
+        "migrate",
+        "topics",
+        "ingest",
+        "streams",
+        "engine",
+        "prometheus",
+        "grafana",
+    }
     assert services["kafka"]["image"].startswith("apache/kafka:4.")
     for name in ("ingest", "streams", "engine"):
         assert "healthcheck" in services[name]
-        assert services[name]["depends_on"]["migrate"]["condition"] == \
-            "service_completed_successfully"
+        assert (
+            services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+        )
 
 
 def test_every_app_command_and_setting_is_real():
@@ -50,11 +65,16 @@ def test_prometheus_config_and_grafana_provisioning(tmp_path):
     config = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
     config["rule_files"] = [str(ROOT / "deploy/prometheus/alerts.yml")]
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    result = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [promtool, "check", "config", str(tmp_path / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     jobs = {c["job_name"] for c in config["scrape_configs"]}
     assert jobs == {"onceflow-ingest", "onceflow-streams", "onceflow-engine"}
     dashboards = yaml.safe_load(
-        (ROOT / "deploy/grafana/provisioning/dashboards/onceflow.yml").read_text())
+        (ROOT / "deploy/grafana/provisioning/dashboards/onceflow.yml").read_text()
+    )
     assert dashboards["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"

@@ -1,0 +1,80 @@
+{{- define "onceflow.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "onceflow.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "onceflow.selector" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "onceflow.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* Settings shared by every process (also inlined in the hook Job, which runs before
+     the ConfigMap exists on first install). */}}
+{{- define "onceflow.settings" -}}
+ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS: {{ .Values.kafka.bootstrapServers | quote }}
+ONCEFLOW_JOBS_TOPIC: {{ .Values.kafka.jobsTopic | quote }}
+ONCEFLOW_DLQ_TOPIC: {{ .Values.kafka.dlqTopic | quote }}
+ONCEFLOW_TOPIC_PARTITIONS: {{ .Values.kafka.partitions | quote }}
+ONCEFLOW_TOPIC_REPLICATION_FACTOR: {{ .Values.kafka.replicationFactor | quote }}
+ONCEFLOW_CONSUMER_GROUP: {{ .Values.kafka.consumerGroup | quote }}
+ONCEFLOW_WORKFLOW_MODULES: {{ .Values.workflowModules | toJson | quote }}
+ONCEFLOW_STATE_DIR: "/tmp/onceflow"
+ONCEFLOW_LOG_FORMAT: "json"
+{{- range $key, $value := .Values.settings }}
+{{ $key }}: {{ $value | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "onceflow.databaseEnv" -}}
+- name: ONCEFLOW_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.database.existingSecret }}
+      key: {{ .Values.database.secretKey }}
+{{- end -}}
+
+{{- define "onceflow.probes" -}}
+livenessProbe:
+  httpGet: {path: /healthz, port: metrics}
+  periodSeconds: 10
+  failureThreshold: 3
+readinessProbe:
+  httpGet: {path: /readyz, port: metrics}
+  periodSeconds: 5
+  failureThreshold: 2
+{{- end -}}
+
+{{- define "onceflow.podCommon" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets: {{ toYaml . | nindent 2 }}
+{{- end }}
+securityContext: {{ toYaml .Values.podSecurityContext | nindent 2 }}
+{{- with .Values.nodeSelector }}
+nodeSelector: {{ toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations: {{ toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity: {{ toYaml . | nindent 2 }}
+{{- end }}
+volumes:
+  - name: tmp
+    emptyDir: {}
+{{- end -}}

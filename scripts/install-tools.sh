@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Tools the deployment tests need, installed when missing:
+#   prometheus + promtool and docker-compose from Debian's packages,
+#   helm built from source with `go install` (pinned), into $(go env GOPATH)/bin.
+set -euo pipefail
+
+HELM_VERSION="${HELM_VERSION:-v3.19.0}"
+missing=()
+command -v prometheus >/dev/null || missing+=(prometheus)
+command -v promtool >/dev/null || missing+=(prometheus)
+command -v docker-compose >/dev/null || missing+=(docker-compose)
+if ((${#missing[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "install-tools: please install ${missing[*]} (Debian packages; needs root)" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+gobin="$(go env GOPATH)/bin"
+if ! command -v helm >/dev/null && [[ ! -x "$gobin/helm" ]]; then
+  echo "install-tools: building helm $HELM_VERSION with go install (a few minutes, once)" >&2
+  go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+fi
