@@ -85,15 +85,27 @@ def dev_env() -> None:
 
 
 @cli.command()
-def migrate() -> None:
+@click.option(
+    "--grant-to",
+    "grant_to",
+    envvar="ONCEFLOW_APP_DB_ROLE",
+    default=None,
+    help="After migrating, let this database role read and write onceflow's rows"
+    " (the role the services use; it gets no right to change the schema).",
+)
+def migrate(grant_to: str | None) -> None:
     """Apply pending database migrations (safe to run from several processes)."""
     from workflow_engine.db import check_connection, make_engine
+    from workflow_engine.schema import grant_app_role
     from workflow_engine.schema import migrate as run_migrations
 
     engine = make_engine(_settings().database_url, pool_size=1)
     check_connection(engine)
     applied = run_migrations(engine)
     click.echo(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
+    if grant_to:
+        tables = grant_app_role(engine, grant_to)
+        click.echo(f"granted {grant_to} read/write on {len(tables)} tables")
 
 
 @cli.group()
@@ -332,6 +344,81 @@ def dashboard(path: Path | None) -> None:
         click.echo(text, nl=False)
     else:
         path.write_text(text)
+
+
+@cli.command()
+@click.option(
+    "--seed",
+    envvar="ONCEFLOW_CHAOS_SEED",
+    type=int,
+    default=None,
+    help="Seed of the workload and fault schedule (printed; rerun a failing one).",
+)
+@click.option(
+    "--size",
+    envvar="ONCEFLOW_CHAOS_SIZE",
+    type=click.Choice(["ci", "large"]),
+    default="ci",
+    help="ci: 600 jobs; large: 5000 jobs.",
+)
+@click.option(
+    "--jobs",
+    "n_jobs",
+    envvar="ONCEFLOW_CHAOS_JOBS",
+    type=int,
+    default=None,
+    help="Number of jobs (overrides --size).",
+)
+@click.option(
+    "--runs",
+    envvar="ONCEFLOW_CHAOS_RUNS",
+    type=int,
+    default=1,
+    help="Consecutive runs with seeds seed, seed+1, ...",
+)
+def chaos(seed: int | None, size: str, n_jobs: int | None, runs: int) -> None:
+    """Inject faults while jobs flow; check nothing is lost or doubled."""
+    import random
+
+    from onceflow.chaos import SIZES, local_dev_services, run_chaos
+
+    settings = _settings()
+    first = seed if seed is not None else random.randrange(1 << 20)
+    failed = 0
+    for s in range(first, first + runs):
+        log_dir = (settings.state_dir / "runs" / f"chaos-{s}").resolve()
+        result = run_chaos(
+            settings, s, n_jobs or SIZES[size], log_dir, dev=local_dev_services(settings)
+        )
+        click.echo(result.render())
+        failed += bool(result.violations)
+    if failed:
+        raise OnceflowError(f"{failed} of {runs} chaos run(s) found violations")
+
+
+@cli.group()
+def keys() -> None:
+    """API keys for the HTTP endpoints."""
+
+
+@keys.command("new")
+@click.option("--name", required=True, help="Who holds the key (shown in logs, never the key).")
+@click.option(
+    "--scope",
+    "scopes",
+    multiple=True,
+    required=True,
+    type=click.Choice(["jobs:submit", "jobs:read", "instances:control"]),
+    help="A scope the key grants (repeat for several).",
+)
+def keys_new(name: str, scopes: tuple[str, ...]) -> None:
+    """Make a key: prints it once, and the entry to add to ONCEFLOW_API_KEYS."""
+    from producers.auth import hash_key, new_key
+
+    key = new_key()
+    entry = {"name": name, "sha256": hash_key(key), "scopes": list(scopes)}
+    click.echo(f"key (give it to the client; it is not stored anywhere): {key}")
+    click.echo(f"ONCEFLOW_API_KEYS entry: {orjson.dumps(entry).decode()}")
 
 
 # --- demo ---------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ import sqlalchemy as sa
 from onceflow.processes import onceflow_command
 from onceflow.settings import Settings
 from onceflow.stack import Stack, topic_record_count
-from producers.client import IngestClient
 
 ORDER_STEPS = 3
 
@@ -100,7 +99,7 @@ def _drive(
     accepted_ids: set[str] = set()
 
     def submit(batch: list[dict[str, Any]]) -> list[str]:
-        with IngestClient(stack.ingest_url) as client:
+        with stack.client() as client:
             return [a["job_id"] for a in client.submit(batch)["accepted"]]
 
     started = time.monotonic()

@@ -10,9 +10,18 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ApiKey(BaseModel):
+    """One API key, stored only as the SHA-256 hex digest of the key."""
+
+    name: str = Field(min_length=1, max_length=100)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    scopes: list[Literal["jobs:submit", "jobs:read", "instances:control"]] = Field(min_length=1)
 
 
 class Settings(BaseSettings):
@@ -47,6 +56,19 @@ class Settings(BaseSettings):
     producer_linger_ms: int = Field(default=2, ge=0)
     # Serve the instance admin API (/v1/instances…) from the ingest process.
     admin_api_enabled: bool = True
+    # API keys (JSON list of {"name", "sha256", "scopes"}; `onceflow keys new`).
+    api_keys: list[ApiKey] = Field(default_factory=list)
+    # Development only: accept requests without keys.
+    auth_disabled: bool = False
+    # Refuse jobs whose type no module in workflow_modules registers (422 at the edge
+    # instead of a dead letter later).
+    ingest_validate_types: bool = True
+    ingest_max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    # Per client (API key, or address when auth is disabled): sustained requests/s,
+    # burst, and requests in flight at once. 0 disables the rate limit.
+    ingest_rate_limit_per_second: float = Field(default=200.0, ge=0)
+    ingest_rate_limit_burst: int = Field(default=400, ge=1)
+    ingest_max_inflight_per_client: int = Field(default=32, ge=1)
 
     # --- streams worker (streams/) ------------------------------------------------
     consumer_group: str = "onceflow-streams"
@@ -72,6 +94,9 @@ class Settings(BaseSettings):
     retention_instances_seconds: float = Field(default=7 * 86400, gt=0)
     retention_job_ids_seconds: float = Field(default=30 * 86400, gt=0)
     maintenance_interval_seconds: float = Field(default=15.0, gt=0)
+
+    # The database role the services use, granted read/write by `onceflow migrate`.
+    app_db_role: str = ""
 
     # --- process-wide ---------------------------------------------------------------
     state_dir: Path = Path(".onceflow")

@@ -10,7 +10,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import orjson
 import sqlalchemy as sa
 from confluent_kafka import Consumer, TopicPartition
 from sqlalchemy.engine import Engine, make_url
@@ -18,6 +20,7 @@ from sqlalchemy.engine import Engine, make_url
 from onceflow.processes import ProcessGroup, free_port
 from onceflow.settings import Settings
 from onceflow.topics import ensure_topics
+from producers.client import IngestClient
 from workflow_engine.db import check_connection, make_engine, sqlalchemy_url
 from workflow_engine.schema import migrate
 
@@ -70,8 +73,13 @@ class Stack:
     settings: Settings | None = None
     db: Engine | None = None
     group: ProcessGroup | None = None
+    api_key: str = ""
 
     def prepare(self) -> Stack:
+        from producers.auth import SCOPES, hash_key, new_key
+
+        self.api_key = new_key()
+        keys = [{"name": "stack", "sha256": hash_key(self.api_key), "scopes": list(SCOPES)}]
         database = f"onceflow_{self.run_id}".lower().replace("-", "_")
         url = recreate_database(self.base.database_url, database)
         self.env = {
@@ -85,6 +93,7 @@ class Stack:
             "ONCEFLOW_INGEST_METRICS_PORT": str(free_port()),
             "ONCEFLOW_STATE_DIR": str(self.log_dir / "state"),
             "ONCEFLOW_LOG_FORMAT": "json",
+            "ONCEFLOW_API_KEYS": orjson.dumps(keys).decode(),
         }
         self.settings = self.base.model_copy(
             update={
@@ -101,6 +110,13 @@ class Stack:
         ensure_topics(self.settings)
         self.group = ProcessGroup(self.env, self.log_dir)
         return self
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    def client(self, **kwargs: Any) -> IngestClient:
+        return IngestClient(self.ingest_url, api_key=self.api_key, **kwargs)
 
     @property
     def ingest_url(self) -> str:

@@ -9,17 +9,21 @@ the whole request is safe, since duplicates collapse downstream.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
 import orjson
-from fastapi import FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 
 from onceflow.envelope import JobEnvelope
+from onceflow.errors import ConfigurationError
 from onceflow.ids import new_job_id, new_request_id, new_traceparent
 from onceflow.settings import Settings
+from producers.auth import Authenticator
 from producers.kafka import JobProducer
+from producers.limits import ClientLimiter
 from producers.metrics import JOBS_ACCEPTED, JOBS_REJECTED, REQUESTS
 from producers.models import (
     Accepted,
@@ -52,6 +56,19 @@ _BODY_SCHEMA = {
 
 
 def create_app(settings: Settings, producer: JobProducer | None = None) -> FastAPI:
+    if not settings.auth_disabled and not settings.api_keys:
+        raise ConfigurationError(
+            "no API keys configured: set ONCEFLOW_API_KEYS (make one with `onceflow keys"
+            " new`), or ONCEFLOW_AUTH_DISABLED=true for local development only"
+        )
+    known_types = _known_types(settings) if settings.ingest_validate_types else None
+    auth = Authenticator(settings)
+    limiter = ClientLimiter(
+        settings.ingest_rate_limit_per_second,
+        settings.ingest_rate_limit_burst,
+        settings.ingest_max_inflight_per_client,
+    )
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.producer = producer or JobProducer(settings)
@@ -92,7 +109,10 @@ def create_app(settings: Settings, producer: JobProducer | None = None) -> FastA
         response_model=Accepted,
         responses={
             400: {"model": ErrorBody},
+            401: {"model": ErrorBody},
+            403: {"model": ErrorBody},
             413: {"model": ErrorBody},
+            429: {"model": ErrorBody},
             415: {"model": ErrorBody},
             422: {"model": ErrorBody},
             503: {"model": ErrorBody},
@@ -100,7 +120,34 @@ def create_app(settings: Settings, producer: JobProducer | None = None) -> FastA
         openapi_extra=_BODY_SCHEMA,
         summary="Submit one job or a batch",
     )
-    async def submit(request: Request):
+    async def submit(request: Request, client: str = Depends(auth.require("jobs:submit"))):
+        wait = limiter.retry_after(client)
+        if wait is not None:
+            JOBS_REJECTED.labels("rate_limited").inc()
+            return error(
+                429,
+                ErrorBody(
+                    error="rate_limited",
+                    message=f"over {settings.ingest_rate_limit_per_second:g}"
+                    " requests/s for this client; slow down",
+                ),
+                headers={"Retry-After": str(max(1, math.ceil(wait)))},
+            )
+        with limiter.slot(client) as admitted:
+            if not admitted:
+                JOBS_REJECTED.labels("too_many_inflight").inc()
+                return error(
+                    429,
+                    ErrorBody(
+                        error="too_many_requests",
+                        message=f"over {settings.ingest_max_inflight_per_client}"
+                        " requests in flight for this client",
+                    ),
+                    headers={"Retry-After": "1"},
+                )
+            return await accept(request)
+
+    async def accept(request: Request) -> Response:
         content_type = request.headers.get("content-type", "")
         if content_type.split(";")[0].strip().lower() != "application/json":
             JOBS_REJECTED.labels("content_type").inc()
@@ -110,9 +157,21 @@ def create_app(settings: Settings, producer: JobProducer | None = None) -> FastA
                     error="unsupported_media_type", message="content-type must be application/json"
                 ),
             )
-        body = await request.body()
+        body = await _read_body(request, settings.ingest_max_body_bytes)
+        if body is None:
+            JOBS_REJECTED.labels("body_too_large").inc()
+            return error(
+                413,
+                ErrorBody(
+                    error="body_too_large",
+                    message=f"the body is over {settings.ingest_max_body_bytes}"
+                    " bytes; send fewer jobs per request",
+                ),
+            )
         try:
-            jobs = parse_jobs(body, settings.ingest_max_batch, settings.ingest_max_params_bytes)
+            jobs = parse_jobs(
+                body, settings.ingest_max_batch, settings.ingest_max_params_bytes, known_types
+            )
         except RequestError as exc:
             JOBS_REJECTED.labels(exc.body.error).inc()
             return error(exc.status, exc.body)
@@ -195,8 +254,10 @@ def create_app(settings: Settings, producer: JobProducer | None = None) -> FastA
         def db() -> Engine:
             return shared_engine(settings.database_url)
 
-        app.include_router(admin_router(db))
-        app.include_router(jobs_router(db, lambda job_id: lag_for_job(settings, job_id)))
+        app.include_router(admin_router(db, auth.require))
+        app.include_router(
+            jobs_router(db, lambda job_id: lag_for_job(settings, job_id), auth.require)
+        )
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
@@ -210,6 +271,33 @@ def create_app(settings: Settings, producer: JobProducer | None = None) -> FastA
         return _json({"kafka": "ok" if ok else "unavailable"}, 200 if ok else 503)
 
     return app
+
+
+def _known_types(settings: Settings) -> frozenset[str] | None:
+    """Workflow and task names registered by the configured modules (None: no check)."""
+    from workflow_engine.definitions import (
+        load_workflow_modules,
+        registered_tasks,
+        registered_workflows,
+    )
+
+    load_workflow_modules(settings.workflow_modules)
+    names = frozenset(registered_workflows()) | frozenset(registered_tasks())
+    return names or None
+
+
+async def _read_body(request: Request, limit: int) -> bytes | None:
+    """The request body, or None as soon as it is known to exceed ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _json(body: object, status: int, headers: dict[str, str] | None = None) -> Response:

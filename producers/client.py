@@ -27,8 +27,11 @@ class IngestClient:
     Jobs without an id get one assigned here, so that a retry resubmits the same ids.
     """
 
-    def __init__(self, base_url: str, timeout: float = 30.0, retries: int = 5) -> None:
-        self._http = httpx.Client(base_url=base_url, timeout=timeout)
+    def __init__(
+        self, base_url: str, timeout: float = 30.0, retries: int = 5, api_key: str | None = None
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=base_url, timeout=timeout, headers=headers)
         self.retries = retries
 
     def submit(self, jobs: Iterable[dict[str, Any]]) -> dict[str, Any]:

@@ -84,7 +84,12 @@ def _field_path(loc: tuple[Any, ...], prefix: str) -> str:
     return path or "body"
 
 
-def parse_jobs(body: bytes, max_batch: int, max_params_bytes: int) -> list[JobIn]:
+def parse_jobs(
+    body: bytes,
+    max_batch: int,
+    max_params_bytes: int,
+    known_types: frozenset[str] | None = None,
+) -> list[JobIn]:
     """Parse a body holding one job or ``{"jobs": [...]}``; raise RequestError if bad."""
     try:
         doc = orjson.loads(body)
@@ -116,6 +121,14 @@ def parse_jobs(body: bytes, max_batch: int, max_params_bytes: int) -> list[JobIn
             422, "invalid_request", f"invalid {fields[0].field}: {fields[0].reason}", fields
         ) from None
     for i, job in enumerate(jobs):
+        if known_types is not None and job.workflow not in known_types:
+            field = f"jobs[{i}].workflow" if is_batch else "workflow"
+            raise RequestError(
+                422,
+                "unknown_type",
+                f"{field}: no workflow or task is named {job.workflow!r}",
+                [FieldError(field=field, reason="unknown workflow or task type")],
+            )
         size = len(orjson.dumps(job.params))
         field = f"jobs[{i}].params" if is_batch else "params"
         problem = params_problem(job.params)

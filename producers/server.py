@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import uvicorn
 
 from onceflow.health import database_ready, kafka_ready, serve_metrics_and_health
@@ -20,6 +22,11 @@ def serve(settings: Settings) -> None:
         return state
 
     serve_metrics_and_health(settings.ingest_metrics_port, ready)
+    # uvicorn drains on SIGTERM/SIGINT (stops accepting, finishes requests, runs the
+    # lifespan shutdown that flushes the producer), then re-raises the signal against
+    # the handler found at start. A no-op handler there makes a clean drain exit 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     uvicorn.run(
         create_app(settings),
         host=settings.ingest_host,

@@ -91,6 +91,7 @@ def settings(base_settings, db_url, tmp_path):
             "dlq_topic": f"test.{run}.jobs.dlq",
             "consumer_group": f"test-{run}",
             "state_dir": tmp_path / "state",
+            "auth_disabled": True,  # tests of API keys turn it back on explicitly
         }
     )
     ensure_topics(s)

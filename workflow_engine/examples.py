@@ -42,6 +42,16 @@ def _record_side_effect(params: dict[str, Any]) -> dict[str, Any]:
             ),
             {"j": step.job_id, "s": step.name, "k": step.idempotency_key, "b": str(step.attempt)},
         )
+        # The "external system" dedupes by the idempotency key, as real ones should.
+        conn.execute(
+            sa.text(
+                "INSERT INTO onceflow_demo_applied_effects (idempotency_key, job_id, step)"
+                " VALUES (:k, :j, :s) ON CONFLICT ON CONSTRAINT"
+                " onceflow_demo_applied_effects_pkey DO UPDATE"
+                " SET executions = onceflow_demo_applied_effects.executions + 1"
+            ),
+            {"j": step.job_id, "s": step.name, "k": step.idempotency_key},
+        )
     return {"step": step.name, "key": step.idempotency_key}
 
 

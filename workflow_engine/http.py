@@ -12,10 +12,10 @@ database calls never stall the event loop that answers job submissions.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, Depends, HTTPException
 from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 
@@ -38,8 +38,17 @@ class ControlOut(BaseModel):
     requested: str | None = None
 
 
-def admin_router(engine: Callable[[], Engine]) -> APIRouter:
+def _open(scope: str) -> Callable[..., Any]:
+    return lambda: None
+
+
+def admin_router(
+    engine: Callable[[], Engine], require: Callable[[str], Callable[..., Any]] = _open
+) -> APIRouter:
+    """``require(scope)`` gives the dependency that checks a caller's credentials."""
     router = APIRouter(prefix="/v1/instances", tags=["instances"])
+    read = [Depends(require("jobs:read"))]
+    may_control = [Depends(require("instances:control"))]
 
     def guard(op: Callable[[], Any]) -> Any:
         try:
@@ -49,7 +58,7 @@ def admin_router(engine: Callable[[], Engine]) -> APIRouter:
         except control.ControlError as exc:
             raise HTTPException(409, {"error": "conflict", "message": str(exc)}) from None
 
-    @router.get("")
+    @router.get("", dependencies=read)
     def list_instances(
         workflow: str | None = None,
         status: Status | None = None,
@@ -58,10 +67,17 @@ def admin_router(engine: Callable[[], Engine]) -> APIRouter:
         limit: int = 100,
     ) -> list[dict[str, Any]]:
         limit = max(1, min(limit, 1000))
+        if since is not None:
+            try:  # PostgreSQL takes offsets up to ±15:59 only: hand it UTC
+                since = since.astimezone(UTC) if since.tzinfo else since.replace(tzinfo=UTC)
+            except OverflowError:
+                raise HTTPException(
+                    422, {"error": "invalid_request", "message": "since is out of range"}
+                ) from None
         rows = control.list_instances(engine(), workflow, status, since, prefix, limit)
         return [row.__dict__ for row in rows]
 
-    @router.get("/{workflow}/{job_id}")
+    @router.get("/{workflow}/{job_id}", dependencies=read)
     def describe(workflow: str, job_id: str) -> dict[str, Any]:
         view = describe_instance(engine(), job_id)
         if view is None or view.workflow != workflow:
@@ -85,13 +101,14 @@ def admin_router(engine: Callable[[], Engine]) -> APIRouter:
             methods=["POST"],
             response_model=ControlOut,
             name=f"{name}_instance",
+            dependencies=may_control,
             summary=f"{name.capitalize()} an instance",
         )
 
     for name in ("pause", "resume", "terminate", "restart"):
         make_op(name)
 
-    @router.post("/{workflow}/{job_id}/events", status_code=202)
+    @router.post("/{workflow}/{job_id}/events", status_code=202, dependencies=may_control)
     def send_event(workflow: str, job_id: str, event: EventIn) -> dict[str, Any]:
         event_id = guard(
             lambda: control.send_event(engine(), workflow, job_id, event.type, event.payload)
@@ -101,11 +118,15 @@ def admin_router(engine: Callable[[], Engine]) -> APIRouter:
     return router
 
 
-def jobs_router(engine: Callable[[], Engine], lag: Callable[[str], dict[str, Any]]) -> APIRouter:
+def jobs_router(
+    engine: Callable[[], Engine],
+    lag: Callable[[str], dict[str, Any]],
+    require: Callable[[str], Callable[..., Any]] = _open,
+) -> APIRouter:
     """``GET /v1/jobs/{job_id}``: what became of a job, or how far the queue is behind."""
     router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-    @router.get("/{job_id}")
+    @router.get("/{job_id}", dependencies=[Depends(require("jobs:read"))])
     def get_job(job_id: str) -> Any:
         found = job_status(engine(), job_id)
         if found is not None:

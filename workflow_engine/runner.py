@@ -217,17 +217,19 @@ class EngineRunner:
             await asyncio.sleep(s.maintenance_interval_seconds)
 
     async def _drain(self) -> None:
+        """On shutdown: let in-flight instances finish for half a lease, then cancel the
+        rest and release their leases so another engine resumes them at once."""
         if not self._inflight:
             return
         grace = self.settings.engine_lease_seconds / 2
         _, pending = await asyncio.wait(list(self._inflight.values()), timeout=grace)
+        unfinished = [job for job, task in self._inflight.items() if task in pending]
         for task in pending:
             task.cancel()
         if pending:
             await asyncio.wait(pending)
-        left = list(self._inflight)
-        if left:
-            released = await self.db(store.release, self.owner, left)
+        if unfinished:
+            released = await self.db(store.release, self.owner, unfinished)
             log.info(
                 "released unfinished instances",
                 extra={"event": "engine.released", "count": released},

@@ -76,3 +76,61 @@ def migrate(engine: Engine) -> list[Migration]:
                 extra={"event": "schema.migrated", "version": migration.version},
             )
     return applied
+
+
+def grant_app_role(engine: Engine, role: str) -> list[str]:
+    """Let ``role`` read and write onceflow's rows, and nothing more.
+
+    The services connect as this role: it can run every query onceflow makes but cannot
+    create, alter or drop anything (only the role that ran the migrations owns the
+    tables). Identifiers are quoted by the driver, never spliced into SQL text.
+    """
+    from psycopg2 import sql
+
+    granted: list[str] = []
+    with engine.begin() as conn:
+        tables = (
+            conn.execute(
+                sa.text(
+                    "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+                    " AND tablename LIKE 'onceflow\\_%'"
+                )
+            )
+            .scalars()
+            .all()
+        )
+        sequences = (
+            conn.execute(
+                sa.text(
+                    "SELECT sequencename FROM pg_sequences WHERE schemaname = current_schema()"
+                    " AND sequencename LIKE 'onceflow\\_%'"
+                )
+            )
+            .scalars()
+            .all()
+        )
+        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        who = sql.Identifier(role)
+        cursor.execute(
+            sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+                sql.Identifier(conn.execute(sa.text("SELECT current_schema()")).scalar()), who
+            )
+        )
+        for table in tables:
+            privileges = (
+                "SELECT" if table == "onceflow_migrations" else "SELECT, INSERT, UPDATE, DELETE"
+            )
+            cursor.execute(
+                sql.SQL("GRANT " + privileges + " ON TABLE {} TO {}").format(
+                    sql.Identifier(table), who
+                )
+            )
+            granted.append(table)
+        for sequence in sequences:
+            cursor.execute(
+                sql.SQL("GRANT USAGE, SELECT ON SEQUENCE {} TO {}").format(
+                    sql.Identifier(sequence), who
+                )
+            )
+        cursor.execute(sql.SQL("GRANT EXECUTE ON FUNCTION job_trace(text) TO {}").format(who))
+    return granted

@@ -12,7 +12,6 @@ import pytest
 import sqlalchemy as sa
 
 from onceflow.stack import Stack
-from producers.client import IngestClient
 from tests.acceptance.test_demo import run_cli
 
 
@@ -47,7 +46,7 @@ def test_sql_cli_http_and_logs_tell_the_same_story(stack):
         }
         for i in range(20)
     ]
-    with IngestClient(stack.ingest_url) as client:
+    with stack.client() as client:
         client.submit(jobs)
         client.submit(jobs[:5])  # resubmitted
         client.submit([{**jobs[0], "params": {"amount": 999}}])  # same id, other params
@@ -85,7 +84,7 @@ def test_sql_cli_http_and_logs_tell_the_same_story(stack):
     table = run_cli("trace", job, env=stack.env).stdout
     assert table.startswith(f"trace of {job}:") and "PAYLOAD MISMATCH" in table
 
-    got = httpx.get(f"{stack.ingest_url}/v1/jobs/{job}").json()
+    got = httpx.get(f"{stack.ingest_url}/v1/jobs/{job}", headers=stack.auth_headers).json()
     assert (got["kind"], got["status"], got["duplicates"], got["mismatches"]) == (
         "workflow",
         "complete",
@@ -93,14 +92,16 @@ def test_sql_cli_http_and_logs_tell_the_same_story(stack):
         1,
     )
     assert [s["status"] for s in got["steps"]] == ["complete"] * 3
-    unknown = httpx.get(f"{stack.ingest_url}/v1/jobs/never_submitted")
+    unknown = httpx.get(f"{stack.ingest_url}/v1/jobs/never_submitted", headers=stack.auth_headers)
     assert unknown.status_code == 404
     lag = unknown.json()["detail"]["consumer_lag"]
     assert set(lag) == {"total", "partition", "partition_lag"}
     assert 0 <= lag["total"] <= 26  # everything consumed; offsets commit every few seconds
 
     def drained():
-        body = httpx.get(f"{stack.ingest_url}/v1/jobs/never_submitted").json()
+        body = httpx.get(
+            f"{stack.ingest_url}/v1/jobs/never_submitted", headers=stack.auth_headers
+        ).json()
         return body["detail"]["consumer_lag"]["total"] == 0
 
     stack.wait_for(drained, 30, "the committed offsets to catch up")
@@ -120,7 +121,7 @@ def test_audit_clean_then_names_what_was_broken(stack):
         {"job_id": f"audit_{i:03d}", "workflow": "order-workflow", "params": {"step_seconds": 0}}
         for i in range(30)
     ]
-    with IngestClient(stack.ingest_url) as client:
+    with stack.client() as client:
         client.submit(jobs)
         client.submit(jobs[:10])
     stack.wait_for(

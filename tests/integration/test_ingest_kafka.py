@@ -49,7 +49,12 @@ def test_503_with_retry_after_when_kafka_is_unreachable(settings):
     with TestClient(create_app(dead)) as client:
         r = client.post(
             "/v1/jobs",
-            json={"jobs": [{"job_id": "a", "workflow": "w"}, {"job_id": "b", "workflow": "w"}]},
+            json={
+                "jobs": [
+                    {"job_id": "a", "workflow": "order-workflow"},
+                    {"job_id": "b", "workflow": "order-workflow"},
+                ]
+            },
         )
         ready = client.get("/readyz")
     assert r.status_code == 503

@@ -16,7 +16,6 @@ import pytest
 from onceflow.dashboard import expressions
 from onceflow.processes import free_port
 from onceflow.stack import Stack
-from producers.client import IngestClient
 from tests.integration.kafka_helpers import produce
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,13 +116,15 @@ def _workload(stack: Stack) -> None:
         }
         for i in range(300)
     ]
-    with IngestClient(stack.ingest_url) as client:
+    with stack.client() as client:
         for start in range(0, 300, 50):
             client.submit(jobs[start : start + 50])
             time.sleep(0.5)
         client.submit(jobs[:40])  # duplicates
         client.submit([{**jobs[1], "params": {"other": True}}])  # a payload mismatch
-    httpx.post(f"{stack.ingest_url}/v1/jobs", json={"workflow": "bad name!"})  # a 422
+    httpx.post(
+        f"{stack.ingest_url}/v1/jobs", json={"workflow": "bad name!"}, headers=stack.auth_headers
+    )  # a 422
     produce(
         stack.settings.kafka_bootstrap_servers,
         stack.settings.jobs_topic,

@@ -40,7 +40,12 @@ class ScriptedProducer:
 @pytest.fixture
 def client_for():
     def make(producer):
-        return TestClient(create_app(Settings(ingest_max_batch=200), producer))
+        return TestClient(
+            create_app(
+                Settings(ingest_max_batch=200, auth_disabled=True, ingest_validate_types=False),
+                producer,
+            )
+        )
 
     return make
 

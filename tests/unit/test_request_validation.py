@@ -93,3 +93,17 @@ def test_too_deeply_nested_params():
         cursor["x"] = {}
         cursor = cursor["x"]
     assert parse({"workflow": "w", "params": ok}, max_params=100_000)
+
+
+def test_unknown_types_are_refused_when_types_are_known():
+    known = frozenset({"order-workflow"})
+    with pytest.raises(RequestError) as info:
+        parse_jobs(
+            orjson.dumps({"jobs": [{"workflow": "order-workflow"}, {"workflow": "nope"}]}),
+            10,
+            1000,
+            known,
+        )
+    assert (info.value.status, info.value.body.error) == (422, "unknown_type")
+    assert info.value.body.fields[0].field == "jobs[1].workflow"
+    assert parse_jobs(orjson.dumps({"workflow": "order-workflow"}), 10, 1000, known)

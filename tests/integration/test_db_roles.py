@@ -1,0 +1,53 @@
+"""The services' database role can do everything onceflow does, and cannot change the
+schema; migrations run as the owner."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from onceflow.envelope import JobEnvelope
+from workflow_engine.db import make_engine, sqlalchemy_url
+from workflow_engine.instances import Delivery, create_instances, describe_instance
+from workflow_engine.schema import grant_app_role
+
+
+@pytest.fixture
+def app_role(db):
+    role = f"onceflow_app_{uuid.uuid4().hex[:8]}"
+    with db.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql(f'CREATE ROLE "{role}" LOGIN')  # test-made name, no input
+    yield role
+    with db.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql(f'DROP OWNED BY "{role}"')
+        conn.exec_driver_sql(f'DROP ROLE "{role}"')
+
+
+def test_app_role_works_but_cannot_change_the_schema(db, db_url, app_role):
+    assert "onceflow_instances" in grant_app_role(db, app_role)
+    url = make_url(sqlalchemy_url(db_url)).set(username=app_role, password=None)
+    app = make_engine(url.render_as_string(hide_password=False), pool_size=1)
+    try:
+        result = create_instances(
+            app, [Delivery(JobEnvelope("r1", "order-workflow", {}), "t", 0, 0)]
+        )
+        assert result.created == 1
+        assert describe_instance(app, "r1").status == "queued"
+        with app.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM job_trace('r1')")).scalar() > 0
+        for ddl in (
+            "ALTER TABLE onceflow_instances ADD COLUMN x int",
+            "DROP TABLE onceflow_steps",
+            "CREATE TABLE sneaky (id int)",
+            "DELETE FROM onceflow_migrations",
+        ):
+            with (
+                pytest.raises(sa.exc.ProgrammingError, match=r"permission denied|must be owner"),
+                app.begin() as conn,
+            ):
+                conn.exec_driver_sql(ddl)
+    finally:
+        app.dispose()
