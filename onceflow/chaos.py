@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import random
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -54,6 +53,7 @@ class ChaosResult:
     re_executions: int = 0
     elapsed: float = 0.0
     violations: list[str] = field(default_factory=list)
+    fault_errors: list[str] = field(default_factory=list)
 
     def render(self) -> str:
         lines = [
@@ -67,6 +67,7 @@ class ChaosResult:
             f"{self.re_executions}",
             f"  violations: {len(self.violations)}",
         ]
+        lines += [f"  fault not injected: {e}" for e in self.fault_errors]
         lines += [f"    - {v}" for v in self.violations]
         return "\n".join(lines)
 
@@ -74,10 +75,18 @@ class ChaosResult:
 class _Faults:
     """The fault actions, each recorded by name when it happens."""
 
-    def __init__(self, stack: Stack, dev: Any | None, log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        stack: Stack,
+        dev: Any | None,
+        log: Callable[[str], None],
+        submit: Callable[[list[dict[str, Any]]], None],
+    ) -> None:
         self.stack = stack
         self.dev = dev
         self.log = log
+        self.submit = submit
+        self.extra_jobs = 0
         self.done: list[str] = []
         self._generation = 0
 
@@ -102,11 +111,27 @@ class _Faults:
         assert self.stack.group is not None
         self._generation += 1
         name = f"streams-doomed-{self._generation}"
-        self.stack.start_worker(
+        port = self.stack.start_worker(
             name,
             ONCEFLOW_FAILPOINT="streams.after_db_commit:1",
             ONCEFLOW_STREAMS_COMMIT_INTERVAL_SECONDS="30",
         )
+        _wait_for_assignment(port, timeout=30)
+        # Fresh jobs, spread over a few seconds, so the new worker surely gets records.
+        for part in range(4):
+            extra = [
+                {
+                    "job_id": f"chaos_fp{self._generation}_{part}_{i:02d}",
+                    "workflow": "order-workflow",
+                    "params": {"step_seconds": 0.03},
+                }
+                for i in range(20)
+            ]
+            self.extra_jobs += len(extra)
+            self.submit(extra)
+            if self.stack.group.procs[name].poll() is not None:
+                break
+            time.sleep(1.0)
         deadline = time.monotonic() + 30
         proc = self.stack.group.procs[name]
         while proc.poll() is None and time.monotonic() < deadline:
@@ -134,23 +159,27 @@ class _Faults:
         if self.dev is None:
             self.log("  (skipped: PostgreSQL restart needs the local dev services)")
             return
-        pg = self.dev.postgres
-        subprocess.run(
-            pg._as_owner(
-                [
-                    str(pg.bindir() / "pg_ctl"),
-                    "-D",
-                    str((pg.root / "data").resolve()),
-                    "-m",
-                    "fast",
-                    "-w",
-                    "restart",
-                ]
-            ),
-            check=True,
-            capture_output=True,
-        )
+        self.dev.postgres.down()  # pg_ctl stop -m fast: every connection is cut
+        self.dev.postgres.up()
         self._note("restart PostgreSQL")
+
+
+def _wait_for_assignment(metrics_port: int, timeout: float) -> None:
+    """Until the worker has received a partition assignment (its rebalance counter)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2).text
+            for line in text.splitlines():
+                if (
+                    line.startswith("onceflow_streams_rebalances_total ")
+                    and float(line.split()[1]) >= 1
+                ):
+                    time.sleep(1.0)  # let the group finish the round
+                    return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
 
 
 def run_chaos(
@@ -186,15 +215,6 @@ def run_chaos(
         log(f"chaos seed={seed}: {n_jobs} jobs, 2 streams workers, 2 engines (logs: {log_dir})")
 
         batches = _plan_workload(rng, n_jobs, result)
-        faults = _Faults(stack, dev, log)
-        schedule = [
-            faults.kill_worker,
-            faults.worker_dies_after_commit,
-            faults.restart_kafka,
-            faults.restart_postgres,
-            faults.kill_engine,
-        ]
-        rng.shuffle(schedule)
         accepted: set[str] = set()
         lock = threading.Lock()
 
@@ -211,11 +231,28 @@ def run_chaos(
             with lock:
                 accepted.update(ids)
 
+        faults = _Faults(stack, dev, log, submit)
+        schedule = [
+            faults.kill_worker,
+            faults.worker_dies_after_commit,
+            faults.restart_kafka,
+            faults.restart_postgres,
+            faults.kill_engine,
+        ]
+        rng.shuffle(schedule)
+        pauses = [rng.uniform(2.0, 4.0) for _ in schedule]
+
         def fault_loop(stop: threading.Event) -> None:
-            for fault in schedule:
-                if stop.wait(rng.uniform(2.0, 4.0)):
+            for fault, pause in zip(schedule, pauses, strict=True):
+                if stop.wait(pause):
                     return
-                fault()
+                began = time.monotonic()
+                try:
+                    fault()
+                except Exception as exc:  # a fault that could not be injected is reported
+                    result.fault_errors.append(f"{fault.__name__}: {exc}")
+                    log(f"  fault {fault.__name__} could not be injected: {exc}")
+                log(f"    ({fault.__name__} took {time.monotonic() - began:.1f}s)")
 
         stop = threading.Event()
         chaos = threading.Thread(target=fault_loop, args=(stop,), daemon=True)
@@ -231,12 +268,15 @@ def run_chaos(
         chaos.join(timeout=120)
         stop.set()
         result.faults = faults.done
+        result.jobs += faults.extra_jobs
         result.accepted = len(accepted)
         log(
             f"  workload sent: {result.submissions} submissions, {len(accepted)} job ids "
             "accepted; waiting for the system to settle"
         )
+        settle_started = time.monotonic()
         _settle(stack, len(accepted), timeout)
+        log(f"  settled in {time.monotonic() - settle_started:.1f}s")
         _check(stack, accepted, result)
     finally:
         stack.close()
