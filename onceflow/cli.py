@@ -421,6 +421,30 @@ def keys_new(name: str, scopes: tuple[str, ...]) -> None:
     click.echo(f"ONCEFLOW_API_KEYS entry: {orjson.dumps(entry).decode()}")
 
 
+@cli.command()
+@click.argument("scenarios", nargs=-1, type=click.Choice(["burst", "ingest", "engine"]))
+@click.option(
+    "--jobs",
+    "n_jobs",
+    envvar="ONCEFLOW_BENCH_JOBS",
+    type=int,
+    default=20000,
+    help="Jobs per scenario (the README's figures use 100000 for burst).",
+)
+@click.option(
+    "--out",
+    envvar="ONCEFLOW_BENCH_OUT",
+    type=click.Path(path_type=Path),
+    default=Path("bench-results.json"),
+    help="Where to write the JSON results.",
+)
+def bench(scenarios: tuple[str, ...], n_jobs: int, out: Path) -> None:
+    """Measure the real processes: burst absorption, ingest throughput, engine speed."""
+    from onceflow.bench import run_bench
+
+    run_bench(_settings(), list(scenarios) or ["burst", "ingest", "engine"], n_jobs, out)
+
+
 # --- demo ---------------------------------------------------------------------------------
 
 
