@@ -246,7 +246,7 @@ def create_app(settings: Settings, producer: JobProducer | None = None) -> FastA
         )
 
     @app.middleware("http")
-    async def refuse_nul(request: Request, call_next):  # type: ignore[no-untyped-def]
+    async def refuse_nul(request: Request, call_next):
         # PostgreSQL cannot hold NUL characters, and they have no business in an id.
         if "\x00" in request.url.path or "%00" in request.url.query:
             return _json(
