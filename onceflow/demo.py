@@ -90,7 +90,12 @@ def _drive(
         {
             "job_id": f"order_{i:04d}",
             "workflow": "order-workflow",
-            "params": {"amount": 10 + i, "step_seconds": 0.2, "flaky": i % 10 == 3},
+            # order_0003 is a slow one, so that describe catches it mid-way
+            "params": {
+                "amount": 10 + i,
+                "step_seconds": 1.5 if i == 3 else 0.2,
+                "flaky": i % 10 == 3,
+            },
         }
         for i in range(n_jobs)
     ]
@@ -140,7 +145,7 @@ def _drive(
             30,
             f"{sample} to start",
         )
-        _say(f"\n$ onceflow instances describe order-workflow {sample}   (while running)")
+        _say(f"\n$ onceflow instances describe order-workflow {sample}   (while it runs)")
         out = subprocess.run(
             [*onceflow_command(), "instances", "describe", "order-workflow", sample],
             env=stack.group.env if stack.group else None,
