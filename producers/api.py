@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -37,6 +38,7 @@ from producers.models import (
 )
 
 log = logging.getLogger(__name__)
+_REQUEST_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 
 _BODY_SCHEMA = {
     "requestBody": {
@@ -176,7 +178,9 @@ def create_app(settings: Settings, producer: JobProducer | None = None) -> FastA
             JOBS_REJECTED.labels(exc.body.error).inc()
             return error(exc.status, exc.body)
 
-        request_id = request.headers.get("x-request-id") or new_request_id()
+        # A caller's own request id is kept (it ties their logs to ours) if it is sane.
+        given = request.headers.get("x-request-id", "")
+        request_id = given if _REQUEST_ID_RE.fullmatch(given) else new_request_id()
         now = datetime.now(UTC)
         envelopes: list[JobEnvelope] = []
         seen: set[str] = set()

@@ -119,3 +119,12 @@ def test_nul_characters_in_the_url_are_a_400(client_for):
     with client_for(ScriptedProducer()) as client:
         r = client.get("/v1/instances", params={"workflow": "a\x00b"})
     assert r.status_code == 400 and "NUL" in r.json()["message"]
+
+
+def test_a_sane_client_request_id_is_kept_and_an_odd_one_replaced(client_for):
+    producer = ScriptedProducer()
+    with client_for(producer) as client:
+        kept = client.post("/v1/jobs", json={"workflow": "w"}, headers={"X-Request-Id": "abc-1"})
+        odd = client.post("/v1/jobs", json={"workflow": "w"}, headers={"X-Request-Id": "x" * 300})
+    assert kept.json()["request_id"] == "abc-1"
+    assert odd.json()["request_id"].startswith("req_")
