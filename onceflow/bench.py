@@ -8,6 +8,8 @@ Scenarios (each prints a table and writes JSON):
   got its instance (nothing lost).
 * ``ingest``: jobs/s accepted and request latency at batch sizes 100 and 1, with
   increasing client concurrency.
+* ``queue``: instances created per second by one streams worker from a pre-filled
+  topic, without and with 30% duplicates (from the first to the last database row).
 * ``engine``: three-step workflows completed per second with 1 and 2 engine processes.
 
 Benchmarks are not tests: CI runs only a tiny smoke size to keep the harness working.
@@ -214,6 +216,77 @@ def engine(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
     return {"scenario": "engine", "runs": rows}
 
 
+def queue(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
+    """Instances created per second by one streams worker from a pre-filled topic."""
+    from confluent_kafka import Producer
+
+    from onceflow.envelope import JobEnvelope
+
+    rows = []
+    for dup_fraction in (0.0, 0.3):
+        stack = _stack(base, log_dir, f"queue{int(dup_fraction * 100)}")
+        try:
+            assert stack.settings is not None
+            producer = Producer(
+                {
+                    "bootstrap.servers": stack.settings.kafka_bootstrap_servers,
+                    "partitioner": "murmur2_random",
+                    "linger.ms": 20,
+                    "enable.idempotence": True,
+                    "acks": "all",
+                }
+            )
+            distinct = int(jobs * (1 - dup_fraction))
+            for i in range(jobs):
+                n = i if i < distinct else (i * 7919) % distinct  # re-sends of earlier ids
+                env = JobEnvelope(f"q{n:08d}", "order-workflow", {"n": n})
+                while True:
+                    try:
+                        producer.produce(
+                            stack.settings.jobs_topic,
+                            key=env.key(),
+                            value=env.encode(),
+                            headers=env.headers(),
+                        )
+                        break
+                    except BufferError:
+                        producer.poll(0.1)
+            producer.flush(60)
+            stack.start_worker()
+            deadline = time.monotonic() + 600
+            consumed = 0
+            while time.monotonic() < deadline:
+                consumed = stack.scalar(
+                    "SELECT (SELECT count(*) FROM onceflow_instances)"
+                    " + (SELECT count(*) FROM onceflow_duplicate_deliveries)"
+                )
+                if consumed >= jobs:
+                    break
+                time.sleep(0.25)
+            span = (
+                float(
+                    stack.scalar(
+                        "SELECT 1000 * extract(epoch FROM max(t) - min(t)) FROM ("
+                        " SELECT received_at AS t FROM onceflow_jobs UNION ALL"
+                        " SELECT received_at FROM onceflow_duplicate_deliveries) x"
+                    )
+                )
+                / 1000
+            )
+            rows.append(
+                {
+                    "records": jobs,
+                    "duplicate_fraction": dup_fraction,
+                    "instances": stack.scalar("SELECT count(*) FROM onceflow_instances"),
+                    "seconds": span,
+                    "records_per_second": jobs / span if span else 0.0,
+                }
+            )
+        finally:
+            stack.close()
+    return {"scenario": "queue", "runs": rows}
+
+
 def render(result: dict[str, Any]) -> str:
     kind = result["scenario"]
     if kind == "burst":
@@ -242,6 +315,15 @@ def render(result: dict[str, Any]) -> str:
                 f"{r['latency_p99'] * 1000:>7.1f}  {r['latency_max'] * 1000:>7.1f}"
             )
         return "\n".join(lines)
+    if kind == "queue":
+        lines = ["queue: records  duplicates  instances  seconds  records/s"]
+        for r in result["runs"]:
+            lines.append(
+                f"       {r['records']:>7}  {r['duplicate_fraction']:>10.0%}  "
+                f"{r['instances']:>9}  {r['seconds']:>7.2f}  "
+                f"{r['records_per_second']:>9.0f}"
+            )
+        return "\n".join(lines)
     lines = ["engine: engines  workflows  workflows/s  checkpoints/s"]
     for r in result["runs"]:
         lines.append(
@@ -251,7 +333,7 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-SCENARIOS = {"burst": burst, "ingest": ingest, "engine": engine}
+SCENARIOS = {"burst": burst, "ingest": ingest, "queue": queue, "engine": engine}
 
 
 def run_bench(base: Settings, scenarios: list[str], jobs: int, out: Path) -> list[dict]:

@@ -422,7 +422,7 @@ def keys_new(name: str, scopes: tuple[str, ...]) -> None:
 
 
 @cli.command()
-@click.argument("scenarios", nargs=-1, type=click.Choice(["burst", "ingest", "engine"]))
+@click.argument("scenarios", nargs=-1, type=click.Choice(["burst", "ingest", "queue", "engine"]))
 @click.option(
     "--jobs",
     "n_jobs",
@@ -439,10 +439,10 @@ def keys_new(name: str, scopes: tuple[str, ...]) -> None:
     help="Where to write the JSON results.",
 )
 def bench(scenarios: tuple[str, ...], n_jobs: int, out: Path) -> None:
-    """Measure the real processes: burst absorption, ingest throughput, engine speed."""
+    """Measure the real processes: burst, ingest, queue-to-instance and engine speed."""
     from onceflow.bench import run_bench
 
-    run_bench(_settings(), list(scenarios) or ["burst", "ingest", "engine"], n_jobs, out)
+    run_bench(_settings(), list(scenarios) or ["burst", "ingest", "queue", "engine"], n_jobs, out)
 
 
 # --- demo ---------------------------------------------------------------------------------

@@ -24,3 +24,12 @@ def test_engine_smoke(base_settings, tmp_path):
     assert [r["engines"] for r in result["runs"]] == [1, 2]
     assert all(r["workflows"] == 100 for r in result["runs"])
     assert "workflows/s" in render(result)
+
+
+@pytest.mark.timeout(300)
+def test_queue_smoke(base_settings, tmp_path):
+    from onceflow.bench import queue
+
+    result = queue(base_settings.model_copy(update={"state_dir": tmp_path}), 200, tmp_path)
+    assert [(r["records"], r["instances"]) for r in result["runs"]] == [(200, 200), (200, 140)]
+    assert "records/s" in render(result)
