@@ -184,10 +184,9 @@ def instances() -> None:
 def instances_describe(workflow: str, job_id: str, as_json: bool) -> None:
     """Show one instance's status and each step's state."""
     from onceflow.describe import render_instance
-    from workflow_engine.db import make_engine
     from workflow_engine.instances import describe_instance
 
-    view = describe_instance(make_engine(_settings().database_url, pool_size=1), job_id)
+    view = describe_instance(_db(), job_id)
     if view is None or view.workflow != workflow:
         raise OnceflowError(f"no instance of {workflow!r} with job id {job_id!r}")
     if as_json:
@@ -245,36 +244,24 @@ def _control(op: str, workflow: str, job_id: str) -> None:
     click.echo(result.describe())
 
 
-@instances.command("pause")
-@click.argument("workflow")
-@click.argument("job_id")
-def instances_pause(workflow: str, job_id: str) -> None:
-    """Pause an instance (a running one pauses at its next step)."""
-    _control("pause", workflow, job_id)
+_CONTROL_OPERATIONS = {
+    "pause": "Pause an instance (a running one pauses at its next step).",
+    "resume": "Resume a paused instance.",
+    "terminate": "Stop an instance for good (a running one stops at its next step).",
+    "restart": "Run an instance again from its first step, forgetting its history.",
+}
 
 
-@instances.command("resume")
-@click.argument("workflow")
-@click.argument("job_id")
-def instances_resume(workflow: str, job_id: str) -> None:
-    """Resume a paused instance."""
-    _control("resume", workflow, job_id)
+def _control_command(op: str, help_text: str) -> None:
+    @instances.command(op, help=help_text)
+    @click.argument("workflow")
+    @click.argument("job_id")
+    def command(workflow: str, job_id: str) -> None:
+        _control(op, workflow, job_id)
 
 
-@instances.command("terminate")
-@click.argument("workflow")
-@click.argument("job_id")
-def instances_terminate(workflow: str, job_id: str) -> None:
-    """Stop an instance for good (a running one stops at its next step)."""
-    _control("terminate", workflow, job_id)
-
-
-@instances.command("restart")
-@click.argument("workflow")
-@click.argument("job_id")
-def instances_restart(workflow: str, job_id: str) -> None:
-    """Run an instance again from its first step, forgetting its history."""
-    _control("restart", workflow, job_id)
+for _op, _help in _CONTROL_OPERATIONS.items():
+    _control_command(_op, _help)
 
 
 @instances.command("send-event")

@@ -87,14 +87,3 @@ def database_ready(database_url: str) -> bool:
         return True
     except Exception:
         return False
-
-
-def kafka_ready(bootstrap: str, topic: str) -> bool:
-    from confluent_kafka.admin import AdminClient
-
-    try:
-        md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=2)
-    except Exception:
-        return False
-    meta = md.topics.get(topic)
-    return meta is not None and meta.error is None

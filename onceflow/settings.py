@@ -109,6 +109,20 @@ class Settings(BaseSettings):
     failpoint: str = ""
 
 
+def settings_env(s: Settings) -> dict[str, str]:
+    """The environment that gives a subprocess the same services, topics and group."""
+    return {
+        "ONCEFLOW_DATABASE_URL": s.database_url,
+        "ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS": s.kafka_bootstrap_servers,
+        "ONCEFLOW_JOBS_TOPIC": s.jobs_topic,
+        "ONCEFLOW_DLQ_TOPIC": s.dlq_topic,
+        "ONCEFLOW_CONSUMER_GROUP": s.consumer_group,
+        "ONCEFLOW_TOPIC_PARTITIONS": str(s.topic_partitions),
+        "ONCEFLOW_STATE_DIR": str(s.state_dir),
+        "ONCEFLOW_LOG_FORMAT": "json",
+    }
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     """The process's settings, read once from the environment."""

@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, TopicPartition
 from sqlalchemy.engine import Engine, make_url
 
 from onceflow.processes import ProcessGroup, free_port
-from onceflow.settings import Settings
+from onceflow.settings import Settings, settings_env
 from onceflow.topics import ensure_topics
 from producers.client import IngestClient
 from workflow_engine.db import check_connection, make_engine, sqlalchemy_url
@@ -82,29 +82,22 @@ class Stack:
         keys = [{"name": "stack", "sha256": hash_key(self.api_key), "scopes": list(SCOPES)}]
         database = f"onceflow_{self.run_id}".lower().replace("-", "_")
         url = recreate_database(self.base.database_url, database)
-        self.env = {
-            "ONCEFLOW_DATABASE_URL": url,
-            "ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS": self.base.kafka_bootstrap_servers,
-            "ONCEFLOW_JOBS_TOPIC": f"onceflow.{self.run_id}.jobs",
-            "ONCEFLOW_DLQ_TOPIC": f"onceflow.{self.run_id}.jobs.dlq",
-            "ONCEFLOW_CONSUMER_GROUP": f"onceflow-{self.run_id}",
-            "ONCEFLOW_TOPIC_PARTITIONS": str(self.partitions),
-            "ONCEFLOW_INGEST_PORT": str(free_port()),
-            "ONCEFLOW_INGEST_METRICS_PORT": str(free_port()),
-            "ONCEFLOW_STATE_DIR": str(self.log_dir / "state"),
-            "ONCEFLOW_LOG_FORMAT": "json",
-            "ONCEFLOW_API_KEYS": orjson.dumps(keys).decode(),
-        }
         self.settings = self.base.model_copy(
             update={
                 "database_url": url,
-                "jobs_topic": self.env["ONCEFLOW_JOBS_TOPIC"],
-                "dlq_topic": self.env["ONCEFLOW_DLQ_TOPIC"],
-                "consumer_group": self.env["ONCEFLOW_CONSUMER_GROUP"],
+                "jobs_topic": f"onceflow.{self.run_id}.jobs",
+                "dlq_topic": f"onceflow.{self.run_id}.jobs.dlq",
+                "consumer_group": f"onceflow-{self.run_id}",
                 "topic_partitions": self.partitions,
                 "state_dir": self.log_dir / "state",
             }
         )
+        self.env = {
+            **settings_env(self.settings),
+            "ONCEFLOW_INGEST_PORT": str(free_port()),
+            "ONCEFLOW_INGEST_METRICS_PORT": str(free_port()),
+            "ONCEFLOW_API_KEYS": orjson.dumps(keys).decode(),
+        }
         self.db = make_engine(url, pool_size=2)
         migrate(self.db)
         ensure_topics(self.settings)

@@ -8,6 +8,7 @@ the whole request is safe, since duplicates collapse downstream.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import re
@@ -123,61 +124,50 @@ def create_app(settings: Settings, producer: JobProducer | None = None) -> FastA
         summary="Submit one job or a batch",
     )
     async def submit(request: Request, client: str = Depends(auth.require("jobs:submit"))):
-        wait = limiter.retry_after(client)
-        if wait is not None:
-            JOBS_REJECTED.labels("rate_limited").inc()
-            return error(
-                429,
-                ErrorBody(
-                    error="rate_limited",
-                    message=f"over {settings.ingest_rate_limit_per_second:g}"
-                    " requests/s for this client; slow down",
-                ),
-                headers={"Retry-After": str(max(1, math.ceil(wait)))},
-            )
-        with limiter.slot(client) as admitted:
-            if not admitted:
-                JOBS_REJECTED.labels("too_many_inflight").inc()
-                return error(
+        try:
+            wait = limiter.retry_after(client)
+            if wait is not None:
+                raise RequestError(
                     429,
-                    ErrorBody(
-                        error="too_many_requests",
-                        message=f"over {settings.ingest_max_inflight_per_client}"
-                        " requests in flight for this client",
-                    ),
-                    headers={"Retry-After": "1"},
+                    "rate_limited",
+                    f"over {settings.ingest_rate_limit_per_second:g} requests/s for this"
+                    " client; slow down",
+                    headers={"Retry-After": str(max(1, math.ceil(wait)))},
                 )
-            return await accept(request)
+            with limiter.slot(client) as admitted:
+                if not admitted:
+                    raise RequestError(
+                        429,
+                        "too_many_requests",
+                        f"over {settings.ingest_max_inflight_per_client} requests in flight"
+                        " for this client",
+                        headers={"Retry-After": "1"},
+                    )
+                return await accept(request, await read_jobs(request))
+        except RequestError as exc:
+            JOBS_REJECTED.labels(exc.body.error).inc()
+            return error(exc.status, exc.body, exc.headers)
 
-    async def accept(request: Request) -> Response:
+    async def read_jobs(request: Request) -> list[JobIn]:
+        """The request's jobs, or RequestError (415, 413, 400, 422) saying what is wrong."""
         content_type = request.headers.get("content-type", "")
         if content_type.split(";")[0].strip().lower() != "application/json":
-            JOBS_REJECTED.labels("content_type").inc()
-            return error(
-                415,
-                ErrorBody(
-                    error="unsupported_media_type", message="content-type must be application/json"
-                ),
+            raise RequestError(
+                415, "unsupported_media_type", "content-type must be application/json"
             )
         body = await _read_body(request, settings.ingest_max_body_bytes)
         if body is None:
-            JOBS_REJECTED.labels("body_too_large").inc()
-            return error(
+            raise RequestError(
                 413,
-                ErrorBody(
-                    error="body_too_large",
-                    message=f"the body is over {settings.ingest_max_body_bytes}"
-                    " bytes; send fewer jobs per request",
-                ),
+                "body_too_large",
+                f"the body is over {settings.ingest_max_body_bytes} bytes; send fewer jobs"
+                " per request",
             )
-        try:
-            jobs = parse_jobs(
-                body, settings.ingest_max_batch, settings.ingest_max_params_bytes, known_types
-            )
-        except RequestError as exc:
-            JOBS_REJECTED.labels(exc.body.error).inc()
-            return error(exc.status, exc.body)
+        return parse_jobs(
+            body, settings.ingest_max_batch, settings.ingest_max_params_bytes, known_types
+        )
 
+    async def accept(request: Request, jobs: list[JobIn]) -> Response:
         # A caller's own request id is kept (it ties their logs to ours) if it is sane.
         given = request.headers.get("x-request-id", "")
         request_id = given if _REQUEST_ID_RE.fullmatch(given) else new_request_id()
@@ -282,8 +272,6 @@ def create_app(settings: Settings, producer: JobProducer | None = None) -> FastA
 
     @app.get("/readyz", include_in_schema=False)
     async def readyz(request: Request):
-        import asyncio
-
         ok = await asyncio.to_thread(request.app.state.producer.ready)
         return _json({"kafka": "ok" if ok else "unavailable"}, 200 if ok else 503)
 

@@ -70,11 +70,17 @@ class RequestError(Exception):
     """A 4xx answer: status, machine-readable code, message and the fields at fault."""
 
     def __init__(
-        self, status: int, error: str, message: str, fields: list[FieldError] | None = None
+        self,
+        status: int,
+        error: str,
+        message: str,
+        fields: list[FieldError] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.body = ErrorBody(error=error, message=message, fields=fields or [])
+        self.headers = headers
 
 
 def _field_path(loc: tuple[Any, ...], prefix: str) -> str:

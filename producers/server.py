@@ -6,17 +6,20 @@ import signal
 
 import uvicorn
 
-from onceflow.health import database_ready, kafka_ready, serve_metrics_and_health
+from onceflow.health import database_ready, serve_metrics_and_health
 from onceflow.logs import setup_logging
 from onceflow.settings import Settings
 from producers.api import create_app
+from producers.kafka import JobProducer
 
 
 def serve(settings: Settings) -> None:
     setup_logging(settings.log_level, settings.log_format, "ingest")
 
+    producer = JobProducer(settings)
+
     def ready() -> dict[str, bool]:
-        state = {"kafka": kafka_ready(settings.kafka_bootstrap_servers, settings.jobs_topic)}
+        state = {"kafka": producer.ready()}
         if settings.admin_api_enabled:
             state["postgres"] = database_ready(settings.database_url)
         return state
@@ -28,7 +31,7 @@ def serve(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, producer),
         host=settings.ingest_host,
         port=settings.ingest_port,
         log_config=None,

@@ -98,9 +98,7 @@ class BatchHandler:
         """Run the batch's tasks that have not succeeded yet (new, or interrupted)."""
         if not deliveries:
             return
-        first: dict[str, Delivery] = {}
-        for d in deliveries:
-            first.setdefault(d.envelope.job_id, d)
+        first = _first_by_job(deliveries)
         todo = await asyncio.to_thread(
             self.with_db_retry, task_runs.pending, self.engine, list(first)
         )
@@ -221,15 +219,14 @@ class BatchHandler:
         DUPLICATES.labels("redelivery").inc(result.redeliveries)
         DUPLICATES.labels("resubmission").inc(result.duplicates - result.redeliveries)
         MISMATCHES.inc(result.mismatches)
-        first: dict[str, Delivery] = {}
-        for d in chunk:
-            first.setdefault(d.envelope.job_id, d)
+        first = _first_by_job(chunk)
         for job_id in result.created_ids:
             d = first[job_id]
+            what = "instance" if d.kind == "workflow" else "task_run"
             log.info(
-                "instance created",
+                f"{what.replace('_', ' ')} created",
                 extra={
-                    "event": "instance.created",
+                    "event": f"{what}.created",
                     "job_id": job_id,
                     "workflow": d.envelope.workflow,
                     "request_id": d.envelope.request_id,
@@ -248,6 +245,14 @@ class BatchHandler:
                     "params_match": job_id not in mismatched,
                 },
             )
+
+
+def _first_by_job(deliveries: list[Delivery]) -> dict[str, Delivery]:
+    """The earliest delivery of each job id (the one that can create it)."""
+    first: dict[str, Delivery] = {}
+    for d in deliveries:
+        first.setdefault(d.envelope.job_id, d)
+    return first
 
 
 def _as_record(d: Delivery) -> RawRecord:

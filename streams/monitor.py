@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from onceflow.lag import consumer_lag
 from onceflow.settings import Settings
@@ -23,6 +24,7 @@ class LagMonitor:
         self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lag-monitor", daemon=True)
+        self._last_ok: float | None = None
 
     def start(self) -> LagMonitor:
         self._thread.start()
@@ -30,6 +32,11 @@ class LagMonitor:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def broker_answering(self) -> bool:
+        """Readiness: the broker answered one of the last few lag reads."""
+        last = self._last_ok
+        return last is not None and time.monotonic() - last < 3 * self.interval
 
     def refresh(self) -> int:
         s = self.settings
@@ -41,6 +48,7 @@ class LagMonitor:
             COMMITTED_OFFSET.labels(*labels).set(p.committed if p.committed is not None else p.low)
         total = sum(p.lag for p in lags)
         LAG_TOTAL.labels(s.consumer_group, s.jobs_topic).set(total)
+        self._last_ok = time.monotonic()
         return total
 
     def _run(self) -> None:

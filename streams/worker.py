@@ -7,7 +7,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from onceflow.health import database_ready, kafka_ready, serve_metrics_and_health
+from onceflow.health import database_ready, serve_metrics_and_health
 from onceflow.settings import Settings
 from streams.metrics import REBALANCES
 from streams.monitor import LagMonitor
@@ -35,14 +35,14 @@ def run_worker(settings: Settings) -> None:
     from streams import agents  # noqa: F401  (registers the agent)
     from streams.app import app
 
+    monitor = LagMonitor(settings).start()
     serve_metrics_and_health(
         settings.streams_metrics_port,
         lambda: {
-            "kafka": kafka_ready(settings.kafka_bootstrap_servers, settings.jobs_topic),
+            "kafka": monitor.broker_answering(),
             "postgres": database_ready(settings.database_url),
         },
     )
-    LagMonitor(settings).start()
 
     async def count_rebalance(sender: Any, *args: Any, **kwargs: Any) -> None:
         REBALANCES.inc()

@@ -6,6 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from onceflow.settings import settings_env  # noqa: F401  (tests import it from here)
+
 # Tests control the settings they use: scrub the app's own variables first.
 for _name in [n for n in os.environ if n.startswith("ONCEFLOW_")]:
     del os.environ[_name]
@@ -96,17 +98,3 @@ def settings(base_settings, db_url, tmp_path):
     )
     ensure_topics(s)
     return s
-
-
-def settings_env(s) -> dict[str, str]:
-    """The environment that gives a subprocess the same settings."""
-    return {
-        "ONCEFLOW_DATABASE_URL": s.database_url,
-        "ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS": s.kafka_bootstrap_servers,
-        "ONCEFLOW_JOBS_TOPIC": s.jobs_topic,
-        "ONCEFLOW_DLQ_TOPIC": s.dlq_topic,
-        "ONCEFLOW_CONSUMER_GROUP": s.consumer_group,
-        "ONCEFLOW_TOPIC_PARTITIONS": str(s.topic_partitions),
-        "ONCEFLOW_STATE_DIR": str(s.state_dir),
-        "ONCEFLOW_LOG_FORMAT": "json",
-    }

@@ -38,6 +38,11 @@ from workflow_engine.metrics import STEP_DURATION, STEPS, STEPS_STARTED
 log = logging.getLogger(__name__)
 
 
+def idempotency_key(job_id: str, step_name: str) -> str:
+    """The stable key step code passes to external systems: ``{job_id}:{step name}``."""
+    return f"{job_id}:{step_name}"
+
+
 @dataclass(frozen=True)
 class StepInfo:
     job_id: str
@@ -48,7 +53,7 @@ class StepInfo:
 
     @property
     def idempotency_key(self) -> str:
-        return f"{self.job_id}:{self.name}"
+        return idempotency_key(self.job_id, self.name)
 
 
 _current_step: contextvars.ContextVar[StepInfo | None] = contextvars.ContextVar(
@@ -79,7 +84,7 @@ class WorkflowContext:
         self._position = 0
 
     def idempotency_key(self, step_name: str) -> str:
-        return f"{self.job_id}:{step_name}"
+        return idempotency_key(self.job_id, step_name)
 
     def _next(self, name: str, kind: str) -> tuple[int, store.RecordedStep | None]:
         """The next history position, checked against what was recorded there."""

@@ -16,9 +16,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from onceflow.errors import OnceflowError
-from workflow_engine.instances import RUNNABLE_CHANNEL
-
-TERMINAL = ("complete", "errored", "terminated")
+from workflow_engine.instances import TERMINAL_STATUSES as TERMINAL
+from workflow_engine.instances import notify_runnable as _notify
 
 
 class ControlError(OnceflowError):
@@ -54,7 +53,7 @@ def _lock(conn: Connection, workflow: str, job_id: str) -> tuple[str, str | None
     return row.status, row.requested_action
 
 
-def _request(conn: Connection, job_id: str, action: str) -> None:
+def _request(conn: Connection, job_id: str, action: str | None) -> None:
     conn.execute(
         sa.text(
             "UPDATE onceflow_instances SET requested_action = :a, updated_at = now()"
@@ -62,10 +61,6 @@ def _request(conn: Connection, job_id: str, action: str) -> None:
         ),
         {"a": action, "j": job_id},
     )
-
-
-def _notify(conn: Connection) -> None:
-    conn.execute(sa.text("SELECT pg_notify(:c, '')"), {"c": RUNNABLE_CHANNEL})
 
 
 def pause(engine: Engine, workflow: str, job_id: str) -> ControlResult:
@@ -78,13 +73,7 @@ def pause(engine: Engine, workflow: str, job_id: str) -> ControlResult:
         if status == "running":
             _request(conn, job_id, "pause")
             return ControlResult(job_id, status, "pause")
-        conn.execute(
-            sa.text(
-                "UPDATE onceflow_instances SET status = 'paused', updated_at = now()"
-                " WHERE job_id = :j"
-            ),
-            {"j": job_id},
-        )
+        apply_pause(conn, job_id)
         return ControlResult(job_id, "paused")
 
 
@@ -92,7 +81,7 @@ def resume(engine: Engine, workflow: str, job_id: str) -> ControlResult:
     with engine.begin() as conn:
         status, requested = _lock(conn, workflow, job_id)
         if status == "running" and requested == "pause":
-            _request(conn, job_id, None)  # type: ignore[arg-type]
+            _request(conn, job_id, None)
             return ControlResult(job_id, status)
         if status != "paused":
             raise ControlError(f"{job_id} is {status}, not paused")

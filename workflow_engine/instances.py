@@ -28,6 +28,11 @@ RUNNABLE_CHANNEL = "onceflow_runnable"
 TERMINAL_STATUSES = frozenset({"complete", "errored", "terminated"})
 
 
+def notify_runnable(conn: Connection) -> None:
+    """Wake the engines (delivered when the caller's transaction commits)."""
+    conn.execute(sa.text("SELECT pg_notify(:c, '')"), {"c": RUNNABLE_CHANNEL})
+
+
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """One consumed Kafka record carrying a valid job envelope."""

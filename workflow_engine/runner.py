@@ -156,9 +156,11 @@ class EngineRunner:
             due = await self.db(store.seconds_until_next_due, self.clock.db_now())
         except Exception:
             return poll
-        if due is None:
+        if due is None or due <= 0:
+            # Nothing timed, or due work that this engine could not claim (another engine
+            # holds it, or a concurrency limit is full): wait for a wake-up or the poll.
             return poll
-        return min(poll, max(0.005, due))
+        return min(poll, due)
 
     async def _wait_wake(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -16,7 +16,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
-from workflow_engine.errors import ControlRequested, LeaseLost, NonDeterminismError
+from workflow_engine.errors import (
+    ControlRequested,
+    LeaseLost,
+    NonDeterminismError,
+    StepResultError,
+)
+from workflow_engine.instances import notify_runnable
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +72,17 @@ _CLAIM_ONE_WORKFLOW = sa.text(_CLAIM_SQL.format(workflow_filter="workflow = :wor
 _RUNNING_OF = sa.text(
     "SELECT count(*) FROM onceflow_instances WHERE workflow = :workflow AND status = 'running'"
 )
+
+
+def _json_text(data: bytes | None) -> str | None:
+    return data.decode() if data is not None else None
+
+
+def _write_leased(engine: Engine, sql: sa.TextClause, params: dict[str, Any], lost: str) -> None:
+    """Run a one-row write guarded by the lease; LeaseLost if it changed nothing."""
+    with engine.begin() as conn:
+        if conn.execute(sql, params).rowcount != 1:
+            raise LeaseLost(lost)
 
 
 def claim(
@@ -224,7 +241,7 @@ def finish_step(
                 "attempt": attempt,
                 "status": status,
                 "outcome": outcome,
-                "result": result_json.decode() if result_json is not None else None,
+                "result": _json_text(result_json),
                 "error": error,
             },
         ).one()
@@ -250,19 +267,18 @@ def finish_instance(
     result_json: bytes | None = None,
     error: str | None = None,
 ) -> None:
-    with engine.begin() as conn:
-        updated = conn.execute(
-            _FINISH_INSTANCE,
-            {
-                "owner": owner,
-                "job_id": job_id,
-                "status": status,
-                "result": result_json.decode() if result_json is not None else None,
-                "error": error,
-            },
-        ).rowcount
-    if updated != 1:
-        raise LeaseLost(f"lease on {job_id} lost before it could be marked {status}")
+    _write_leased(
+        engine,
+        _FINISH_INSTANCE,
+        {
+            "owner": owner,
+            "job_id": job_id,
+            "status": status,
+            "result": _json_text(result_json),
+            "error": error,
+        },
+        f"lease on {job_id} lost before it could be marked {status}",
+    )
 
 
 _HEARTBEAT = sa.text(
@@ -288,7 +304,7 @@ _RESCUE = sa.text(
 UPDATE onceflow_instances
 SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
 WHERE status = 'running' AND lease_expires_at < now()
-RETURNING job_id, lease_owner
+RETURNING job_id
 """
 )
 
@@ -296,10 +312,10 @@ RETURNING job_id, lease_owner
 def rescue_expired(engine: Engine) -> list[str]:
     """Re-queue instances whose engine died (lease expired); return their ids."""
     with engine.begin() as conn:
-        rows = conn.execute(_RESCUE).all()
-        if rows:
-            conn.execute(sa.text("SELECT pg_notify('onceflow_runnable', '')"))
-        return [row[0] for row in rows]
+        rescued = list(conn.execute(_RESCUE).scalars())
+        if rescued:
+            notify_runnable(conn)
+        return rescued
 
 
 _RELEASE = sa.text(
@@ -321,8 +337,6 @@ def release(engine: Engine, owner: str, job_ids: list[str]) -> int:
 
 def encode_result(value: Any, max_bytes: int) -> bytes:
     """JSON-encode a step or workflow result, enforcing the size bound."""
-    from workflow_engine.errors import StepResultError
-
     try:
         data = orjson.dumps(value)
     except TypeError as exc:
@@ -415,20 +429,19 @@ def close_entry(
     error: str | None = None,
 ) -> None:
     """Finish a sleep (complete) or an event wait (complete with payload, or failed)."""
-    with engine.begin() as conn:
-        updated = conn.execute(
-            _CLOSE_ENTRY,
-            {
-                "owner": owner,
-                "job_id": job_id,
-                "position": position,
-                "status": status,
-                "result": result_json.decode() if result_json is not None else None,
-                "error": error,
-            },
-        ).rowcount
-    if updated != 1:
-        raise LeaseLost(f"lease on {job_id} lost before closing entry {position}")
+    _write_leased(
+        engine,
+        _CLOSE_ENTRY,
+        {
+            "owner": owner,
+            "job_id": job_id,
+            "position": position,
+            "status": status,
+            "result": _json_text(result_json),
+            "error": error,
+        },
+        f"lease on {job_id} lost before closing entry {position}",
+    )
 
 
 _CONSUME_EVENT = sa.text(
@@ -496,20 +509,19 @@ def suspend(
 
     Statuses: 'sleeping' (a sleep or a retry delay), 'waiting' (an event), 'paused'.
     """
-    with engine.begin() as conn:
-        updated = conn.execute(
-            _SUSPEND,
-            {
-                "owner": owner,
-                "job_id": job_id,
-                "status": status,
-                "wake_at": wake_at,
-                "delay": delay,
-                "now": now,
-            },
-        ).rowcount
-    if updated != 1:
-        raise LeaseLost(f"lease on {job_id} lost before it could be suspended")
+    _write_leased(
+        engine,
+        _SUSPEND,
+        {
+            "owner": owner,
+            "job_id": job_id,
+            "status": status,
+            "wake_at": wake_at,
+            "delay": delay,
+            "now": now,
+        },
+        f"lease on {job_id} lost before it could be suspended",
+    )
 
 
 _NEXT_DUE = sa.text(
