@@ -13,6 +13,7 @@ Readiness is checked (a metadata request, ``pg_isready``), never slept for.
 from __future__ import annotations
 
 import glob
+import hashlib
 import logging
 import os
 import shutil
@@ -79,6 +80,15 @@ def _stop_pid(pidfile: Path, what: str, timeout: float = 30.0) -> bool:
             os.kill(pid, signal.SIGKILL)
     pidfile.unlink(missing_ok=True)
     return True
+
+
+def _run(cmd: list[str]) -> None:
+    """Run a server tool; if it fails, say so in one line with its own last words."""
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        said = (result.stderr or result.stdout).strip().splitlines()
+        program = next((Path(c).name for c in cmd if "/" in c), cmd[0])
+        raise ServiceUnavailable(f"{program} failed: {said[-1] if said else result.returncode}")
 
 
 def _apt_install(*packages: str) -> None:
@@ -242,7 +252,13 @@ class PostgresService:
 
     @property
     def root(self) -> Path:
-        return self.state_dir / "postgres"
+        if os.geteuid() != 0:
+            return self.state_dir / "postgres"
+        # As root the server runs as the 'postgres' user, who may not be able to reach a
+        # checkout under a private directory (mktemp -d is 0700): keep the cluster in a
+        # world-traversable place, one per state directory.
+        digest = hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:12]
+        return Path("/var/tmp") / f"onceflow-postgres-{digest}"
 
     @property
     def url(self) -> str:
@@ -312,7 +328,7 @@ class PostgresService:
             if os.geteuid() == 0:
                 shutil.chown(self.root, "postgres", "postgres")
                 shutil.chown(data, "postgres", "postgres")
-            subprocess.run(
+            _run(
                 self._as_owner(
                     [
                         str(bindir / "initdb"),
@@ -325,10 +341,7 @@ class PostgresService:
                         "UTF8",
                         "--locale=C.UTF-8",
                     ]
-                ),
-                check=True,
-                capture_output=True,
-                text=True,
+                )
             )
             with open(data / "postgresql.conf", "a") as conf:
                 conf.write(
@@ -347,7 +360,7 @@ class PostgresService:
             logfile.touch()
             if os.geteuid() == 0:
                 shutil.chown(logfile, "postgres", "postgres")
-            subprocess.run(
+            _run(
                 self._as_owner(
                     [
                         str(bindir / "pg_ctl"),
@@ -360,10 +373,7 @@ class PostgresService:
                         "60",
                         "start",
                     ]
-                ),
-                check=True,
-                capture_output=True,
-                text=True,
+                )
             )
         _wait_until(self.ready, 60, f"PostgreSQL on 127.0.0.1:{self.port}")
         exists = self._psql(f"SELECT 1 FROM pg_database WHERE datname = '{self.database}'")
@@ -374,7 +384,7 @@ class PostgresService:
         data = self.root / "data"
         if not self.running():
             return False
-        subprocess.run(
+        _run(
             self._as_owner(
                 [
                     str(self.bindir() / "pg_ctl"),
@@ -385,10 +395,7 @@ class PostgresService:
                     "-w",
                     "stop",
                 ]
-            ),
-            check=True,
-            capture_output=True,
-            text=True,
+            )
         )
         return True
 
