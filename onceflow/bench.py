@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ import click
 import orjson
 
 from onceflow.lag import consumer_lag
+from onceflow.processes import free_port
 from onceflow.settings import Settings
 from onceflow.stack import Stack
 
@@ -82,7 +84,14 @@ class Sampler:
 
 
 def _loadgen(
-    stack: Stack, jobs: int, batch: int, concurrency: int, prefix: str, out: Path, rate: float = 0.0
+    stack: Stack,
+    jobs: int,
+    batch: int,
+    concurrency: int,
+    prefix: str,
+    out: Path,
+    rate: float = 0.0,
+    url: str | None = None,
 ) -> dict[str, Any]:
     subprocess.run(
         [
@@ -90,7 +99,7 @@ def _loadgen(
             "-m",
             "onceflow.loadgen",
             "--url",
-            stack.ingest_url,
+            url or stack.ingest_url,
             "--jobs",
             str(jobs),
             "--batch",
@@ -120,6 +129,77 @@ def _stack(base: Settings, log_dir: Path, name: str, **env: str) -> Stack:
     return stack
 
 
+_E2E_SQL = """
+SELECT count(*),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY first_step),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY first_step),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY complete),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY complete),
+       max(complete)
+FROM (
+    SELECT 1000 * extract(epoch FROM
+               (SELECT min(a.started_at) FROM onceflow_step_attempts a
+                WHERE a.job_id = j.job_id) - j.submitted_at) AS first_step,
+           1000 * extract(epoch FROM i.finished_at - j.submitted_at) AS complete
+    FROM onceflow_jobs j JOIN onceflow_instances i USING (job_id)
+    WHERE i.status = 'complete' AND j.job_id LIKE :prefix
+) x
+"""
+
+
+def e2e_latency(stack: Stack, prefix: str) -> dict[str, float]:
+    """Submit-to-first-step and submit-to-complete percentiles (ms) of finished jobs,
+    from the database's own timestamps (one clock: every process runs here)."""
+    assert stack.db is not None
+    import sqlalchemy as sa
+
+    with stack.db.connect() as conn:
+        row = conn.execute(sa.text(_E2E_SQL), {"prefix": f"{prefix}%"}).one()
+    keys = (
+        "jobs",
+        "first_step_p50_ms",
+        "first_step_p99_ms",
+        "complete_p50_ms",
+        "complete_p99_ms",
+        "complete_max_ms",
+    )
+    return {k: float(v or 0) for k, v in zip(keys, row, strict=True)}
+
+
+def _wait_complete(stack: Stack, count: int, timeout: float) -> float:
+    """Wait (bounded) until ``count`` instances are complete; return the seconds waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        done = stack.scalar("SELECT count(*) FROM onceflow_instances WHERE status = 'complete'")
+        if done >= count:
+            break
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def e2e(base: Settings, jobs: int, log_dir: Path, rate: float = 50.0) -> dict[str, Any]:
+    """End-to-end latency at light load: ``rate`` jobs/s, one job per request, through
+    ingest, Kafka, the streams worker and the engine (three no-op steps)."""
+    stack = _stack(base, log_dir, "e2e")
+    try:
+        stack.start_ingest()
+        stack.start_worker()
+        stack.start_engine()
+        # Warm up (first connections, the consumer group's first assignment).
+        _loadgen(stack, 20, 1, 1, "warm_", log_dir / "warm.json", rate=20)
+        _wait_complete(stack, 20, 60)
+        load = _loadgen(stack, jobs, 1, 4, "light_", log_dir / "light.json", rate=rate)
+        _wait_complete(stack, 20 + load["accepted"], 120)
+        return {
+            "scenario": "e2e",
+            "rate": rate,
+            "load": load,
+            "latency": e2e_latency(stack, "light_"),
+        }
+    finally:
+        stack.close()
+
+
 def burst(base: Settings, jobs: int, log_dir: Path, concurrency: int = 8) -> dict[str, Any]:
     stack = _stack(base, log_dir, "burst")
     try:
@@ -139,6 +219,7 @@ def burst(base: Settings, jobs: int, log_dir: Path, concurrency: int = 8) -> dic
             complete = stack.scalar(
                 "SELECT count(*) FROM onceflow_instances WHERE status = 'complete'"
             )
+            all_done = drain + _wait_complete(stack, load["accepted"], 600)
         created = stack.scalar("SELECT count(*) FROM onceflow_instances")
         return {
             "scenario": "burst",
@@ -149,6 +230,8 @@ def burst(base: Settings, jobs: int, log_dir: Path, concurrency: int = 8) -> dic
             "instances_created": created,
             "lost": load["accepted"] - created,
             "complete_at_drain": complete,
+            "all_complete_seconds_after_burst": all_done,
+            "latency": e2e_latency(stack, "burst_"),
             "peak_rss_mb": sampler.peak_rss,
             "lag_series": sampler.series,
         }
@@ -171,28 +254,39 @@ def ingest(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
         stack.close()
 
 
-def engine(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
+def _prefill(stack: Stack, jobs: int, workflow: str, prefix: str) -> None:
+    """Create ``jobs`` queued instances directly (as the streams worker would)."""
     from onceflow.envelope import JobEnvelope
     from workflow_engine.instances import Delivery, create_instances
 
+    assert stack.db is not None
+    for start in range(0, jobs, 1000):
+        create_instances(
+            stack.db,
+            [
+                Delivery(JobEnvelope(f"{prefix}{i:07d}", workflow, {"step_seconds": 0}), "t", 0, i)
+                for i in range(start, min(jobs, start + 1000))
+            ],
+        )
+
+
+def engine(
+    base: Settings,
+    jobs: int,
+    log_dir: Path,
+    workflow: str = "noop-workflow",
+    concurrency: int | None = None,
+    engine_counts: tuple[int, ...] = (1, 2),
+) -> dict[str, Any]:
+    """Three-step workflows completed per second from a pre-filled instances table."""
     rows = []
-    for engines in (1, 2):
-        stack = _stack(base, log_dir, f"engine{engines}")
+    concurrency = concurrency or base.engine_concurrency
+    for engines in engine_counts:
+        stack = _stack(
+            base, log_dir, f"engine{engines}", ONCEFLOW_ENGINE_CONCURRENCY=str(concurrency)
+        )
         try:
-            assert stack.db is not None
-            for start in range(0, jobs, 1000):
-                create_instances(
-                    stack.db,
-                    [
-                        Delivery(
-                            JobEnvelope(f"e{i:07d}", "order-workflow", {"step_seconds": 0}),
-                            "t",
-                            0,
-                            i,
-                        )
-                        for i in range(start, min(jobs, start + 1000))
-                    ],
-                )
+            _prefill(stack, jobs, workflow, "e")
             t0 = time.monotonic()
             for i in range(engines):
                 stack.start_engine(f"engine-{i}")
@@ -202,13 +296,26 @@ def engine(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
             ):
                 time.sleep(0.2)
             wall = time.monotonic() - t0
+            # The rate from the first claim to the last completion (engine start-up,
+            # about a second, is not the engine's throughput).
+            span = max(
+                stack.scalar(
+                    "SELECT 1000 * extract(epoch FROM max(finished_at) - min(started_at))"
+                    " FROM onceflow_instances"
+                )
+                / 1000,
+                1e-3,
+            )
             rows.append(
                 {
+                    "workflow": workflow,
+                    "concurrency": concurrency,
                     "engines": engines,
                     "workflows": jobs,
                     "wall_seconds": wall,
-                    "workflows_per_second": jobs / wall,
-                    "checkpoints_per_second": 3 * jobs / wall,
+                    "seconds": span,
+                    "workflows_per_second": jobs / span,
+                    "checkpoints_per_second": 3 * jobs / span,
                 }
             )
         finally:
@@ -287,53 +394,302 @@ def queue(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
     return {"scenario": "queue", "runs": rows}
 
 
-def render(result: dict[str, Any]) -> str:
-    kind = result["scenario"]
-    if kind == "burst":
-        load = result["load"]
-        rss = ", ".join(f"{k} {v:.0f} MB" for k, v in sorted(result["peak_rss_mb"].items()))
-        return "\n".join(
-            [
-                f"burst: {result['jobs']} jobs, batches of 100, {load['concurrency']} clients",
-                f"  accepted {load['accepted']} in {load['wall_seconds']:.1f}s"
-                f" ({load['accepted_per_second']:.0f} jobs/s); statuses {load['statuses']}",
-                f"  ingest latency p50 {load['latency_p50'] * 1000:.1f} ms, p99"
-                f" {load['latency_p99'] * 1000:.1f} ms, max {load['latency_max'] * 1000:.1f} ms",
-                f"  peak consumer lag {result['peak_lag']}; drained"
-                f" {result['drain_seconds_after_burst']:.1f}s after the burst",
-                f"  instances created {result['instances_created']} (lost: {result['lost']});"
-                f" complete when the lag drained: {result['complete_at_drain']}",
-                f"  peak RSS: {rss}",
-            ]
+# DBOS lives in its own virtualenv: dbos >= 3.3 needs croniter >= 6, which faust's
+# ``mode`` refuses (croniter < 6), so it never enters onceflow's own environment.
+DBOS_REQUIREMENT = "dbos==3.4.0"
+DBOS_TUNED_POLL = 0.05
+
+
+def dbos_python(state_dir: Path) -> Path:
+    """The interpreter of a virtualenv holding DBOS Transact (made on first use)."""
+    venv = (state_dir / "dbos-venv").resolve()
+    python = venv / "bin" / "python"
+    stamp = venv / ".installed"
+    if not stamp.exists() or stamp.read_text() != DBOS_REQUIREMENT:
+        click.echo(f"installing {DBOS_REQUIREMENT} into {venv}…", err=True)
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", DBOS_REQUIREMENT, "orjson"], check=True
         )
-    if kind == "ingest":
-        lines = ["ingest: batch  clients   jobs/s   p50 ms   p99 ms   max ms"]
-        for r in result["runs"]:
-            lines.append(
-                f"        {r['batch']:>5}  {r['concurrency']:>7}  "
-                f"{r['accepted_per_second']:>7.0f}  {r['latency_p50'] * 1000:>7.1f}  "
-                f"{r['latency_p99'] * 1000:>7.1f}  {r['latency_max'] * 1000:>7.1f}"
+        stamp.write_text(DBOS_REQUIREMENT)
+    return python
+
+
+def _run_dbos(
+    base: Settings, jobs: int, concurrency: int, poll: float, light: int, rate: float, out: Path
+) -> dict[str, Any]:
+    script = Path(__file__).parent / "baselines" / "dbos_bench.py"
+    subprocess.run(
+        [
+            str(dbos_python(base.state_dir)),
+            str(script),
+            "--database-url",
+            base.database_url,
+            "--jobs",
+            str(jobs),
+            "--concurrency",
+            str(concurrency),
+            "--polling-interval",
+            str(poll),
+            "--light-jobs",
+            str(light),
+            "--light-rate",
+            str(rate),
+            "--out",
+            str(out),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return orjson.loads(out.read_bytes())
+
+
+def dbos(
+    base: Settings,
+    jobs: int,
+    log_dir: Path,
+    concurrencies: tuple[int, ...] = (16, 64),
+    light: int = 100,
+    rate: float = 10.0,
+) -> dict[str, Any]:
+    """DBOS Transact and onceflow side by side in one run on the same PostgreSQL: the
+    same three no-op steps, the same number of workflows, the same concurrency. DBOS
+    runs at its default queue poll (1 s) and tuned (0.05 s). Light-load latency: DBOS
+    enqueues in-process; onceflow's figure is end to end (HTTP, Kafka, worker, engine)."""
+    rows = []
+    for concurrency in concurrencies:
+        ours = engine(base, jobs, log_dir / f"ours-{concurrency}", "noop-workflow", concurrency)
+        row: dict[str, Any] = {"concurrency": concurrency, "onceflow": ours["runs"][0]}
+        for label, poll in (("dbos_default", 1.0), ("dbos_tuned", DBOS_TUNED_POLL)):
+            out = log_dir / f"{label}-{concurrency}.json"
+            theirs = _run_dbos(base, jobs, concurrency, poll, light, rate, out)
+            row[label] = theirs
+            row[f"ratio_vs_{label}"] = ours["runs"][0]["workflows_per_second"] / max(
+                theirs["processing_workflows_per_second"], 1e-9
             )
-        return "\n".join(lines)
-    if kind == "queue":
-        lines = ["queue: records  duplicates  instances  seconds  records/s"]
-        for r in result["runs"]:
-            lines.append(
-                f"       {r['records']:>7}  {r['duplicate_fraction']:>10.0%}  "
-                f"{r['instances']:>9}  {r['seconds']:>7.2f}  "
-                f"{r['records_per_second']:>9.0f}"
-            )
-        return "\n".join(lines)
-    lines = ["engine: engines  workflows  workflows/s  checkpoints/s"]
-    for r in result["runs"]:
+        rows.append(row)
+    ours_e2e = e2e(base, light, log_dir / "e2e", rate=rate)
+    return {"scenario": "dbos", "jobs": jobs, "runs": rows, "onceflow_e2e": ours_e2e}
+
+
+def _error_rate(load: dict[str, Any]) -> float:
+    total = sum(load["statuses"].values())
+    errors = sum(n for status, n in load["statuses"].items() if int(status) != 202)
+    return errors / total if total else 0.0
+
+
+def nobuffer(base: Settings, jobs: int, log_dir: Path, concurrency: int = 8) -> dict[str, Any]:
+    """The same burst, in the same run, against onceflow and against the no-buffer
+    baseline (:mod:`onceflow.baselines.direct_http`: the HTTP handler writes each job
+    straight into PostgreSQL). While the baseline takes its burst an engine works
+    through a backlog of as many workflows, so PostgreSQL is as busy as in onceflow's
+    run, where the same engine runs the burst's own workflows."""
+    ours = burst(base, jobs, log_dir / "ours", concurrency)
+    stack = _stack(base, log_dir, "nobuffer")
+    try:
+        assert stack.settings is not None and stack.group is not None
+        _prefill(stack, jobs, "noop-workflow", "backlog_")
+        port = free_port()
+        stack.group.start(
+            "direct-http",
+            "--database-url",
+            stack.settings.database_url,
+            "--port",
+            str(port),
+            module="onceflow.baselines.direct_http",
+        )
+        url = f"http://127.0.0.1:{port}"
+        stack.group.wait_http(f"{url}/healthz", timeout=60)
+        stack.start_engine()
+        with Sampler(stack) as sampler:
+            load = _loadgen(stack, jobs, 100, concurrency, "nb_", log_dir / "nb.json", url=url)
+        stored = stack.scalar("SELECT count(*) FROM onceflow_baseline_jobs WHERE job_id LIKE 'nb%'")
+        theirs = {
+            "load": load,
+            "stored": stored,
+            "error_rate": _error_rate(load),
+            "peak_rss_mb": sampler.peak_rss,
+        }
+    finally:
+        stack.close()
+    return {
+        "scenario": "nobuffer",
+        "jobs": jobs,
+        "onceflow": {
+            "load": ours["load"],
+            "error_rate": _error_rate(ours["load"]),
+            "lost": ours["lost"],
+        },
+        "nobuffer": theirs,
+    }
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def _latency_line(lat: dict[str, float]) -> str:
+    return (
+        f"submit-to-first-step p50 {lat['first_step_p50_ms']:.0f} ms, p99"
+        f" {lat['first_step_p99_ms']:.0f} ms; submit-to-complete p50"
+        f" {lat['complete_p50_ms']:.0f} ms, p99 {lat['complete_p99_ms']:.0f} ms"
+        f" ({lat['jobs']:.0f} jobs)"
+    )
+
+
+def _render_burst(result: dict[str, Any]) -> list[str]:
+    load = result["load"]
+    rss = ", ".join(f"{k} {v:.0f} MB" for k, v in sorted(result["peak_rss_mb"].items()))
+    return [
+        f"burst: {result['jobs']} jobs, batches of 100, {load['concurrency']} clients",
+        f"  accepted {load['accepted']} in {load['wall_seconds']:.1f}s"
+        f" ({load['accepted_per_second']:.0f} jobs/s); statuses {load['statuses']}",
+        f"  ingest latency p50 {_ms(load['latency_p50'])}, p99 {_ms(load['latency_p99'])},"
+        f" max {_ms(load['latency_max'])}",
+        f"  peak consumer lag {result['peak_lag']}; drained"
+        f" {result['drain_seconds_after_burst']:.1f}s after the burst",
+        f"  instances created {result['instances_created']} (lost: {result['lost']});"
+        f" complete when the lag drained: {result['complete_at_drain']}; all complete"
+        f" {result['all_complete_seconds_after_burst']:.1f}s after the burst",
+        f"  {_latency_line(result['latency'])}",
+        f"  peak RSS: {rss}",
+    ]
+
+
+Column = tuple[str, Callable[[dict[str, Any]], str]]
+
+
+def _table(title: str, columns: list[Column], rows: list[dict[str, Any]]) -> list[str]:
+    """A right-aligned text table, each column as wide as its header or widest cell."""
+    cells = [[cell(row) for _, cell in columns] for row in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (h, _) in enumerate(columns)]
+    line = "  ".join
+    return [
+        f"{title}: " + line(h.rjust(w) for (h, _), w in zip(columns, widths, strict=True)),
+        *(
+            " " * (len(title) + 2) + line(c.rjust(w) for c, w in zip(cs, widths, strict=True))
+            for cs in cells
+        ),
+    ]
+
+
+def _render_ingest(result: dict[str, Any]) -> list[str]:
+    return _table(
+        "ingest",
+        [
+            ("batch", lambda r: str(r["batch"])),
+            ("clients", lambda r: str(r["concurrency"])),
+            ("offered/s", lambda r: f"{r['rate']:.0f}" if r.get("rate") else "max"),
+            ("jobs/s", lambda r: f"{r['accepted_per_second']:.0f}"),
+            ("p50 ms", lambda r: f"{r['latency_p50'] * 1000:.1f}"),
+            ("p99 ms", lambda r: f"{r['latency_p99'] * 1000:.1f}"),
+            ("max ms", lambda r: f"{r['latency_max'] * 1000:.1f}"),
+        ],
+        result["runs"],
+    )
+
+
+def _render_queue(result: dict[str, Any]) -> list[str]:
+    return _table(
+        "queue",
+        [
+            ("records", lambda r: str(r["records"])),
+            ("duplicates", lambda r: f"{r['duplicate_fraction']:.0%}"),
+            ("instances", lambda r: str(r["instances"])),
+            ("seconds", lambda r: f"{r['seconds']:.2f}"),
+            ("records/s", lambda r: f"{r['records_per_second']:.0f}"),
+        ],
+        result["runs"],
+    )
+
+
+def _render_engine(result: dict[str, Any]) -> list[str]:
+    return _table(
+        "engine",
+        [
+            ("workflow", lambda r: r["workflow"]),
+            ("concurrency", lambda r: str(r["concurrency"])),
+            ("engines", lambda r: str(r["engines"])),
+            ("workflows", lambda r: str(r["workflows"])),
+            ("workflows/s", lambda r: f"{r['workflows_per_second']:.0f}"),
+            ("checkpoints/s", lambda r: f"{r['checkpoints_per_second']:.0f}"),
+        ],
+        result["runs"],
+    )
+
+
+def _render_e2e(result: dict[str, Any]) -> list[str]:
+    return [
+        f"e2e: {result['load']['accepted']} jobs at {result['rate']:.0f}/s, one per request",
+        f"  {_latency_line(result['latency'])}",
+    ]
+
+
+def _render_nobuffer(result: dict[str, Any]) -> list[str]:
+    lines = [f"nobuffer: the same burst of {result['jobs']} jobs, batches of 100"]
+    lines.append("  system      jobs/s   p50 ms   p99 ms   max ms  error rate")
+    for name in ("onceflow", "nobuffer"):
+        load = result[name]["load"]
         lines.append(
-            f"        {r['engines']:>7}  {r['workflows']:>9}  "
-            f"{r['workflows_per_second']:>11.0f}  {r['checkpoints_per_second']:>13.0f}"
+            f"  {name:<9} {load['accepted_per_second']:>8.0f} {load['latency_p50'] * 1000:>8.1f}"
+            f" {load['latency_p99'] * 1000:>8.1f} {load['latency_max'] * 1000:>8.1f}"
+            f"  {result[name]['error_rate']:>9.1%}"
         )
-    return "\n".join(lines)
+    return lines
 
 
-SCENARIOS = {"burst": burst, "ingest": ingest, "queue": queue, "engine": engine}
+def _render_dbos(result: dict[str, Any]) -> list[str]:
+    lines = [f"dbos: {result['jobs']} three-step no-op workflows, same PostgreSQL"]
+    lines.append("  concurrency  system                    workflows/s  ratio (onceflow / it)")
+    for r in result["runs"]:
+        ours = r["onceflow"]["workflows_per_second"]
+        lines.append(f"  {r['concurrency']:>11}  {'onceflow engine':<24}  {ours:>11.0f}")
+        for label, name in (
+            ("dbos_default", "DBOS, 1 s poll"),
+            ("dbos_tuned", "DBOS, 0.05 s poll"),
+        ):
+            theirs = r[label]["processing_workflows_per_second"]
+            lines.append(
+                f"  {r['concurrency']:>11}  {name:<24}  {theirs:>11.0f}"
+                f"  {r[f'ratio_vs_{label}']:>6.1f}x"
+            )
+    lat = result["onceflow_e2e"]["latency"]
+    lines.append(f"  light load, onceflow end to end: {_latency_line(lat)}")
+    for label in ("dbos_default", "dbos_tuned"):
+        lt = result["runs"][0][label]["light"]
+        lines.append(
+            f"  light load, {label} (in-process enqueue): submit-to-first-step p50"
+            f" {lt['first_step_p50_ms'] or 0:.0f} ms, p99 {lt['first_step_p99_ms'] or 0:.0f} ms;"
+            f" submit-to-complete p50 {lt['complete_p50_ms'] or 0:.0f} ms,"
+            f" p99 {lt['complete_p99_ms'] or 0:.0f} ms"
+        )
+    return lines
+
+
+RENDERERS = {
+    "burst": _render_burst,
+    "ingest": _render_ingest,
+    "queue": _render_queue,
+    "engine": _render_engine,
+    "e2e": _render_e2e,
+    "nobuffer": _render_nobuffer,
+    "dbos": _render_dbos,
+}
+
+
+def render(result: dict[str, Any]) -> str:
+    return "\n".join(RENDERERS[result["scenario"]](result))
+
+
+SCENARIOS = {
+    "burst": burst,
+    "ingest": ingest,
+    "queue": queue,
+    "engine": engine,
+    "e2e": e2e,
+    "nobuffer": nobuffer,
+    "dbos": dbos,
+}
 
 
 def run_bench(base: Settings, scenarios: list[str], jobs: int, out: Path) -> list[dict]:

@@ -409,7 +409,11 @@ def keys_new(name: str, scopes: tuple[str, ...]) -> None:
 
 
 @cli.command()
-@click.argument("scenarios", nargs=-1, type=click.Choice(["burst", "ingest", "queue", "engine"]))
+@click.argument(
+    "scenarios",
+    nargs=-1,
+    type=click.Choice(["burst", "ingest", "queue", "engine", "e2e", "nobuffer", "dbos"]),
+)
 @click.option(
     "--jobs",
     "n_jobs",
@@ -426,10 +430,11 @@ def keys_new(name: str, scopes: tuple[str, ...]) -> None:
     help="Where to write the JSON results.",
 )
 def bench(scenarios: tuple[str, ...], n_jobs: int, out: Path) -> None:
-    """Measure the real processes: burst, ingest, queue-to-instance and engine speed."""
-    from onceflow.bench import run_bench
+    """Measure the real processes (burst, ingest, queue-to-instance, engine, end-to-end
+    latency) and the baselines side by side (nobuffer, dbos); all of them by default."""
+    from onceflow.bench import SCENARIOS, run_bench
 
-    run_bench(_settings(), list(scenarios) or ["burst", "ingest", "queue", "engine"], n_jobs, out)
+    run_bench(_settings(), list(scenarios) or list(SCENARIOS), n_jobs, out)
 
 
 # --- demo ---------------------------------------------------------------------------------

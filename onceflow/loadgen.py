@@ -25,7 +25,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def run(
-    url: str, key: str, jobs: int, batch: int, concurrency: int, prefix: str, rate: float
+    url: str,
+    key: str,
+    jobs: int,
+    batch: int,
+    concurrency: int,
+    prefix: str,
+    rate: float,
+    workflow: str = "noop-workflow",
 ) -> dict:
     latencies: list[float] = []
     statuses: dict[int, int] = {}
@@ -38,7 +45,7 @@ async def run(
         nonlocal next_index, accepted
         while next_index < jobs:
             first = next_index
-            next_index = min(jobs, next_index + batch)
+            last = next_index = min(jobs, next_index + batch)  # taken before any await
             if interval:  # open-loop pacing for a target offered load
                 due = started + (first / batch) * interval
                 delay = due - time.perf_counter()
@@ -48,10 +55,10 @@ async def run(
                 "jobs": [
                     {
                         "job_id": f"{prefix}{i:07d}",
-                        "workflow": "order-workflow",
+                        "workflow": workflow,
                         "params": {"step_seconds": 0},
                     }
-                    for i in range(first, next_index)
+                    for i in range(first, last)
                 ]
             }
             for _ in range(100):  # 429/503 are answered with Retry-After: honour them
@@ -101,10 +108,20 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--prefix", default="load_")
     parser.add_argument("--rate", type=float, default=0.0, help="offered jobs/s (0: flat out)")
+    parser.add_argument("--workflow", default="noop-workflow")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     summary = asyncio.run(
-        run(args.url, args.key, args.jobs, args.batch, args.concurrency, args.prefix, args.rate)
+        run(
+            args.url,
+            args.key,
+            args.jobs,
+            args.batch,
+            args.concurrency,
+            args.prefix,
+            args.rate,
+            args.workflow,
+        )
     )
     args.out.write_bytes(orjson.dumps(summary, option=orjson.OPT_NON_STR_KEYS))
 

@@ -35,10 +35,14 @@ class ProcessGroup:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    def start(
+        self, name: str, *args: str, env: dict[str, str] | None = None, module: str | None = None
+    ) -> subprocess.Popen:
+        """Start ``onceflow <args>`` (or ``python -m <module> <args>``) as ``name``."""
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 (kept open for the child)
+        command = [sys.executable, "-m", module] if module else onceflow_command()
         proc = subprocess.Popen(
-            [*onceflow_command(), *args],
+            [*command, *args],
             env={**self.env, **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -73,7 +73,7 @@ class Settings(BaseSettings):
     # --- streams worker (streams/) ------------------------------------------------
     consumer_group: str = "onceflow-streams"
     streams_batch_size: int = Field(default=500, ge=1)
-    streams_batch_within_seconds: float = Field(default=0.2, gt=0)
+    streams_batch_within_seconds: float = Field(default=0.02, gt=0)
     streams_concurrency: int = Field(default=4, ge=1)
     streams_metrics_port: int = 9102
     streams_commit_interval_seconds: float = Field(default=2.8, gt=0)

@@ -9,6 +9,7 @@ result to the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Sequence
@@ -68,22 +69,35 @@ class JobProducer:
             QUEUE_DEPTH.set(len(self._producer))
 
     async def send(self, envelopes: Sequence[JobEnvelope]) -> list[Ack]:
-        """Produce every envelope; wait for each one's delivery report."""
+        """Produce every envelope; wait for each one's delivery report.
+
+        The reports of one request are collected on librdkafka's poll thread and hand
+        the event loop ONE wake-up when the last arrives (not one per record).
+        """
         loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[Ack]] = []
         started = loop.time()
-        for env in envelopes:
-            fut: asyncio.Future[Ack] = loop.create_future()
-            futures.append(fut)
+        done: asyncio.Future[None] = loop.create_future()
+        acks: list[Ack | None] = [None] * len(envelopes)
+        pending = [len(envelopes)]
+        lock = threading.Lock()
+
+        def record(index: int, ack: Ack) -> None:
+            acks[index] = ack
+            with lock:
+                pending[0] -= 1
+                last = pending[0] == 0
+            if last:
+                loop.call_soon_threadsafe(_resolve, done)
+
+        for index, env in enumerate(envelopes):
 
             def on_delivery(
-                err: KafkaError | None, msg: Message, fut=fut, job_id=env.job_id
+                err: KafkaError | None, msg: Message, index=index, job_id=env.job_id
             ) -> None:
                 if err is not None:
-                    ack = Ack(job_id, error=err.str())
+                    record(index, Ack(job_id, error=err.str()))
                 else:
-                    ack = Ack(job_id, msg.partition(), msg.offset())
-                loop.call_soon_threadsafe(_resolve, fut, ack)
+                    record(index, Ack(job_id, msg.partition(), msg.offset()))
 
             try:
                 self._producer.produce(
@@ -94,32 +108,32 @@ class JobProducer:
                     on_delivery=on_delivery,
                 )
             except BufferError:
-                fut.set_result(Ack(env.job_id, error="producer queue is full"))
+                record(index, Ack(env.job_id, error="producer queue is full"))
             except Exception as exc:  # KafkaException for a record librdkafka refuses
-                fut.set_result(Ack(env.job_id, error=str(exc)))
-        try:
-            acks = await asyncio.wait_for(
-                asyncio.gather(*futures), self.settings.ingest_ack_timeout_seconds + 5
-            )
-        except TimeoutError:
+                record(index, Ack(env.job_id, error=str(exc)))
+        if envelopes:
             # librdkafka's delivery.timeout.ms fires first; this is a safety net. A job
             # whose report has not arrived is *not* reported accepted.
-            acks = [
-                f.result() if f.done() else Ack(env.job_id, error="no delivery report in time")
-                for f, env in zip(futures, envelopes, strict=True)
-            ]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.shield(done), self.settings.ingest_ack_timeout_seconds + 5
+                )
+        result = [
+            ack if ack is not None else Ack(env.job_id, error="no delivery report in time")
+            for ack, env in zip(list(acks), envelopes, strict=True)
+        ]
         PRODUCE_LATENCY.observe(loop.time() - started)
-        failed = [a for a in acks if not a.ok]
+        failed = [a for a in result if not a.ok]
         if failed:
             KAFKA_ERRORS.inc(len(failed))
             log.warning(
                 "kafka refused %d of %d records: %s",
                 len(failed),
-                len(acks),
+                len(result),
                 failed[0].error,
                 extra={"event": "ingest.produce_failed", "job_id": failed[0].job_id},
             )
-        return acks
+        return result
 
     def ready(self, timeout: float = 2.0) -> bool:
         try:
@@ -137,6 +151,6 @@ class JobProducer:
         return remaining
 
 
-def _resolve(fut: asyncio.Future[Ack], ack: Ack) -> None:
+def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
-        fut.set_result(ack)
+        fut.set_result(None)

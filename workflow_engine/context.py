@@ -118,9 +118,7 @@ class WorkflowContext:
             return recorded.result
         policy = retries or self._rt.default_retry or DEFAULT_RETRY
         while True:
-            attempt = await self._rt.db(
-                store.start_step, self._rt.owner, self.job_id, position, name
-            )
+            attempt = await self._rt.write("start_step", self.job_id, position, name)
             STEPS_STARTED.labels(self.workflow).inc()
             token = _current_step.set(StepInfo(self.job_id, self.workflow, name, position, attempt))
             started = time.perf_counter()
@@ -263,16 +261,7 @@ class WorkflowContext:
         result: bytes | None = None,
         error: str | None = None,
     ) -> None:
-        await self._rt.db(
-            store.finish_step,
-            self._rt.owner,
-            self.job_id,
-            position,
-            attempt,
-            outcome,
-            result,
-            error,
-        )
+        await self._rt.write("finish_step", self.job_id, position, attempt, outcome, result, error)
 
 
 def _describe(exc: BaseException) -> str:

@@ -63,6 +63,19 @@ async def order_workflow(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
     return {"receipt": receipt["key"], "shipment": shipment["key"]}
 
 
+def _noop(n: int) -> dict[str, int]:
+    return {"step": n}
+
+
+@workflow("noop-workflow")
+async def noop_workflow(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """Three durable steps that do nothing: what the engine benchmark measures (the
+    engine's own cost per step, as DBOS's benchmark counterpart does)."""
+    for n in range(3):
+        await ctx.step(f"step {n + 1}", _noop, n)
+    return {"steps": 3}
+
+
 @workflow("approval-workflow")
 async def approval_workflow(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
     """Waits (durably, holding no worker) for an 'approved' event, or times out."""

@@ -47,3 +47,8 @@ RUNNABLE_BACKLOG = Gauge(
     "onceflow_engine_runnable_backlog", "Instances due to run and not yet claimed"
 )
 PRUNED = Counter("onceflow_engine_pruned_total", "Rows removed by retention", ["kind"])
+WRITE_BATCH_SIZE = Histogram(
+    "onceflow_engine_write_batch_size",
+    "Checkpoint writes committed together by the engine's group commit",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+)

@@ -36,6 +36,7 @@ from onceflow.logs import setup_logging
 from onceflow.settings import Settings
 from workflow_engine import control as control_ops
 from workflow_engine import maintenance, store
+from workflow_engine.batcher import WriteBatcher
 from workflow_engine.clock import FakeClock, SystemClock
 from workflow_engine.context import WorkflowContext
 from workflow_engine.db import check_connection, make_engine
@@ -81,6 +82,11 @@ class EngineRunner:
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
+        self.batcher = WriteBatcher(self.engine, self.owner)
+
+    async def write(self, kind: str, *args: Any) -> Any:
+        """A lease-guarded write, committed together with other instances' writes."""
+        return await self.batcher.write(kind, *args)
 
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking store function off the event loop."""
@@ -100,6 +106,7 @@ class EngineRunner:
                 "concurrency": self.settings.engine_concurrency,
             },
         )
+        writer = asyncio.create_task(self.batcher.run())
         side = [
             asyncio.create_task(self._heartbeat_loop()),
             asyncio.create_task(self._rescue_loop()),
@@ -111,6 +118,7 @@ class EngineRunner:
             await self._drain()
             for task in side:
                 task.cancel()
+            writer.cancel()
             log.info("engine stopped", extra={"event": "engine.stopped", "engine_id": self.owner})
 
     def stop(self) -> None:
@@ -172,9 +180,7 @@ class EngineRunner:
             await asyncio.sleep(interval)
             ids = list(self._inflight)
             try:
-                kept = await self.db(
-                    store.heartbeat, self.owner, ids, self.settings.engine_lease_seconds
-                )
+                kept = await self.write("heartbeat", ids, self.settings.engine_lease_seconds)
             except Exception:
                 log.exception("heartbeat failed", extra={"event": "engine.heartbeat_error"})
                 continue
@@ -246,8 +252,7 @@ class EngineRunner:
             if fn is None:
                 await self._finish(inst, "errored", error=f"unknown workflow {inst.workflow!r}")
                 return
-            recorded = await self.db(store.load_steps, job)
-            ctx = WorkflowContext(self, job, inst.workflow, recorded)
+            ctx = WorkflowContext(self, job, inst.workflow, inst.history)
             log.info(
                 "instance running",
                 extra={
@@ -325,7 +330,7 @@ class EngineRunner:
         result: bytes | None = None,
         error: str | None = None,
     ) -> None:
-        await self.db(store.finish_instance, self.owner, inst.job_id, status, result, error)
+        await self.write("finish_instance", inst.job_id, status, result, error)
         FINISHED.labels(inst.workflow, status).inc()
         if inst.submitted_at is not None:
             SUBMIT_TO_COMPLETE.labels(inst.workflow).observe(

@@ -7,7 +7,8 @@ taken over can never write a checkpoint for an instance another engine now runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -33,6 +34,7 @@ class Claimed:
     created_at: datetime
     submitted_at: datetime | None
     claim_count: int
+    history: list[RecordedStep] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,18 +121,27 @@ def claim(
                 rows += conn.execute(
                     _CLAIM_ONE_WORKFLOW, {**params, "limit": take, "workflow": workflow}
                 )
-        return [Claimed(*row) for row in rows]
+        # The histories of everything claimed, in one query, in this transaction.
+        history = load_steps(conn, [row[0] for row in rows])
+        return [
+            Claimed(job_id, workflow, params, created, submitted, claims, history.get(job_id, []))
+            for job_id, workflow, params, created, submitted, claims in rows
+        ]
 
 
 _LOAD_STEPS = sa.text(
-    "SELECT position, name, status, attempts, result, kind, wake_at, error FROM onceflow_steps "
-    "WHERE job_id = :job_id ORDER BY position"
+    "SELECT job_id, position, name, status, attempts, result, kind, wake_at, error"
+    " FROM onceflow_steps WHERE job_id = ANY(:job_ids) ORDER BY job_id, position"
 )
 
 
-def load_steps(engine: Engine, job_id: str) -> list[RecordedStep]:
-    with engine.connect() as conn:
-        return [RecordedStep(*row) for row in conn.execute(_LOAD_STEPS, {"job_id": job_id})]
+def load_steps(conn: sa.Connection, job_ids: list[str]) -> dict[str, list[RecordedStep]]:
+    """The recorded history of several instances, in one query."""
+    history: dict[str, list[RecordedStep]] = {job: [] for job in job_ids}
+    if job_ids:
+        for job_id, *row in conn.execute(_LOAD_STEPS, {"job_ids": job_ids}):
+            history[job_id].append(RecordedStep(*row))
+    return history
 
 
 _LEASE_CTE = """
@@ -140,146 +151,99 @@ lease AS (
     FOR SHARE
 )"""
 
-_START_STEP = sa.text(
+
+# --- lease-guarded writes, batched -------------------------------------------------
+#
+# The runner sends the checkpoint writes of all its in-flight instances through one
+# writer (:mod:`workflow_engine.batcher`), which applies everything pending in ONE
+# transaction: one multi-row statement per kind of write, one commit. Each instance has
+# at most one write pending, so the rows of a batch never collide with each other, and
+# because a single writer also carries the heartbeat, an engine's own transactions
+# never lock its instance rows in conflicting orders.
+
+_LEASE_OF_INPUT = """
+lease AS (
+    SELECT i.job_id, i.requested_action FROM onceflow_instances i JOIN input USING (job_id)
+    WHERE i.lease_owner = :owner AND i.status = 'running'
+    FOR SHARE OF i
+)"""
+
+_START_STEPS = sa.text(
     f"""
-WITH {_LEASE_CTE},
+WITH input AS (
+    SELECT * FROM unnest(CAST(:job_ids AS text[]), CAST(:positions AS int[]),
+                         CAST(:names AS text[])) AS t(job_id, position, name)
+),
+{_LEASE_OF_INPUT},
 step AS (
     INSERT INTO onceflow_steps AS s (job_id, position, name, status, attempts)
-    SELECT job_id, :position, :name, 'running', 1 FROM lease WHERE requested_action IS NULL
+    SELECT input.job_id, input.position, input.name, 'running', 1
+    FROM input JOIN lease USING (job_id) WHERE lease.requested_action IS NULL
     ON CONFLICT ON CONSTRAINT onceflow_steps_pkey DO UPDATE
         SET attempts = s.attempts + 1, status = 'running', error = NULL, finished_at = NULL
         WHERE s.name = EXCLUDED.name AND s.status <> 'complete'
-    RETURNING s.attempts
+    RETURNING s.job_id, s.position, s.attempts
 ),
 abandoned AS (
-    UPDATE onceflow_step_attempts SET outcome = 'abandoned', finished_at = now()
-    WHERE job_id = :job_id AND position = :position AND finished_at IS NULL
-      AND EXISTS (SELECT 1 FROM step)
+    UPDATE onceflow_step_attempts a SET outcome = 'abandoned', finished_at = now()
+    FROM step
+    WHERE a.job_id = step.job_id AND a.position = step.position AND a.finished_at IS NULL
 ),
 attempt AS (
     INSERT INTO onceflow_step_attempts (job_id, position, attempt, engine_id)
-    SELECT :job_id, :position, attempts, :owner FROM step
-    RETURNING attempt
+    SELECT job_id, position, attempts, :owner FROM step
+    RETURNING job_id, attempt
 )
-SELECT (SELECT attempt FROM attempt), (SELECT requested_action FROM lease),
-       EXISTS (SELECT 1 FROM lease)
+SELECT input.job_id, attempt.attempt, lease.requested_action, lease.job_id IS NOT NULL
+FROM input LEFT JOIN lease USING (job_id) LEFT JOIN attempt USING (job_id)
 """
 )
 
-
-def start_step(engine: Engine, owner: str, job_id: str, position: int, name: str) -> int:
-    """Record the start of a step attempt; return its attempt number (1-based)."""
-    try:
-        with engine.begin() as conn:
-            attempt, action, leased = conn.execute(
-                _START_STEP, {"owner": owner, "job_id": job_id, "position": position, "name": name}
-            ).one()
-    except IntegrityError as exc:
-        diag = getattr(exc.orig, "diag", None)
-        if getattr(diag, "constraint_name", None) == "onceflow_steps_name_key":
-            raise NonDeterminismError(
-                f"step name {name!r} is used twice in one workflow run"
-            ) from None
-        raise
-    if not leased:
-        raise LeaseLost(f"lease on {job_id} lost before step {name!r}")
-    if action is not None:
-        raise ControlRequested(action)
-    if attempt is None:
-        raise NonDeterminismError(f"step {name!r} at position {position} does not match history")
-    return int(attempt)
-
-
-_FINISH_STEP = sa.text(
+_FINISH_STEPS = sa.text(
     f"""
-WITH {_LEASE_CTE},
+WITH input AS (
+    SELECT * FROM unnest(CAST(:job_ids AS text[]), CAST(:positions AS int[]),
+                         CAST(:attempts AS int[]), CAST(:statuses AS text[]),
+                         CAST(:outcomes AS text[]), CAST(:results AS text[]),
+                         CAST(:errors AS text[]))
+        AS t(job_id, position, attempt, status, outcome, result, error)
+),
+{_LEASE_OF_INPUT},
 step AS (
     UPDATE onceflow_steps s
-    SET status = :status,
-        result = CAST(:result AS jsonb),
-        error = :error,
-        finished_at = CASE WHEN :status = 'running' THEN NULL ELSE now() END
-    FROM lease
-    WHERE s.job_id = lease.job_id AND s.position = :position AND s.status = 'running'
-    RETURNING s.position
+    SET status = input.status,
+        result = CAST(input.result AS jsonb),
+        error = input.error,
+        finished_at = CASE WHEN input.status = 'running' THEN NULL ELSE now() END
+    FROM input JOIN lease USING (job_id)
+    WHERE s.job_id = input.job_id AND s.position = input.position AND s.status = 'running'
+    RETURNING s.job_id
 ),
 attempt AS (
     UPDATE onceflow_step_attempts a
-    SET outcome = :outcome, error = :error, finished_at = now()
-    FROM step
-    WHERE a.job_id = :job_id AND a.position = step.position AND a.attempt = :attempt
-    RETURNING a.attempt
+    SET outcome = input.outcome, error = input.error, finished_at = now()
+    FROM input JOIN step USING (job_id)
+    WHERE a.job_id = input.job_id AND a.position = input.position AND a.attempt = input.attempt
 )
-SELECT (SELECT count(*) FROM step), (SELECT count(*) FROM attempt)
+SELECT job_id FROM step
 """
 )
 
-
-def finish_step(
-    engine: Engine,
-    owner: str,
-    job_id: str,
-    position: int,
-    attempt: int,
-    outcome: str,
-    result_json: bytes | None = None,
-    error: str | None = None,
-) -> None:
-    """Checkpoint a step attempt's outcome: 'complete', 'retry' or 'failed'.
-
-    A 'complete' outcome is the step's checkpoint; the ``status = 'running'`` guard
-    makes writing one twice impossible (the second finds nothing to update).
+_FINISH_INSTANCES = sa.text(
     """
-    status = {"complete": "complete", "retry": "running", "failed": "failed"}[outcome]
-    with engine.begin() as conn:
-        steps, _ = conn.execute(
-            _FINISH_STEP,
-            {
-                "owner": owner,
-                "job_id": job_id,
-                "position": position,
-                "attempt": attempt,
-                "status": status,
-                "outcome": outcome,
-                "result": _json_text(result_json),
-                "error": error,
-            },
-        ).one()
-    if steps != 1:
-        raise LeaseLost(f"lease on {job_id} lost before checkpointing step {position}")
-
-
-_FINISH_INSTANCE = sa.text(
-    """
-UPDATE onceflow_instances
-SET status = :status, result = CAST(:result AS jsonb), error = :error,
+WITH input AS (
+    SELECT * FROM unnest(CAST(:job_ids AS text[]), CAST(:statuses AS text[]),
+                         CAST(:results AS text[]), CAST(:errors AS text[]))
+        AS t(job_id, status, result, error)
+)
+UPDATE onceflow_instances i
+SET status = input.status, result = CAST(input.result AS jsonb), error = input.error,
     finished_at = now(), updated_at = now(), lease_owner = NULL, lease_expires_at = NULL
-WHERE job_id = :job_id AND lease_owner = :owner AND status = 'running'
+FROM input
+WHERE i.job_id = input.job_id AND i.lease_owner = :owner AND i.status = 'running'
+RETURNING i.job_id
 """
 )
-
-
-def finish_instance(
-    engine: Engine,
-    owner: str,
-    job_id: str,
-    status: str,
-    result_json: bytes | None = None,
-    error: str | None = None,
-) -> None:
-    _write_leased(
-        engine,
-        _FINISH_INSTANCE,
-        {
-            "owner": owner,
-            "job_id": job_id,
-            "status": status,
-            "result": _json_text(result_json),
-            "error": error,
-        },
-        f"lease on {job_id} lost before it could be marked {status}",
-    )
-
 
 _HEARTBEAT = sa.text(
     """
@@ -289,14 +253,158 @@ RETURNING job_id
 """
 )
 
+_STEP_STATUS = {"complete": "complete", "retry": "running", "failed": "failed"}
 
-def heartbeat(engine: Engine, owner: str, job_ids: list[str], lease_seconds: float) -> set[str]:
-    """Extend the leases this engine holds; return the ids it still owns."""
-    if not job_ids:
-        return set()
-    with engine.begin() as conn:
+# Each kind of write: (its SQL, how one write's arguments become the statement's columns,
+# how the statement's rows answer each write). A write's arguments:
+#   start_step      (job_id, position, name)                -> attempt number
+#   finish_step     (job_id, position, attempt, outcome, result_json, error)
+#   finish_instance (job_id, status, result_json, error)
+#   heartbeat       (job_ids, lease_seconds)                 -> ids still owned
+
+
+def _start_steps(conn: sa.Connection, owner: str, writes: list[tuple]) -> list[Any]:
+    rows = conn.execute(
+        _START_STEPS,
+        {
+            "owner": owner,
+            "job_ids": [w[0] for w in writes],
+            "positions": [w[1] for w in writes],
+            "names": [w[2] for w in writes],
+        },
+    )
+    found = {job_id: (attempt, action, leased) for job_id, attempt, action, leased in rows}
+    answers: list[Any] = []
+    for job_id, position, name in writes:
+        attempt, action, leased = found[job_id]
+        if not leased:
+            answers.append(LeaseLost(f"lease on {job_id} lost before step {name!r}"))
+        elif action is not None:
+            answers.append(ControlRequested(action))
+        elif attempt is None:
+            answers.append(
+                NonDeterminismError(f"step {name!r} at position {position} does not match history")
+            )
+        else:
+            answers.append(int(attempt))
+    return answers
+
+
+def _guarded(
+    conn: sa.Connection,
+    sql: sa.TextClause,
+    params: dict[str, Any],
+    writes: list[tuple],
+    lost: Callable[[tuple], str],
+) -> list[Any]:
+    """Run a batched guarded write returning the job ids it wrote; a write whose row
+    was not written lost its lease."""
+    written = set(conn.execute(sql, {"job_ids": [w[0] for w in writes], **params}).scalars())
+    return [None if w[0] in written else LeaseLost(lost(w)) for w in writes]
+
+
+def _finish_steps(conn: sa.Connection, owner: str, writes: list[tuple]) -> list[Any]:
+    params = {
+        "owner": owner,
+        "positions": [w[1] for w in writes],
+        "attempts": [w[2] for w in writes],
+        "statuses": [_STEP_STATUS[w[3]] for w in writes],
+        "outcomes": [w[3] for w in writes],
+        "results": [_json_text(w[4]) for w in writes],
+        "errors": [w[5] for w in writes],
+    }
+    return _guarded(
+        conn,
+        _FINISH_STEPS,
+        params,
+        writes,
+        lambda w: f"lease on {w[0]} lost before checkpointing step {w[1]}",
+    )
+
+
+def _finish_instances(conn: sa.Connection, owner: str, writes: list[tuple]) -> list[Any]:
+    params = {
+        "owner": owner,
+        "statuses": [w[1] for w in writes],
+        "results": [_json_text(w[2]) for w in writes],
+        "errors": [w[3] for w in writes],
+    }
+    return _guarded(
+        conn,
+        _FINISH_INSTANCES,
+        params,
+        writes,
+        lambda w: f"lease on {w[0]} lost before it could be marked {w[1]}",
+    )
+
+
+def _heartbeats(conn: sa.Connection, owner: str, writes: list[tuple]) -> list[Any]:
+    answers: list[Any] = []
+    for job_ids, lease_seconds in writes:
+        if not job_ids:
+            answers.append(set())
+            continue
         rows = conn.execute(_HEARTBEAT, {"owner": owner, "ids": job_ids, "lease": lease_seconds})
-        return set(rows.scalars())
+        answers.append(set(rows.scalars()))
+    return answers
+
+
+WRITES: dict[str, Callable[[sa.Connection, str, list[tuple]], list[Any]]] = {
+    "heartbeat": _heartbeats,
+    "start_step": _start_steps,
+    "finish_step": _finish_steps,
+    "finish_instance": _finish_instances,
+}
+
+
+def write_batch(engine: Engine, owner: str, writes: list[tuple[str, tuple]]) -> list[Any]:
+    """Apply lease-guarded writes of several instances in one transaction.
+
+    Returns one answer per write, in order: its value, or the exception it should raise
+    in its instance (``LeaseLost``, ``ControlRequested``, ``NonDeterminismError``).
+    A database error aborts the whole batch and propagates; :func:`write_each` then
+    isolates the write that caused it.
+    """
+    by_kind: dict[str, list[int]] = {}
+    for index, (kind, _) in enumerate(writes):
+        by_kind.setdefault(kind, []).append(index)
+    answers: list[Any] = [None] * len(writes)
+    with engine.begin() as conn:
+        for kind, indexes in by_kind.items():
+            for index, answer in zip(
+                indexes, WRITES[kind](conn, owner, [writes[i][1] for i in indexes]), strict=True
+            ):
+                answers[index] = answer
+    return answers
+
+
+def write_each(engine: Engine, owner: str, writes: list[tuple[str, tuple]]) -> list[Any]:
+    """Apply writes one transaction each (after a batch failed): one bad write (a step
+    name used twice in a run, say) fails only its own instance."""
+    answers: list[Any] = []
+    for write in writes:
+        try:
+            answers.append(write_batch(engine, owner, [write])[0])
+        except IntegrityError as exc:
+            diag = getattr(exc.orig, "diag", None)
+            if getattr(diag, "constraint_name", None) == "onceflow_steps_name_key":
+                name = write[1][2] if write[0] == "start_step" else "?"
+                answers.append(
+                    NonDeterminismError(f"step name {name!r} is used twice in one workflow run")
+                )
+            else:
+                answers.append(exc)
+        except Exception as exc:
+            answers.append(exc)
+    return answers
+
+
+def write_one(engine: Engine, owner: str, kind: str, *args: Any) -> Any:
+    """One lease-guarded write on its own (tools and tests); raises its exception."""
+    answer = write_each(engine, owner, [(kind, args)])[0]
+    if isinstance(answer, BaseException):
+        raise answer
+    return answer
 
 
 _RESCUE = sa.text(

@@ -33,3 +33,39 @@ def test_queue_smoke(base_settings, tmp_path):
     result = queue(base_settings.model_copy(update={"state_dir": tmp_path}), 200, tmp_path)
     assert [(r["records"], r["instances"]) for r in result["runs"]] == [(200, 200), (200, 140)]
     assert "records/s" in render(result)
+
+
+@pytest.mark.timeout(300)
+def test_e2e_smoke(base_settings, tmp_path):
+    from onceflow.bench import e2e
+
+    result = e2e(base_settings.model_copy(update={"state_dir": tmp_path}), 30, tmp_path, rate=30)
+    # Paced one job per request: exactly the jobs asked for, each timed end to end.
+    assert result["load"]["accepted"] == 30 and result["load"]["requests"] == 30
+    assert result["latency"]["jobs"] == 30
+    assert 0 < result["latency"]["first_step_p50_ms"] <= result["latency"]["complete_p50_ms"]
+    assert "submit-to-first-step" in render(result)
+
+
+@pytest.mark.timeout(300)
+def test_nobuffer_smoke(base_settings, tmp_path):
+    from onceflow.bench import nobuffer
+
+    result = nobuffer(base_settings.model_copy(update={"state_dir": tmp_path}), 300, tmp_path)
+    assert result["onceflow"]["lost"] == 0
+    assert result["nobuffer"]["stored"] == result["nobuffer"]["load"]["accepted"] == 300
+    assert "error rate" in render(result)
+
+
+@pytest.mark.timeout(600)
+def test_dbos_smoke(base_settings, tmp_path):
+    """Installs DBOS into its own virtualenv (once per state dir) and runs both sides."""
+    from onceflow.bench import dbos
+
+    settings = base_settings.model_copy(update={"state_dir": tmp_path})
+    result = dbos(settings, 20, tmp_path, concurrencies=(4,), light=5, rate=5.0)
+    run = result["runs"][0]
+    assert run["onceflow"]["workflows"] == 20
+    assert run["dbos_default"]["completed"] == run["dbos_tuned"]["completed"] == 20
+    assert run["dbos_default"]["distinct_workflows"] == 20  # resubmitted ids collapsed
+    assert "ratio" in render(result)

@@ -1,0 +1,1 @@
+"""Baselines the benchmarks compare onceflow with."""
