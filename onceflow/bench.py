@@ -240,6 +240,8 @@ def burst(base: Settings, jobs: int, log_dir: Path, concurrency: int = 8) -> dic
 
 
 def ingest(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
+    """Closed loop (each client waits for its answer) at 1, 4 and 16 clients, batches of
+    100 and of 1; then open loop at increasing offered load until saturation."""
     stack = _stack(base, log_dir, "ingest", ONCEFLOW_ADMIN_API_ENABLED="false")
     rows = []
     try:
@@ -249,6 +251,10 @@ def ingest(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
                 n = jobs if batch == 100 else max(200, jobs // 20)
                 out = log_dir / f"ingest-{batch}-{concurrency}.json"
                 rows.append(_loadgen(stack, n, batch, concurrency, f"i{batch}_{concurrency}_", out))
+        for rate in (2000, 5000, 10000, 15000, 20000, 30000):
+            n = max(1000, min(jobs, rate * 4))  # about four seconds at each step
+            out = log_dir / f"ingest-rate-{rate}.json"
+            rows.append(_loadgen(stack, n, 100, 32, f"r{rate}_", out, rate=rate))
         return {"scenario": "ingest", "runs": rows}
     finally:
         stack.close()

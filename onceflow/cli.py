@@ -429,12 +429,23 @@ def keys_new(name: str, scopes: tuple[str, ...]) -> None:
     default=Path("bench-results.json"),
     help="Where to write the JSON results.",
 )
-def bench(scenarios: tuple[str, ...], n_jobs: int, out: Path) -> None:
+@click.option(
+    "--plots",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Also draw PNG plots of the results into this directory (needs matplotlib).",
+)
+def bench(scenarios: tuple[str, ...], n_jobs: int, out: Path, plots: Path | None) -> None:
     """Measure the real processes (burst, ingest, queue-to-instance, engine, end-to-end
     latency) and the baselines side by side (nobuffer, dbos); all of them by default."""
     from onceflow.bench import SCENARIOS, run_bench
 
-    run_bench(_settings(), list(scenarios) or list(SCENARIOS), n_jobs, out)
+    results = run_bench(_settings(), list(scenarios) or list(SCENARIOS), n_jobs, out)
+    if plots is not None:
+        from onceflow.benchplots import plot
+
+        for path in plot(results, plots):
+            click.echo(f"wrote {path}")
 
 
 # --- demo ---------------------------------------------------------------------------------

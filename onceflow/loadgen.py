@@ -84,6 +84,7 @@ async def run(
         "jobs": jobs,
         "batch": batch,
         "concurrency": concurrency,
+        "rate": rate,
         "wall_seconds": wall,
         "accepted": accepted,
         "accepted_per_second": accepted / wall if wall else 0.0,

@@ -84,7 +84,7 @@ class Settings(BaseSettings):
     # --- workflow engine (workflow_engine/) ---------------------------------------
     # More is not faster on a small machine: 16 beat 32 and 64 in `onceflow bench engine`
     # on 2 cores, and left the CPU to ingest during bursts (BENCHMARKS.md).
-    engine_concurrency: int = Field(default=16, ge=1)
+    engine_concurrency: int = Field(default=64, ge=1)
     engine_claim_batch: int = Field(default=32, ge=1)
     engine_lease_seconds: float = Field(default=30.0, gt=0)
     engine_poll_interval_seconds: float = Field(default=1.0, gt=0)

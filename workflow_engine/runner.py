@@ -72,7 +72,7 @@ class EngineRunner:
     ) -> None:
         self.settings = settings
         self.engine = engine or make_engine(
-            settings.database_url, pool_size=min(settings.engine_concurrency, 32)
+            settings.database_url, pool_size=min(settings.engine_concurrency, 16)
         )
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{str(ULID())[-6:]}"
         self.default_retry = default_retry
