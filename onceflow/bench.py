@@ -49,8 +49,9 @@ def rss_mb(pid: int) -> float:
 class Sampler:
     """Samples consumer lag and each process's RSS twice a second, keeping peaks."""
 
-    def __init__(self, stack: Stack) -> None:
+    def __init__(self, stack: Stack, progress: bool = False) -> None:
         self.stack = stack
+        self.progress = progress
         self.peak_lag = 0
         self.peak_rss: dict[str, float] = {}
         self.lag = 0
@@ -78,8 +79,14 @@ class Sampler:
                 self.series.append((time.monotonic() - self._t0, self.lag))
             except Exception:
                 pass
-            for name, proc in list(self.stack.group.procs.items()):
-                self.peak_rss[name] = max(self.peak_rss.get(name, 0.0), rss_mb(proc.pid))
+            rss = {name: rss_mb(proc.pid) for name, proc in list(self.stack.group.procs.items())}
+            for name, mb in rss.items():
+                self.peak_rss[name] = max(self.peak_rss.get(name, 0.0), mb)
+            if self.progress and len(self.series) % 4 == 0:
+                memory = ", ".join(f"{k} {v:.0f} MB" for k, v in sorted(rss.items()))
+                click.echo(
+                    f"  … t={time.monotonic() - self._t0:.0f}s lag {self.lag}; {memory}", err=True
+                )
             self._stop.wait(0.5)
 
 
@@ -119,8 +126,9 @@ def _loadgen(
     return orjson.loads(out.read_bytes())
 
 
-def _stack(base: Settings, log_dir: Path, name: str, **env: str) -> Stack:
-    stack = Stack(base, f"bench-{name}-{uuid.uuid4().hex[:6]}", log_dir).prepare()
+def _stack(base: Settings, log_dir: Path, name: str, partitions: int = 4, **env: str) -> Stack:
+    run_id = f"bench-{name}-{uuid.uuid4().hex[:6]}"
+    stack = Stack(base, run_id, log_dir, partitions=partitions).prepare()
     stack.env.update(
         {"ONCEFLOW_INGEST_RATE_LIMIT_PER_SECOND": "0", "ONCEFLOW_LOG_LEVEL": "WARNING", **env}
     )
@@ -166,15 +174,28 @@ def e2e_latency(stack: Stack, prefix: str) -> dict[str, float]:
     return {k: float(v or 0) for k, v in zip(keys, row, strict=True)}
 
 
-def _wait_complete(stack: Stack, count: int, timeout: float) -> float:
-    """Wait (bounded) until ``count`` instances are complete; return the seconds waited."""
-    t0 = time.monotonic()
+def _wait_for(what: str, current: Callable[[], int], target: int, timeout: float) -> float:
+    """Wait (bounded) until ``current()`` reaches ``target``, showing progress on stderr
+    every second; return the seconds waited."""
+    t0 = last = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        done = stack.scalar("SELECT count(*) FROM onceflow_instances WHERE status = 'complete'")
-        if done >= count:
+        value = current()
+        if value >= target:
             break
+        if time.monotonic() - last >= 1.0:
+            last = time.monotonic()
+            click.echo(f"  … {what}: {value}/{target} after {last - t0:.0f}s", err=True)
         time.sleep(0.1)
     return time.monotonic() - t0
+
+
+def _complete_count(stack: Stack) -> Callable[[], int]:
+    return lambda: stack.scalar("SELECT count(*) FROM onceflow_instances WHERE status = 'complete'")
+
+
+def _wait_complete(stack: Stack, count: int, timeout: float) -> float:
+    """Wait (bounded) until ``count`` instances are complete; return the seconds waited."""
+    return _wait_for("instances complete", _complete_count(stack), count, timeout)
 
 
 def e2e(base: Settings, jobs: int, log_dir: Path, rate: float = 50.0) -> dict[str, Any]:
@@ -200,21 +221,31 @@ def e2e(base: Settings, jobs: int, log_dir: Path, rate: float = 50.0) -> dict[st
         stack.close()
 
 
-def burst(base: Settings, jobs: int, log_dir: Path, concurrency: int = 8) -> dict[str, Any]:
+def burst(
+    base: Settings, jobs: int, log_dir: Path, concurrency: int = 8, rate: float = 0.0
+) -> dict[str, Any]:
+    """``jobs`` posted in batches of 100, flat out (or at ``rate`` jobs/s), while one
+    streams worker and one engine run: ingest latency, lag, drain, memory, nothing lost."""
     stack = _stack(base, log_dir, "burst")
     try:
         stack.start_ingest()
         stack.start_worker()
         stack.start_engine()
-        with Sampler(stack) as sampler:
-            load = _loadgen(stack, jobs, 100, concurrency, "burst_", log_dir / "load.json")
+        with Sampler(stack, progress=True) as sampler:
+            load = _loadgen(
+                stack, jobs, 100, concurrency, "burst_", log_dir / "load.json", rate=rate
+            )
             burst_end = time.monotonic()
-            deadline = burst_end + 600
-            while time.monotonic() < deadline:
-                created = stack.scalar("SELECT count(*) FROM onceflow_instances")
-                if created >= load["accepted"] and sampler.lag == 0:
-                    break
-                time.sleep(0.25)
+            _wait_for(
+                "instances created, lag 0",
+                lambda: (
+                    stack.scalar("SELECT count(*) FROM onceflow_instances")
+                    if sampler.lag == 0
+                    else 0
+                ),
+                load["accepted"],
+                600,
+            )
             drain = time.monotonic() - burst_end
             complete = stack.scalar(
                 "SELECT count(*) FROM onceflow_instances WHERE status = 'complete'"
@@ -222,8 +253,9 @@ def burst(base: Settings, jobs: int, log_dir: Path, concurrency: int = 8) -> dic
             all_done = drain + _wait_complete(stack, load["accepted"], 600)
         created = stack.scalar("SELECT count(*) FROM onceflow_instances")
         return {
-            "scenario": "burst",
+            "scenario": "burst-paced" if rate else "burst",
             "jobs": jobs,
+            "rate": rate,
             "load": load,
             "peak_lag": sampler.peak_lag,
             "drain_seconds_after_burst": drain,
@@ -296,11 +328,7 @@ def engine(
             t0 = time.monotonic()
             for i in range(engines):
                 stack.start_engine(f"engine-{i}")
-            while (
-                stack.scalar("SELECT count(*) FROM onceflow_instances WHERE status = 'complete'")
-                < jobs
-            ):
-                time.sleep(0.2)
+            _wait_complete(stack, jobs, 600)
             wall = time.monotonic() - t0
             # The rate from the first claim to the last completion (engine start-up,
             # about a second, is not the engine's throughput).
@@ -329,75 +357,123 @@ def engine(
     return {"scenario": "engine", "runs": rows}
 
 
-def queue(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
-    """Instances created per second by one streams worker from a pre-filled topic."""
+def _fill_topic(settings: Settings, jobs: int, dup_fraction: float) -> None:
+    """Write ``jobs`` records straight to the jobs topic, ``dup_fraction`` of them
+    re-sends of earlier ids."""
     from confluent_kafka import Producer
 
     from onceflow.envelope import JobEnvelope
 
-    rows = []
-    for dup_fraction in (0.0, 0.3):
-        stack = _stack(base, log_dir, f"queue{int(dup_fraction * 100)}")
+    producer = Producer(
+        {
+            "bootstrap.servers": settings.kafka_bootstrap_servers,
+            "partitioner": "murmur2_random",
+            "linger.ms": 20,
+            "enable.idempotence": True,
+            "acks": "all",
+        }
+    )
+    distinct = int(jobs * (1 - dup_fraction))
+    for i in range(jobs):
+        n = i if i < distinct else (i * 7919) % distinct  # re-sends of earlier ids
+        env = JobEnvelope(f"q{n:08d}", "order-workflow", {"n": n})
+        while True:
+            try:
+                producer.produce(
+                    settings.jobs_topic, key=env.key(), value=env.encode(), headers=env.headers()
+                )
+                break
+            except BufferError:
+                producer.poll(0.1)
+    producer.flush(60)
+
+
+def _wait_group(settings: Settings, members: int, timeout: float = 120) -> None:
+    """Wait until the consumer group is stable with ``members`` members."""
+    from confluent_kafka import ConsumerGroupState
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         try:
-            assert stack.settings is not None
-            producer = Producer(
-                {
-                    "bootstrap.servers": stack.settings.kafka_bootstrap_servers,
-                    "partitioner": "murmur2_random",
-                    "linger.ms": 20,
-                    "enable.idempotence": True,
-                    "acks": "all",
-                }
+            group = admin.describe_consumer_groups([settings.consumer_group])[
+                settings.consumer_group
+            ].result(timeout=5)
+            if group.state == ConsumerGroupState.STABLE and len(group.members) == members:
+                return
+        except Exception:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"consumer group never had {members} stable members")
+
+
+def _queue_run(
+    base: Settings,
+    jobs: int,
+    log_dir: Path,
+    dup_fraction: float,
+    partitions: int = 4,
+    workers: int = 1,
+) -> dict[str, Any]:
+    """One queue-to-instance measurement. With one worker the topic is filled first;
+    with several, they join the group first (no rebalances mid-run), then it is filled."""
+    name = f"queue{int(dup_fraction * 100)}-p{partitions}w{workers}"
+    stack = _stack(base, log_dir, name, partitions)
+    try:
+        assert stack.settings is not None
+        if workers == 1:
+            _fill_topic(stack.settings, jobs, dup_fraction)
+        for w in range(workers):
+            stack.start_worker(f"streams-{w}")
+        if workers > 1:
+            _wait_group(stack.settings, workers)
+            _fill_topic(stack.settings, jobs, dup_fraction)
+        _wait_for(
+            "records consumed",
+            lambda: stack.scalar(
+                "SELECT (SELECT count(*) FROM onceflow_instances)"
+                " + (SELECT count(*) FROM onceflow_duplicate_deliveries)"
+            ),
+            jobs,
+            600,
+        )
+        span = (
+            stack.scalar(
+                "SELECT 1000 * extract(epoch FROM max(t) - min(t)) FROM ("
+                " SELECT received_at AS t FROM onceflow_jobs UNION ALL"
+                " SELECT received_at FROM onceflow_duplicate_deliveries) x"
             )
-            distinct = int(jobs * (1 - dup_fraction))
-            for i in range(jobs):
-                n = i if i < distinct else (i * 7919) % distinct  # re-sends of earlier ids
-                env = JobEnvelope(f"q{n:08d}", "order-workflow", {"n": n})
-                while True:
-                    try:
-                        producer.produce(
-                            stack.settings.jobs_topic,
-                            key=env.key(),
-                            value=env.encode(),
-                            headers=env.headers(),
-                        )
-                        break
-                    except BufferError:
-                        producer.poll(0.1)
-            producer.flush(60)
-            stack.start_worker()
-            deadline = time.monotonic() + 600
-            consumed = 0
-            while time.monotonic() < deadline:
-                consumed = stack.scalar(
-                    "SELECT (SELECT count(*) FROM onceflow_instances)"
-                    " + (SELECT count(*) FROM onceflow_duplicate_deliveries)"
-                )
-                if consumed >= jobs:
-                    break
-                time.sleep(0.25)
-            span = (
-                float(
-                    stack.scalar(
-                        "SELECT 1000 * extract(epoch FROM max(t) - min(t)) FROM ("
-                        " SELECT received_at AS t FROM onceflow_jobs UNION ALL"
-                        " SELECT received_at FROM onceflow_duplicate_deliveries) x"
-                    )
-                )
-                / 1000
-            )
-            rows.append(
-                {
-                    "records": jobs,
-                    "duplicate_fraction": dup_fraction,
-                    "instances": stack.scalar("SELECT count(*) FROM onceflow_instances"),
-                    "seconds": span,
-                    "records_per_second": jobs / span if span else 0.0,
-                }
-            )
-        finally:
-            stack.close()
-    return {"scenario": "queue", "runs": rows}
+            / 1000
+        )
+        return {
+            "records": jobs,
+            "duplicate_fraction": dup_fraction,
+            "partitions": partitions,
+            "workers": workers,
+            "instances": stack.scalar("SELECT count(*) FROM onceflow_instances"),
+            "seconds": span,
+            "records_per_second": jobs / span if span else 0.0,
+        }
+    finally:
+        stack.close()
+
+
+def queue(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
+    """Instances created per second by one streams worker from a pre-filled topic,
+    without and with 30% duplicates."""
+    return {
+        "scenario": "queue",
+        "runs": [_queue_run(base, jobs, log_dir, dup) for dup in (0.0, 0.3)],
+    }
+
+
+def scale(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
+    """How the partition-bound hop and the engine grow with processes: queue-to-instance
+    with 1, 2, 4 partitions and as many workers; engine with 1, 2, 4 processes."""
+    queue_runs = [_queue_run(base, jobs, log_dir, 0.0, n, n) for n in (1, 2, 4)]
+    engine_runs = engine(base, jobs, log_dir, engine_counts=(1, 2, 4))["runs"]
+    return {"scenario": "scale", "queue": queue_runs, "engine": engine_runs}
 
 
 # DBOS lives in its own virtualenv: dbos >= 3.3 needs croniter >= 6, which faust's
@@ -546,8 +622,10 @@ def _latency_line(lat: dict[str, float]) -> str:
 def _render_burst(result: dict[str, Any]) -> list[str]:
     load = result["load"]
     rss = ", ".join(f"{k} {v:.0f} MB" for k, v in sorted(result["peak_rss_mb"].items()))
+    offered = f"{result['rate']:.0f} jobs/s" if result.get("rate") else "flat out"
     return [
-        f"burst: {result['jobs']} jobs, batches of 100, {load['concurrency']} clients",
+        f"burst: {result['jobs']} jobs, batches of 100, {load['concurrency']} clients,"
+        f" offered {offered}",
         f"  accepted {load['accepted']} in {load['wall_seconds']:.1f}s"
         f" ({load['accepted_per_second']:.0f} jobs/s); statuses {load['statuses']}",
         f"  ingest latency p50 {_ms(load['latency_p50'])}, p99 {_ms(load['latency_p99'])},"
@@ -672,14 +750,32 @@ def _render_dbos(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _render_scale(result: dict[str, Any]) -> list[str]:
+    return [
+        *_table(
+            "scale (queue to instance)",
+            [
+                ("partitions", lambda r: str(r["partitions"])),
+                ("workers", lambda r: str(r["workers"])),
+                ("records", lambda r: str(r["records"])),
+                ("records/s", lambda r: f"{r['records_per_second']:.0f}"),
+            ],
+            result["queue"],
+        ),
+        *_render_engine({"runs": result["engine"]}),
+    ]
+
+
 RENDERERS = {
     "burst": _render_burst,
+    "burst-paced": _render_burst,
     "ingest": _render_ingest,
     "queue": _render_queue,
     "engine": _render_engine,
     "e2e": _render_e2e,
     "nobuffer": _render_nobuffer,
     "dbos": _render_dbos,
+    "scale": _render_scale,
 }
 
 
@@ -695,6 +791,8 @@ SCENARIOS = {
     "e2e": e2e,
     "nobuffer": nobuffer,
     "dbos": dbos,
+    "scale": scale,
+    "burst-paced": lambda base, jobs, log_dir: burst(base, jobs, log_dir, rate=5000),
 }
 
 

@@ -18,6 +18,20 @@ import orjson
 from onceflow.errors import OnceflowError
 from onceflow.settings import Settings, get_settings
 
+# `onceflow bench` scenarios (onceflow.bench.SCENARIOS; kept here so the CLI starts
+# without importing the harness — a unit test keeps the two equal).
+BENCH_SCENARIOS = (
+    "burst",
+    "burst-paced",
+    "ingest",
+    "queue",
+    "engine",
+    "e2e",
+    "nobuffer",
+    "dbos",
+    "scale",
+)
+
 
 def _settings() -> Settings:
     return get_settings()
@@ -412,7 +426,7 @@ def keys_new(name: str, scopes: tuple[str, ...]) -> None:
 @click.argument(
     "scenarios",
     nargs=-1,
-    type=click.Choice(["burst", "ingest", "queue", "engine", "e2e", "nobuffer", "dbos"]),
+    type=click.Choice(BENCH_SCENARIOS),
 )
 @click.option(
     "--jobs",
