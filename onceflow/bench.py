@@ -17,6 +17,7 @@ Benchmarks are not tests: CI runs only a tiny smoke size to keep the harness wor
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -221,20 +222,56 @@ def e2e(base: Settings, jobs: int, log_dir: Path, rate: float = 50.0) -> dict[st
         stack.close()
 
 
+class PostgresOutage:
+    """Stops the local dev PostgreSQL ``after`` seconds into a run, for ``seconds``."""
+
+    def __init__(self, base: Settings, after: float = 2.0, seconds: float = 5.0) -> None:
+        from onceflow.chaos import local_dev_services
+
+        dev = local_dev_services(base)
+        if dev is None:
+            raise click.ClickException("the outage runs need the local dev PostgreSQL")
+        self.dev = dev
+        self.after, self.seconds = after, seconds
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        time.sleep(self.after)
+        click.echo(f"  … stopping PostgreSQL for {self.seconds:.0f}s", err=True)
+        self.dev.postgres.down()
+        time.sleep(self.seconds)
+        self.dev.postgres.up()
+        click.echo("  … PostgreSQL is back", err=True)
+
+    def __enter__(self) -> PostgresOutage:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._thread.join(120)
+
+
 def burst(
-    base: Settings, jobs: int, log_dir: Path, concurrency: int = 8, rate: float = 0.0
+    base: Settings,
+    jobs: int,
+    log_dir: Path,
+    concurrency: int = 8,
+    rate: float = 0.0,
+    outage: bool = False,
 ) -> dict[str, Any]:
     """``jobs`` posted in batches of 100, flat out (or at ``rate`` jobs/s), while one
-    streams worker and one engine run: ingest latency, lag, drain, memory, nothing lost."""
+    streams worker and one engine run: ingest latency, lag, drain, memory, nothing lost.
+    ``outage``: PostgreSQL is stopped for 5 s two seconds into the burst."""
     stack = _stack(base, log_dir, "burst")
     try:
         stack.start_ingest()
         stack.start_worker()
         stack.start_engine()
         with Sampler(stack, progress=True) as sampler:
-            load = _loadgen(
-                stack, jobs, 100, concurrency, "burst_", log_dir / "load.json", rate=rate
-            )
+            with PostgresOutage(base) if outage else contextlib.nullcontext():
+                load = _loadgen(
+                    stack, jobs, 100, concurrency, "burst_", log_dir / "load.json", rate=rate
+                )
             burst_end = time.monotonic()
             _wait_for(
                 "instances created, lag 0",
@@ -313,15 +350,18 @@ def engine(
     jobs: int,
     log_dir: Path,
     workflow: str = "noop-workflow",
-    concurrency: int | None = None,
+    concurrencies: tuple[int, ...] = (16, 64, 128),
     engine_counts: tuple[int, ...] = (1, 2),
 ) -> dict[str, Any]:
-    """Three-step workflows completed per second from a pre-filled instances table."""
+    """Three-step workflows completed per second from a pre-filled instances table, at
+    each engine concurrency with each number of engine processes."""
     rows = []
-    concurrency = concurrency or base.engine_concurrency
-    for engines in engine_counts:
+    for concurrency, engines in ((c, e) for c in concurrencies for e in engine_counts):
         stack = _stack(
-            base, log_dir, f"engine{engines}", ONCEFLOW_ENGINE_CONCURRENCY=str(concurrency)
+            base,
+            log_dir,
+            f"engine{engines}c{concurrency}",
+            ONCEFLOW_ENGINE_CONCURRENCY=str(concurrency),
         )
         try:
             _prefill(stack, jobs, workflow, "e")
@@ -472,7 +512,9 @@ def scale(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
     """How the partition-bound hop and the engine grow with processes: queue-to-instance
     with 1, 2, 4 partitions and as many workers; engine with 1, 2, 4 processes."""
     queue_runs = [_queue_run(base, jobs, log_dir, 0.0, n, n) for n in (1, 2, 4)]
-    engine_runs = engine(base, jobs, log_dir, engine_counts=(1, 2, 4))["runs"]
+    engine_runs = engine(
+        base, jobs, log_dir, concurrencies=(base.engine_concurrency,), engine_counts=(1, 2, 4)
+    )["runs"]
     return {"scenario": "scale", "queue": queue_runs, "engine": engine_runs}
 
 
@@ -540,7 +582,13 @@ def dbos(
     enqueues in-process; onceflow's figure is end to end (HTTP, Kafka, worker, engine)."""
     rows = []
     for concurrency in concurrencies:
-        ours = engine(base, jobs, log_dir / f"ours-{concurrency}", "noop-workflow", concurrency)
+        ours = engine(
+            base,
+            jobs,
+            log_dir / f"ours-{concurrency}",
+            concurrencies=(concurrency,),
+            engine_counts=(1,),
+        )
         row: dict[str, Any] = {"concurrency": concurrency, "onceflow": ours["runs"][0]}
         for label, poll in (("dbos_default", 1.0), ("dbos_tuned", DBOS_TUNED_POLL)):
             out = log_dir / f"{label}-{concurrency}.json"
@@ -560,13 +608,16 @@ def _error_rate(load: dict[str, Any]) -> float:
     return errors / total if total else 0.0
 
 
-def nobuffer(base: Settings, jobs: int, log_dir: Path, concurrency: int = 8) -> dict[str, Any]:
+def nobuffer(
+    base: Settings, jobs: int, log_dir: Path, concurrency: int = 8, outage: bool = False
+) -> dict[str, Any]:
     """The same burst, in the same run, against onceflow and against the no-buffer
     baseline (:mod:`onceflow.baselines.direct_http`: the HTTP handler writes each job
     straight into PostgreSQL). While the baseline takes its burst an engine works
     through a backlog of as many workflows, so PostgreSQL is as busy as in onceflow's
-    run, where the same engine runs the burst's own workflows."""
-    ours = burst(base, jobs, log_dir / "ours", concurrency)
+    run, where the same engine runs the burst's own workflows. ``outage``: both bursts
+    meet the same PostgreSQL outage (stopped for 5 s, two seconds in)."""
+    ours = burst(base, jobs, log_dir / "ours", concurrency, outage=outage)
     stack = _stack(base, log_dir, "nobuffer")
     try:
         assert stack.settings is not None and stack.group is not None
@@ -583,7 +634,10 @@ def nobuffer(base: Settings, jobs: int, log_dir: Path, concurrency: int = 8) -> 
         url = f"http://127.0.0.1:{port}"
         stack.group.wait_http(f"{url}/healthz", timeout=60)
         stack.start_engine()
-        with Sampler(stack) as sampler:
+        with (
+            Sampler(stack) as sampler,
+            PostgresOutage(base) if outage else contextlib.nullcontext(),
+        ):
             load = _loadgen(stack, jobs, 100, concurrency, "nb_", log_dir / "nb.json", url=url)
         stored = stack.scalar("SELECT count(*) FROM onceflow_baseline_jobs WHERE job_id LIKE 'nb%'")
         theirs = {
@@ -595,8 +649,9 @@ def nobuffer(base: Settings, jobs: int, log_dir: Path, concurrency: int = 8) -> 
     finally:
         stack.close()
     return {
-        "scenario": "nobuffer",
+        "scenario": "nobuffer-outage" if outage else "nobuffer",
         "jobs": jobs,
+        "postgres_outage": outage,
         "onceflow": {
             "load": ours["load"],
             "error_rate": _error_rate(ours["load"]),
@@ -710,7 +765,8 @@ def _render_e2e(result: dict[str, Any]) -> list[str]:
 
 
 def _render_nobuffer(result: dict[str, Any]) -> list[str]:
-    lines = [f"nobuffer: the same burst of {result['jobs']} jobs, batches of 100"]
+    outage = ", PostgreSQL stopped for 5 s during it" if result.get("postgres_outage") else ""
+    lines = [f"nobuffer: the same burst of {result['jobs']} jobs, batches of 100{outage}"]
     lines.append("  system      jobs/s   p50 ms   p99 ms   max ms  error rate")
     for name in ("onceflow", "nobuffer"):
         load = result[name]["load"]
@@ -774,6 +830,7 @@ RENDERERS = {
     "engine": _render_engine,
     "e2e": _render_e2e,
     "nobuffer": _render_nobuffer,
+    "nobuffer-outage": _render_nobuffer,
     "dbos": _render_dbos,
     "scale": _render_scale,
 }
@@ -793,6 +850,7 @@ SCENARIOS = {
     "dbos": dbos,
     "scale": scale,
     "burst-paced": lambda base, jobs, log_dir: burst(base, jobs, log_dir, rate=5000),
+    "nobuffer-outage": lambda base, jobs, log_dir: nobuffer(base, jobs, log_dir, outage=True),
 }
 
 

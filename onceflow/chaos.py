@@ -18,6 +18,7 @@ The seed fixes the workload and the fault schedule, so a failing seed can be rer
 
 from __future__ import annotations
 
+import itertools
 import random
 import signal
 import threading
@@ -33,6 +34,7 @@ import httpx
 
 from onceflow.audit import run_audit
 from onceflow.lag import consumer_lag
+from onceflow.partitioning import partition_for
 from onceflow.settings import Settings
 from onceflow.stack import Stack
 from producers.client import SubmitError
@@ -117,16 +119,20 @@ class _Faults:
             ONCEFLOW_FAILPOINT="streams.after_db_commit:1",
             ONCEFLOW_STREAMS_COMMIT_INTERVAL_SECONDS="30",
         )
-        _wait_for_assignment(port, timeout=30)
-        # Fresh jobs, spread over a few seconds, so the new worker surely gets records.
+        held = _wait_for_assignment(port, timeout=30)
+        partitions = self.stack.partitions
+        # Fresh jobs whose ids hash to the partitions the new worker holds (every
+        # partition if it reported none), spread over a few seconds.
+        candidates = (f"chaos_fp{self._generation}_{n:05d}" for n in itertools.count())
+        targeted = list(
+            itertools.islice(
+                (j for j in candidates if not held or partition_for(j, partitions) in held), 80
+            )
+        )
         for part in range(4):
             extra = [
-                {
-                    "job_id": f"chaos_fp{self._generation}_{part}_{i:02d}",
-                    "workflow": "order-workflow",
-                    "params": {"step_seconds": 0.03},
-                }
-                for i in range(20)
+                {"job_id": job_id, "workflow": "order-workflow", "params": {"step_seconds": 0.03}}
+                for job_id in targeted[part * 20 : (part + 1) * 20]
             ]
             self.extra_jobs += len(extra)
             self.submit(extra)
@@ -165,22 +171,26 @@ class _Faults:
         self._note("restart PostgreSQL")
 
 
-def _wait_for_assignment(metrics_port: int, timeout: float) -> None:
-    """Until the worker has received a partition assignment (its rebalance counter)."""
+def _wait_for_assignment(metrics_port: int, timeout: float) -> set[int]:
+    """Until the worker holds partitions of the jobs topic after a rebalance; return
+    them (empty if it never got any in time)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2).text
-            for line in text.splitlines():
-                if (
-                    line.startswith("onceflow_streams_rebalances_total ")
-                    and float(line.split()[1]) >= 1
-                ):
-                    time.sleep(1.0)  # let the group finish the round
-                    return
+            held = {
+                int(line.split('partition="')[1].split('"')[0])
+                for line in text.splitlines()
+                if line.startswith("onceflow_streams_assigned_partition{")
+                and float(line.split()[-1]) == 1
+            }
+            if held:
+                time.sleep(1.0)  # let the group finish the round
+                return held
         except httpx.HTTPError:
             pass
         time.sleep(0.3)
+    return set()
 
 
 def run_chaos(

@@ -28,6 +28,7 @@ BENCH_SCENARIOS = (
     "engine",
     "e2e",
     "nobuffer",
+    "nobuffer-outage",
     "dbos",
     "scale",
 )

@@ -59,3 +59,8 @@ COMMITTED_OFFSET = Gauge(
 REBALANCES = Counter(
     "onceflow_streams_rebalances_total", "Partition assignments received by this worker"
 )
+ASSIGNED_PARTITIONS = Gauge(
+    "onceflow_streams_assigned_partition",
+    "1 for each partition of the jobs topic this worker holds since the last rebalance",
+    ["partition"],
+)

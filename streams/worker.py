@@ -9,7 +9,7 @@ from typing import Any
 
 from onceflow.health import database_ready, serve_metrics_and_health
 from onceflow.settings import Settings
-from streams.metrics import REBALANCES
+from streams.metrics import ASSIGNED_PARTITIONS, REBALANCES
 from streams.monitor import LagMonitor
 
 
@@ -44,8 +44,12 @@ def run_worker(settings: Settings) -> None:
         },
     )
 
-    async def count_rebalance(sender: Any, *args: Any, **kwargs: Any) -> None:
+    async def count_rebalance(sender: Any, assigned: Any = (), **kwargs: Any) -> None:
         REBALANCES.inc()
+        ASSIGNED_PARTITIONS.clear()
+        for tp in assigned:
+            if tp.topic == settings.jobs_topic:
+                ASSIGNED_PARTITIONS.labels(str(tp.partition)).set(1)
 
     # mode's SignalHandlerT annotation is stricter than what it calls handlers with.
     app.on_partitions_assigned.connect(count_rebalance)  # type: ignore[arg-type]

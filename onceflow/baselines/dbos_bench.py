@@ -108,7 +108,7 @@ def _wait_db(
         now = time.time()
         if ok >= want or now > deadline:
             return int(rows), int(ok), float(last_ms) / 1000.0
-        if now - last_print >= 1.0:
+        if now - last_print >= 5.0:
             last_print = now
             print(
                 f"[dbos] {prefix[:-1]}: {ok}/{want} SUCCESS, in-memory {_done(prefix)},"
@@ -167,7 +167,7 @@ def _light(db: Engine, queue: Any, jobs: int, rate: float, timeout: float) -> di
         if time.time() > deadline:
             break
         _enqueue(queue, [f"lt-{i:07d}"], submit)
-        if i % max(1, int(rate)) == 0:
+        if i % max(1, int(rate) * 5) == 0:
             print(f"[dbos] lt: submitted {i + 1}/{jobs}, done {_done('lt-')}", file=sys.stderr)
     _, ok, _ = _wait_db(db, "lt-", len(submit), deadline, t0)
     sql = "SELECT workflow_uuid, updated_at FROM dbos.workflow_status WHERE status = 'SUCCESS'"

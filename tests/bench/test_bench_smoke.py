@@ -20,7 +20,8 @@ def test_burst_smoke(base_settings, tmp_path):
 
 @pytest.mark.timeout(300)
 def test_engine_smoke(base_settings, tmp_path):
-    result = engine(base_settings.model_copy(update={"state_dir": tmp_path}), 100, tmp_path)
+    settings = base_settings.model_copy(update={"state_dir": tmp_path})
+    result = engine(settings, 100, tmp_path, concurrencies=(8,))
     assert [r["engines"] for r in result["runs"]] == [1, 2]
     assert all(r["workflows"] == 100 for r in result["runs"])
     assert "workflows/s" in render(result)
