@@ -109,11 +109,18 @@ class _Faults:
         self._note("SIGKILL streams worker")
 
     def worker_dies_after_commit(self) -> None:
-        """A third worker joins (a rebalance), then SIGKILLs itself right after a
-        database commit, before any offset commit."""
+        """The second worker is restarted with a failpoint (two rebalances), and SIGKILLs
+        itself right after its first database commit, before any offset commit; then it
+        is started again normally.
+
+        It replaces a worker rather than joining as a third: Faust's assignor gives a
+        third member of a group over four partitions none of them (2 + 2 + 0), so a
+        third worker would never see a record.
+        """
         assert self.stack.group is not None
         self._generation += 1
-        name = f"streams-doomed-{self._generation}"
+        name = "streams-2"
+        self.stack.group.stop(name)  # SIGTERM: a clean leave, not a fault of its own
         port = self.stack.start_worker(
             name,
             ONCEFLOW_FAILPOINT="streams.after_db_commit:1",
@@ -147,8 +154,9 @@ class _Faults:
             self.stack.group.stop(name, signal.SIGKILL)
             self._note("SIGKILL streams worker (it got no records in time)")
         else:
+            self.stack.group.procs.pop(name, None)
             self._note("streams worker killed between DB commit and offset commit")
-        self.stack.group.procs.pop(name, None)
+        self.stack.start_worker(name)
 
     def kill_engine(self) -> None:
         self._restart("engine-1", self.stack.start_engine)
