@@ -1,16 +1,24 @@
 """``onceflow bench``: figures from the real processes on the local services.
 
-Scenarios (each prints a table and writes JSON):
+Scenarios (each prints a table, shows progress on stderr and writes JSON):
 
-* ``burst``: N jobs posted as fast as a separate load process can, far above what the
-  engine completes: ingest latency during the burst, peak consumer lag, time for the
-  lag to drain after the burst, peak RSS of every process, and that every accepted job
-  got its instance (nothing lost).
-* ``ingest``: jobs/s accepted and request latency at batch sizes 100 and 1, with
-  increasing client concurrency.
+* ``burst`` / ``burst-paced``: N jobs posted as fast as a separate load process can (or
+  at 5,000 jobs/s), far above what the engine completes: ingest latency during the
+  burst, peak consumer lag, time for the lag to drain, end-to-end latency, peak RSS of
+  every process, and that every accepted job got its instance (nothing lost).
+* ``ingest``: jobs/s accepted and request latency at batch sizes 100 and 1 with
+  increasing client concurrency, then at increasing offered load until saturation.
 * ``queue``: instances created per second by one streams worker from a pre-filled
   topic, without and with 30% duplicates (from the first to the last database row).
-* ``engine``: three-step workflows completed per second with 1 and 2 engine processes.
+* ``engine``: three-step no-op workflows completed per second by engine concurrency,
+  with 1 and 2 engine processes (from the first claim to the last completion).
+* ``e2e``: submit-to-first-step and submit-to-complete latency at light load.
+* ``scale``: queue-to-instance with 1, 2, 4 partitions and workers; 1, 2, 4 engines.
+* ``nobuffer`` / ``nobuffer-outage``: the same burst against onceflow and against HTTP
+  handlers writing straight into PostgreSQL (:mod:`onceflow.baselines.direct_http`),
+  optionally through a 5 s PostgreSQL outage.
+* ``dbos``: DBOS Transact running the same workflow on the same PostgreSQL
+  (:mod:`onceflow.baselines.dbos_bench`, in its own virtualenv), with the ratios.
 
 Benchmarks are not tests: CI runs only a tiny smoke size to keep the harness working.
 """

@@ -1,4 +1,9 @@
-"""Every database operation of the engine runner, one function each, one round trip each.
+"""Every database operation of the engine runner.
+
+The frequent lease-guarded writes (step started, step checkpoint, instance finished,
+heartbeat) are batched: :func:`write_batch` applies the pending writes of many
+instances in one transaction, one multi-row statement per kind. The rare ones (sleeps,
+event waits, suspension) are one function and one round trip each.
 
 All writes on behalf of a running instance are guarded by its lease: they lock the
 instance row (``FOR SHARE``) and check ``lease_owner``, so an engine whose lease was
@@ -154,12 +159,13 @@ lease AS (
 
 # --- lease-guarded writes, batched -------------------------------------------------
 #
-# The runner sends the checkpoint writes of all its in-flight instances through one
-# writer (:mod:`workflow_engine.batcher`), which applies everything pending in ONE
-# transaction: one multi-row statement per kind of write, one commit. Each instance has
-# at most one write pending, so the rows of a batch never collide with each other, and
-# because a single writer also carries the heartbeat, an engine's own transactions
-# never lock its instance rows in conflicting orders.
+# The runner sends the checkpoint writes of all its in-flight instances through its
+# group-commit writer (:mod:`workflow_engine.batcher`), which applies everything pending
+# in ONE transaction: one multi-row statement per kind of write, one commit. Each
+# instance has at most one write pending, so the rows of one batch never collide, nor
+# do those of two batches in flight; the heartbeat, which touches every leased row,
+# runs in a batch of its own, so an engine's own transactions never lock its instance
+# rows in conflicting orders.
 
 _LEASE_OF_INPUT = """
 lease AS (
@@ -216,6 +222,7 @@ step AS (
         error = input.error,
         finished_at = CASE WHEN input.status = 'running' THEN NULL ELSE now() END
     FROM input JOIN lease USING (job_id)
+    -- 'running' only: a checkpoint can never be written twice (the second finds no row)
     WHERE s.job_id = input.job_id AND s.position = input.position AND s.status = 'running'
     RETURNING s.job_id
 ),
@@ -255,8 +262,9 @@ RETURNING job_id
 
 _STEP_STATUS = {"complete": "complete", "retry": "running", "failed": "failed"}
 
-# Each kind of write: (its SQL, how one write's arguments become the statement's columns,
-# how the statement's rows answer each write). A write's arguments:
+# Each kind of write has a function that runs its statement for all writes of that kind
+# in a batch and answers each write (a value, or the exception its instance should
+# raise). A write's arguments:
 #   start_step      (job_id, position, name)                -> attempt number
 #   finish_step     (job_id, position, attempt, outcome, result_json, error)
 #   finish_instance (job_id, status, result_json, error)
@@ -397,14 +405,6 @@ def write_each(engine: Engine, owner: str, writes: list[tuple[str, tuple]]) -> l
         except Exception as exc:
             answers.append(exc)
     return answers
-
-
-def write_one(engine: Engine, owner: str, kind: str, *args: Any) -> Any:
-    """One lease-guarded write on its own (tools and tests); raises its exception."""
-    answer = write_each(engine, owner, [(kind, args)])[0]
-    if isinstance(answer, BaseException):
-        raise answer
-    return answer
 
 
 _RESCUE = sa.text(
