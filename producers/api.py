@@ -97,6 +97,9 @@ def create_app(settings: Settings, producer: JobProducer | None = None) -> FastA
                 model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 comps.update(model_schema.pop("$defs", {}))
                 comps[model.__name__] = model_schema
+            if known_types is not None:
+                # The types this deployment knows, so clients (and the fuzzer) see them.
+                comps["JobIn"]["properties"]["workflow"]["enum"] = sorted(known_types)
             app.openapi_schema = schema
         return schema
 
