@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 class WriteBatcher:
-    def __init__(self, engine: Engine, owner: str, writers: int = 2, max_batch: int = 1000) -> None:
+    def __init__(self, engine: Engine, owner: str, writers: int = 3, max_batch: int = 1000) -> None:
         self.engine = engine
         self.owner = owner
         self.writers = writers
