@@ -71,8 +71,10 @@ class EngineRunner:
         clock: SystemClock | FakeClock | None = None,
     ) -> None:
         self.settings = settings
+        # Connections: the group-commit writers, the claim loop, the rescuer and
+        # maintenance, and the rare single writes (sleeps, waits) — not one per instance.
         self.engine = engine or make_engine(
-            settings.database_url, pool_size=min(settings.engine_concurrency, 16)
+            settings.database_url, pool_size=max(6, min(settings.engine_concurrency, 16))
         )
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{str(ULID())[-6:]}"
         self.default_retry = default_retry
