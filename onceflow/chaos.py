@@ -27,7 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import httpx
@@ -38,6 +38,9 @@ from onceflow.partitioning import partition_for
 from onceflow.settings import Settings
 from onceflow.stack import Stack
 from producers.client import SubmitError
+
+if TYPE_CHECKING:
+    from onceflow.dev import DevServices
 
 SIZES = {"ci": 600, "large": 5000}
 
@@ -81,7 +84,7 @@ class _Faults:
     def __init__(
         self,
         stack: Stack,
-        dev: Any | None,
+        dev: DevServices | None,
         log: Callable[[str], None],
         submit: Callable[[list[dict[str, Any]]], None],
     ) -> None:
@@ -206,7 +209,7 @@ def run_chaos(
     seed: int,
     n_jobs: int,
     log_dir: Path,
-    dev: Any | None = None,
+    dev: DevServices | None = None,
     clients: int = 6,
     timeout: float = 240.0,
     log: Callable[[str], None] = click.echo,
@@ -389,14 +392,3 @@ def _check(stack: Stack, accepted: set[str], result: ChaosResult) -> None:
         v.append(f"audit: missing {report.missing[:5]}, doubled {report.doubled[:5]}")
     if report.lag:
         v.append(f"consumer lag did not return to 0 (still {report.lag})")
-
-
-def local_dev_services(settings: Settings) -> Any | None:
-    """The dev services, if the configured Kafka and PostgreSQL are them (so the chaos
-    run may restart them); None for external services."""
-    from onceflow.dev import DevServices
-
-    dev = DevServices(settings.state_dir)
-    same_kafka = settings.kafka_bootstrap_servers == dev.kafka.bootstrap
-    same_pg = f"127.0.0.1:{dev.postgres.port}/" in settings.database_url
-    return dev if same_kafka and same_pg else None

@@ -16,7 +16,7 @@ import click
 import orjson
 
 from onceflow.errors import OnceflowError
-from onceflow.settings import Settings, get_settings
+from onceflow.settings import SCOPES, Settings, get_settings
 
 # `onceflow bench` scenarios (onceflow.bench.SCENARIOS; kept here so the CLI starts
 # without importing the harness — a unit test keeps the two equal).
@@ -382,7 +382,8 @@ def chaos(seed: int | None, size: str, n_jobs: int | None, runs: int) -> None:
     """Inject faults while jobs flow; check nothing is lost or doubled."""
     import random
 
-    from onceflow.chaos import SIZES, local_dev_services, run_chaos
+    from onceflow.chaos import SIZES, run_chaos
+    from onceflow.dev import local_dev_services
 
     settings = _settings()
     first = seed if seed is not None else random.randrange(1 << 20)
@@ -410,7 +411,7 @@ def keys() -> None:
     "scopes",
     multiple=True,
     required=True,
-    type=click.Choice(["jobs:submit", "jobs:read", "instances:control"]),
+    type=click.Choice(SCOPES),
     help="A scope the key grants (repeat for several).",
 )
 def keys_new(name: str, scopes: tuple[str, ...]) -> None:
@@ -435,7 +436,7 @@ def keys_new(name: str, scopes: tuple[str, ...]) -> None:
     envvar="ONCEFLOW_BENCH_JOBS",
     type=int,
     default=20000,
-    help="Jobs per scenario (the README's figures use 100000 for burst).",
+    help="Jobs per scenario (BENCHMARKS.md says which sizes its figures used).",
 )
 @click.option(
     "--out",

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import AliasChoices, BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Scope = Literal["jobs:submit", "jobs:read", "instances:control"]
+SCOPES: tuple[str, ...] = get_args(Scope)
 
 
 class ApiKey(BaseModel):
@@ -21,7 +24,7 @@ class ApiKey(BaseModel):
 
     name: str = Field(min_length=1, max_length=100)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    scopes: list[Literal["jobs:submit", "jobs:read", "instances:control"]] = Field(min_length=1)
+    scopes: list[Scope] = Field(min_length=1)
 
 
 class Settings(BaseSettings):
@@ -82,8 +85,8 @@ class Settings(BaseSettings):
     streams_session_timeout_seconds: float = Field(default=10.0, ge=6)
 
     # --- workflow engine (workflow_engine/) ---------------------------------------
-    # More is not faster on a small machine: 16 beat 32 and 64 in `onceflow bench engine`
-    # on 2 cores, and left the CPU to ingest during bursts (BENCHMARKS.md).
+    # Instances are coroutines whose checkpoints share a group commit: more in flight
+    # means bigger batches (64-128 is best on 2 cores, BENCHMARKS.md).
     engine_concurrency: int = Field(default=64, ge=1)
     engine_claim_batch: int = Field(default=32, ge=1)
     engine_lease_seconds: float = Field(default=30.0, gt=0)

@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 from fastapi import HTTPException, Request
 
-from onceflow.settings import ApiKey, Settings
+from onceflow.settings import SCOPES, ApiKey, Settings
 
-SCOPES = ("jobs:submit", "jobs:read", "instances:control")
+__all__ = ["SCOPES", "Authenticator", "hash_key", "new_key"]
 
 
 def hash_key(key: str) -> str:

@@ -27,6 +27,7 @@ from importlib import resources
 from pathlib import Path
 
 from onceflow.errors import OnceflowError, ServiceUnavailable
+from onceflow.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -425,3 +426,12 @@ class DevServices:
 
     def env(self) -> dict[str, str]:
         return {"KAFKA_BOOTSTRAP_SERVERS": self.kafka.bootstrap, "DATABASE_URL": self.postgres.url}
+
+
+def local_dev_services(settings: Settings) -> DevServices | None:
+    """The dev services, if the configured Kafka and PostgreSQL are them (so chaos runs
+    and benchmarks may restart them); None for external services."""
+    dev = DevServices(settings.state_dir)
+    same_kafka = settings.kafka_bootstrap_servers == dev.kafka.bootstrap
+    same_pg = f"127.0.0.1:{dev.postgres.port}/" in settings.database_url
+    return dev if same_kafka and same_pg else None
