@@ -9,10 +9,12 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: setup services tools demo test unit lint down clean
 
-$(STAMP): pyproject.toml
+# The runtime (with its test dependencies), the sample workflows and the tools: three
+# distributions, installed editable. Only the first goes into the application image.
+$(STAMP): pyproject.toml tools/pyproject.toml examples/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev]' -e ./examples -e './tools[plots]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -27,10 +29,13 @@ demo: services
 tools:
 	./scripts/install-tools.sh
 
+# ruff, mypy, and the layer contract (import-linter: a module may import only from the
+# layers below it; see [tool.importlinter] in pyproject.toml and docs/architecture.md).
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # The whole suite: lint, then unit, integration and acceptance tests on the real
 # services started above (their addresses exported so the tests use them).

@@ -6,10 +6,10 @@ processes live in their own top-level packages: ``producers`` (HTTP ingest),
 ``streams`` (the Faust worker) and ``workflow_engine`` (schema, API, runner).
 """
 
-from onceflow.envelope import JobEnvelope
-from onceflow.errors import OnceflowError
-from onceflow.ids import is_valid_job_id, new_job_id
-from onceflow.settings import Settings, get_settings
+from onceflow.core.envelope import JobEnvelope
+from onceflow.core.errors import OnceflowError
+from onceflow.core.ids import is_valid_job_id, new_job_id
+from onceflow.core.settings import Settings, get_settings
 
 __all__ = [
     "JobEnvelope",

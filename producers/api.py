@@ -19,10 +19,10 @@ from datetime import UTC, datetime
 import orjson
 from fastapi import Depends, FastAPI, Request, Response
 
-from onceflow.envelope import JobEnvelope
-from onceflow.errors import ConfigurationError
-from onceflow.ids import new_job_id, new_request_id, new_traceparent
-from onceflow.settings import Settings
+from onceflow.core.envelope import JobEnvelope
+from onceflow.core.errors import ConfigurationError
+from onceflow.core.ids import new_job_id, new_request_id, new_traceparent
+from onceflow.core.settings import Settings
 from producers.auth import Authenticator
 from producers.kafka import JobProducer
 from producers.limits import ClientLimiter
@@ -258,8 +258,8 @@ def create_app(settings: Settings, producer: JobProducer | None = None) -> FastA
     if settings.admin_api_enabled:
         from sqlalchemy.engine import Engine
 
-        from workflow_engine.db import shared_engine
-        from workflow_engine.http import admin_router, jobs_router
+        from producers.routes.admin import admin_router, jobs_router
+        from workflow_engine.store.db import shared_engine
 
         def db() -> Engine:
             return shared_engine(settings.database_url)
@@ -316,8 +316,8 @@ def _json(body: object, status: int, headers: dict[str, str] | None = None) -> R
 
 def lag_for_job(settings: Settings, job_id: str) -> dict[str, object]:
     """The streams workers' lag in total and on the partition this job id lands on."""
-    from onceflow.lag import consumer_lag
-    from onceflow.partitioning import partition_for
+    from onceflow.core.lag import consumer_lag
+    from onceflow.core.partitioning import partition_for
 
     lags = consumer_lag(
         settings.kafka_bootstrap_servers, settings.consumer_group, settings.jobs_topic, timeout=5.0

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from fastapi import HTTPException, Request
 
-from onceflow.settings import SCOPES, ApiKey, Settings
+from onceflow.core.settings import SCOPES, ApiKey, Settings
 
 __all__ = ["SCOPES", "Authenticator", "hash_key", "new_key"]
 

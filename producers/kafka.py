@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from onceflow.envelope import JobEnvelope
-from onceflow.settings import Settings
+from onceflow.core.envelope import JobEnvelope
+from onceflow.core.settings import Settings
 from producers.metrics import KAFKA_ERRORS, PRODUCE_LATENCY, QUEUE_DEPTH
 
 log = logging.getLogger(__name__)

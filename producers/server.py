@@ -7,11 +7,12 @@ import signal
 
 import uvicorn
 
-from onceflow.health import database_ready, serve_metrics_and_health
-from onceflow.logs import setup_logging
-from onceflow.settings import Settings
+from onceflow.core.health import serve_metrics_and_health
+from onceflow.core.logs import setup_logging
+from onceflow.core.settings import Settings
 from producers.api import create_app
 from producers.kafka import JobProducer
+from workflow_engine.store.db import database_ready
 
 
 def serve(settings: Settings) -> None:

@@ -10,13 +10,13 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from onceflow.envelope import KafkaHeaders
+from onceflow.core.envelope import KafkaHeaders
 from streams.app import app, settings
 from streams.batch import BatchHandler
 from streams.records import RawRecord
 from streams.topics import jobs_topic
-from workflow_engine.db import make_engine
 from workflow_engine.definitions import load_workflow_modules
+from workflow_engine.store.db import make_engine
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import faust
 
-from onceflow.settings import Settings, get_settings
+from onceflow.core.settings import Settings, get_settings
 
 
 def create_app(settings: Settings) -> faust.App:

@@ -29,7 +29,7 @@ from confluent_kafka import Producer
 from sqlalchemy.engine import Engine
 from tenacity import Retrying, retry_if_exception_type, stop_never, wait_exponential_jitter
 
-from onceflow.settings import Settings
+from onceflow.core.settings import Settings
 from streams.metrics import (
     BATCH_SIZE,
     CREATED,
@@ -49,8 +49,8 @@ from streams.records import (
     split_by_partition,
 )
 from streams.tasks import run_task
-from workflow_engine import task_runs
-from workflow_engine.instances import CreateResult, Delivery, create_instances
+from workflow_engine.store import task_runs
+from workflow_engine.store.instances import CreateResult, Delivery, create_instances
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from onceflow.envelope import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, JobEnvelope, KafkaHeaders
-from onceflow.errors import InvalidEnvelope
+from onceflow.core.envelope import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, JobEnvelope, KafkaHeaders
+from onceflow.core.errors import InvalidEnvelope
 from workflow_engine.definitions import get_task, get_workflow
-from workflow_engine.instances import Delivery
+from workflow_engine.store.instances import Delivery
 
 
 @dataclass(frozen=True, slots=True)

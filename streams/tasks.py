@@ -21,7 +21,7 @@ from sqlalchemy.engine import Engine
 from streams.metrics import TASKS
 from workflow_engine.definitions import TaskDef, get_task
 from workflow_engine.errors import NonRetryableError
-from workflow_engine.task_runs import PendingTask, record_attempt
+from workflow_engine.store.task_runs import PendingTask, record_attempt
 
 log = logging.getLogger(__name__)
 

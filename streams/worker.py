@@ -7,10 +7,11 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from onceflow.health import database_ready, serve_metrics_and_health
-from onceflow.settings import Settings
+from onceflow.core.health import serve_metrics_and_health
+from onceflow.core.settings import Settings
 from streams.metrics import ASSIGNED_PARTITIONS, REBALANCES
 from streams.monitor import LagMonitor
+from workflow_engine.store.db import database_ready
 
 
 def _logging_config(settings: Settings) -> dict:
@@ -18,7 +19,7 @@ def _logging_config(settings: Settings) -> dict:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {
-            "json": {"()": "onceflow.logs.JsonFormatter", "process_name": "streams"},
+            "json": {"()": "onceflow.core.logs.JsonFormatter", "process_name": "streams"},
             "text": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
         },
         "handlers": {

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from onceflow.settings import settings_env  # noqa: F401  (tests import it from here)
+from onceflow.core.settings import settings_env  # noqa: F401  (tests import it from here)
 
 # Tests control the settings they use: scrub the app's own variables first.
 for _name in [n for n in os.environ if n.startswith("ONCEFLOW_")]:
@@ -33,22 +33,29 @@ def services() -> Iterator:
 
 @pytest.fixture(scope="session")
 def base_settings(services):
-    from onceflow.settings import Settings
+    from onceflow.core.settings import Settings
 
-    return Settings(kafka_bootstrap_servers=services.kafka, database_url=services.database_url)
+    return Settings(
+        kafka_bootstrap_servers=services.kafka,
+        database_url=services.database_url,
+        workflow_modules=["onceflow_examples"],  # the samples the tests run
+    )
 
 
 @pytest.fixture(scope="session")
 def template_db(base_settings) -> str:
-    """A migrated database that per-test databases are copied from."""
-    from onceflow.stack import recreate_database
-    from workflow_engine.db import make_engine
-    from workflow_engine.schema import migrate
+    """A migrated database (the product's schema and the examples') that per-test
+    databases are copied from."""
+    import onceflow_examples
+    from onceflow_tools.stack import recreate_database
+    from workflow_engine.store.db import make_engine
+    from workflow_engine.store.schema import migrate
 
     name = f"onceflow_tpl_{uuid.uuid4().hex[:8]}"
     url = recreate_database(base_settings.database_url, name)
     engine = make_engine(url, pool_size=1)
     migrate(engine)
+    migrate(engine, onceflow_examples.MIGRATIONS)
     engine.dispose()
     return name
 
@@ -58,8 +65,8 @@ def db_url(base_settings, template_db) -> Iterator[str]:
     """A fresh, migrated database for one test."""
     import sqlalchemy as sa
 
-    from onceflow.stack import database_url_for
-    from workflow_engine.db import make_engine
+    from onceflow_tools.stack import database_url_for
+    from workflow_engine.store.db import make_engine
 
     name = f"onceflow_t_{uuid.uuid4().hex[:10]}"
     admin = make_engine(database_url_for(base_settings.database_url, "postgres"), pool_size=1)
@@ -73,7 +80,7 @@ def db_url(base_settings, template_db) -> Iterator[str]:
 
 @pytest.fixture
 def db(db_url):
-    from workflow_engine.db import make_engine
+    from workflow_engine.store.db import make_engine
 
     engine = make_engine(db_url, pool_size=4)
     yield engine
@@ -83,7 +90,7 @@ def db(db_url):
 @pytest.fixture
 def settings(base_settings, db_url, tmp_path):
     """Settings for one test: its own database, topics and consumer group."""
-    from onceflow.topics import ensure_topics
+    from onceflow.core.topics import ensure_topics
 
     run = uuid.uuid4().hex[:8]
     s = base_settings.model_copy(

@@ -38,7 +38,7 @@ class Services:
         if _docker_reachable():
             self._start_containers()
         else:
-            from onceflow.dev import DevServices
+            from onceflow_tools.dev import DevServices
 
             dev = DevServices(REPO / ".onceflow")
             dev.up()

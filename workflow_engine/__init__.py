@@ -1,27 +1,40 @@
-"""The workflow engine: schema, the workflow definition API, the runner, control.
+"""The workflow engine: the definition API, the engine process, and the PostgreSQL layer.
 
 Public API::
 
     from workflow_engine import workflow, task, RetryPolicy, NonRetryableError, current_step
+
+Sub-packages: :mod:`workflow_engine.store` (the one owner of the database) and
+:mod:`workflow_engine.engine` (the engine process). The names below are resolved
+lazily (PEP 562), so that a process importing only the store or the definitions — the
+streams worker, ingest — does not load the engine runtime and register its metrics.
 """
 
-from workflow_engine.clock import FakeClock, SystemClock
-from workflow_engine.context import StepInfo, WorkflowContext, current_step
-from workflow_engine.definitions import (
-    RetryPolicy,
-    registered_tasks,
-    registered_workflows,
-    task,
-    workflow,
-)
-from workflow_engine.errors import (
-    EventTimeout,
-    NonDeterminismError,
-    NonRetryableError,
-    StepFailed,
-    WorkflowError,
-)
-from workflow_engine.instances import CreateResult, Delivery, create_instances
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "FakeClock": "workflow_engine.clock",
+    "SystemClock": "workflow_engine.clock",
+    "RetryPolicy": "workflow_engine.definitions",
+    "registered_tasks": "workflow_engine.definitions",
+    "registered_workflows": "workflow_engine.definitions",
+    "task": "workflow_engine.definitions",
+    "workflow": "workflow_engine.definitions",
+    "EventTimeout": "workflow_engine.errors",
+    "NonDeterminismError": "workflow_engine.errors",
+    "NonRetryableError": "workflow_engine.errors",
+    "StepFailed": "workflow_engine.errors",
+    "WorkflowError": "workflow_engine.errors",
+    "StepInfo": "workflow_engine.steps",
+    "current_step": "workflow_engine.steps",
+    "WorkflowContext": "workflow_engine.engine.context",
+    "CreateResult": "workflow_engine.store.instances",
+    "Delivery": "workflow_engine.store.instances",
+    "create_instances": "workflow_engine.store.instances",
+}
 
 __all__ = [
     "CreateResult",
@@ -43,3 +56,32 @@ __all__ = [
     "task",
     "workflow",
 ]
+
+if TYPE_CHECKING:
+    from workflow_engine.clock import FakeClock, SystemClock
+    from workflow_engine.definitions import (
+        RetryPolicy,
+        registered_tasks,
+        registered_workflows,
+        task,
+        workflow,
+    )
+    from workflow_engine.engine.context import WorkflowContext
+    from workflow_engine.errors import (
+        EventTimeout,
+        NonDeterminismError,
+        NonRetryableError,
+        StepFailed,
+        WorkflowError,
+    )
+    from workflow_engine.steps import StepInfo, current_step
+    from workflow_engine.store.instances import CreateResult, Delivery, create_instances
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'workflow_engine' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from workflow_engine.context import WorkflowContext
+    from workflow_engine.engine.context import WorkflowContext
 
 WorkflowFn = Callable[["WorkflowContext", dict[str, Any]], Awaitable[Any]]
 

@@ -1,6 +1,6 @@
 """Exceptions of the workflow engine."""
 
-from onceflow.errors import OnceflowError
+from onceflow.core.errors import OnceflowError
 
 
 class WorkflowError(OnceflowError):

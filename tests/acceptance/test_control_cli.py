@@ -8,11 +8,11 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
-from onceflow.envelope import JobEnvelope
-from onceflow.processes import ProcessGroup, free_port
+from onceflow.core.envelope import JobEnvelope
+from onceflow_tools.processes import ProcessGroup, free_port
 from tests.acceptance.test_demo import run_cli
 from tests.conftest import settings_env
-from workflow_engine.instances import Delivery, create_instances
+from workflow_engine.store.instances import Delivery, create_instances
 
 
 def status(db, job_id):

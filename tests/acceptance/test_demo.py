@@ -13,8 +13,8 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
-from onceflow.processes import onceflow_command
-from workflow_engine.db import make_engine
+from onceflow_tools.processes import onceflow_command
+from workflow_engine.store.db import make_engine
 
 
 def run_cli(*args, env, timeout=60):
@@ -117,7 +117,7 @@ def test_cli_errors_are_one_line(cli_env, db_url):
 
 
 def test_cli_on_an_unmigrated_database_says_what_to_do(cli_env, base_settings):
-    from onceflow.stack import recreate_database
+    from onceflow_tools.stack import recreate_database
 
     url = recreate_database(base_settings.database_url, "onceflow_unmigrated_test")
     env = {**cli_env, "ONCEFLOW_DATABASE_URL": url}

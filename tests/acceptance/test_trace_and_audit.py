@@ -11,7 +11,7 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
-from onceflow.stack import Stack
+from onceflow_tools.stack import Stack
 from tests.acceptance.test_demo import run_cli
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from onceflow.cli import cli
-from onceflow.settings import Settings
+from onceflow.core.settings import Settings
 
 ALIASES = {"KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL"}
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from onceflow.envelope import JobEnvelope
+from onceflow.core.envelope import JobEnvelope
 from producers.api import create_app
-from workflow_engine.instances import Delivery, create_instances
+from workflow_engine.store.instances import Delivery, create_instances
 
 
 class NoKafka:

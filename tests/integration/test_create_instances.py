@@ -6,8 +6,8 @@ import threading
 
 import sqlalchemy as sa
 
-from onceflow.envelope import JobEnvelope
-from workflow_engine.instances import Delivery, create_instances, describe_instance
+from onceflow.core.envelope import JobEnvelope
+from workflow_engine.store.instances import Delivery, create_instances, describe_instance
 
 
 def d(job_id, params=None, offset=0, partition=0, topic="jobs"):

@@ -9,10 +9,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from onceflow.envelope import JobEnvelope
-from workflow_engine.db import make_engine, sqlalchemy_url
-from workflow_engine.instances import Delivery, create_instances, describe_instance
-from workflow_engine.schema import grant_app_role
+from onceflow.core.envelope import JobEnvelope
+from workflow_engine.store.db import make_engine, sqlalchemy_url
+from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.store.schema import grant_app_role
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.envelope import JobEnvelope
-from workflow_engine.instances import Delivery, create_instances
+from onceflow.core.envelope import JobEnvelope
+from workflow_engine.store.instances import Delivery, create_instances
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "queries.md"
 BLOCKS = re.findall(r"```sql\n(.*?)```", DOC.read_text(), flags=re.S)

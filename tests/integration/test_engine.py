@@ -10,12 +10,12 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
-from onceflow.envelope import JobEnvelope
-from onceflow.processes import ProcessGroup, free_port
+from onceflow.core.envelope import JobEnvelope
+from onceflow_tools.processes import ProcessGroup, free_port
 from tests.conftest import settings_env
 from workflow_engine import NonRetryableError, RetryPolicy, current_step, workflow
-from workflow_engine.instances import Delivery, create_instances, describe_instance
-from workflow_engine.runner import EngineRunner
+from workflow_engine.engine.runner import EngineRunner
+from workflow_engine.store.instances import Delivery, create_instances, describe_instance
 
 CALLS: dict[str, int] = {}
 

@@ -14,14 +14,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import sqlalchemy as sa
 
-from onceflow.envelope import JobEnvelope
+from onceflow.core.envelope import JobEnvelope
 from workflow_engine import RetryPolicy, current_step, workflow
-from workflow_engine import control as ops
 from workflow_engine.clock import FakeClock
+from workflow_engine.engine.runner import EngineRunner
 from workflow_engine.errors import EventTimeout
-from workflow_engine.instances import Delivery, create_instances, describe_instance
-from workflow_engine.maintenance import prune
-from workflow_engine.runner import EngineRunner
+from workflow_engine.store import control as ops
+from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.store.maintenance import prune
 
 RAN: list[str] = []
 

@@ -13,9 +13,9 @@ import httpx
 import orjson
 import pytest
 
-from onceflow.dashboard import expressions
-from onceflow.processes import free_port
-from onceflow.stack import Stack
+from onceflow_tools.dashboard import expressions
+from onceflow_tools.processes import free_port
+from onceflow_tools.stack import Stack
 from tests.integration.kafka_helpers import produce
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ import time
 import orjson
 import sqlalchemy as sa
 
-from onceflow.envelope import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, JobEnvelope
-from onceflow.processes import ProcessGroup, free_port
+from onceflow.core.envelope import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, JobEnvelope
+from onceflow_tools.processes import ProcessGroup, free_port
 from tests.conftest import settings_env
 from tests.integration.kafka_helpers import (
     committed_offsets,

@@ -6,8 +6,8 @@ import signal
 
 import sqlalchemy as sa
 
-from onceflow.envelope import HEADER_DLQ_REASON, HEADER_JOB_ID, JobEnvelope
-from onceflow.processes import ProcessGroup
+from onceflow.core.envelope import HEADER_DLQ_REASON, HEADER_JOB_ID, JobEnvelope
+from onceflow_tools.processes import ProcessGroup
 from tests.conftest import settings_env
 from tests.integration.kafka_helpers import consume_all, produce_envelopes
 from tests.integration.test_streams_worker import scalar, start_worker, wait_until

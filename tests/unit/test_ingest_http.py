@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from onceflow.envelope import JobEnvelope
-from onceflow.settings import Settings
+from onceflow.core.envelope import JobEnvelope
+from onceflow.core.settings import Settings
 from producers.api import create_app
 from producers.kafka import Ack
 

@@ -1,6 +1,6 @@
 import pytest
 
-from onceflow.partitioning import murmur2, partition_for
+from onceflow.core.partitioning import murmur2, partition_for
 
 
 # Vectors from Apache Kafka's own UtilsTest.testMurmur2.

@@ -1,4 +1,4 @@
-from onceflow.envelope import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, JobEnvelope
+from onceflow.core.envelope import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, JobEnvelope
 from streams.batch import _parse_failpoint
 from streams.records import RawRecord, classify, split_by_partition
 

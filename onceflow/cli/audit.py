@@ -1,0 +1,171 @@
+"""``onceflow audit``: check the property the system exists for.
+
+Every job id accepted by ingest — every valid record in the jobs topic, since ingest
+answers 202 only for acknowledged records — must have exactly one workflow instance
+or task run once the streams workers have consumed it; none may have two; records
+that are not valid jobs must be on the dead-letter topic.
+
+The audit reads the topics itself (the ingest hot path is untouched) and judges only
+records below the consumer group's committed offsets: records the workers have not
+consumed yet are reported as pending, not missing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+import sqlalchemy as sa
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from sqlalchemy.engine import Engine
+
+from onceflow.core.envelope import HEADER_DLQ_SOURCE, JobEnvelope
+from onceflow.core.errors import InvalidEnvelope
+from onceflow.core.lag import consumer_lag
+from onceflow.core.settings import Settings
+
+
+@dataclass
+class AuditReport:
+    topic: str
+    group: str
+    records: int = 0
+    job_ids: int = 0
+    consumed_job_ids: int = 0
+    pending_job_ids: int = 0
+    instances: int = 0
+    task_runs: int = 0
+    dead_lettered_records: int = 0
+    invalid_records: int = 0
+    lag: int = 0
+    missing: list[str] = field(default_factory=list)
+    doubled: list[str] = field(default_factory=list)
+    invalid_not_dead_lettered: list[str] = field(default_factory=list)
+    unknown_origin: int = 0
+
+    @property
+    def clean(self) -> bool:
+        return not (self.missing or self.doubled or self.invalid_not_dead_lettered)
+
+    def render(self) -> str:
+        rows = [
+            ("records in the jobs topic", self.records),
+            ("distinct job ids", self.job_ids),
+            ("  consumed by the workers", self.consumed_job_ids),
+            ("  not consumed yet (consumer lag)", self.pending_job_ids),
+            ("consumer lag (records)", self.lag),
+            ("workflow instances", self.instances),
+            ("task runs", self.task_runs),
+            ("records on the dead-letter topic", self.dead_lettered_records),
+            ("invalid records in the jobs topic", self.invalid_records),
+            ("instances/runs not from the topic (retention)", self.unknown_origin),
+            ("MISSING: consumed job id, no instance or task run", len(self.missing)),
+            ("DOUBLED: job id with an instance and a task run", len(self.doubled)),
+            ("invalid record not dead-lettered", len(self.invalid_not_dead_lettered)),
+        ]
+        lines = [f"audit of topic {self.topic} (consumer group {self.group})"]
+        lines += [f"  {name:<52}{value:>9}" for name, value in rows]
+        lines += [f"  missing: {job_id}" for job_id in self.missing]
+        lines += [f"  doubled: {job_id}" for job_id in self.doubled]
+        lines += [f"  invalid, not dead-lettered: {src}" for src in self.invalid_not_dead_lettered]
+        if not self.clean:
+            lines.append("result: VIOLATIONS FOUND")
+        elif self.pending_job_ids or self.lag:
+            lines.append("result: CLEAN so far (the workers have not consumed everything yet)")
+        else:
+            lines.append("result: CLEAN")
+        return "\n".join(lines)
+
+
+def _read_topic(settings: Settings, topic: str):
+    """Yield every record of ``topic`` present now, partition by partition."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.kafka_bootstrap_servers,
+            "group.id": f"onceflow-audit-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        md = consumer.list_topics(topic, timeout=10)
+        if topic not in md.topics or md.topics[topic].error is not None:
+            return
+        ends = {}
+        for p in md.topics[topic].partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if high > low:
+                ends[p] = high
+        if not ends:
+            return
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+        done: set[int] = set()
+        while len(done) < len(ends):
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            partition, offset, error = msg.partition() or 0, msg.offset() or 0, msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    done.add(partition)
+                continue
+            if offset < ends[partition]:
+                yield msg
+            if offset + 1 >= ends[partition]:
+                done.add(partition)
+    finally:
+        consumer.close()
+
+
+def run_audit(settings: Settings, engine: Engine) -> AuditReport:
+    report = AuditReport(settings.jobs_topic, settings.consumer_group)
+    lags = {
+        p.partition: p
+        for p in consumer_lag(
+            settings.kafka_bootstrap_servers, settings.consumer_group, settings.jobs_topic
+        )
+    }
+    report.lag = sum(p.lag for p in lags.values())
+
+    dead_sources = set()
+    for msg in _read_topic(settings, settings.dlq_topic):
+        report.dead_lettered_records += 1
+        source = dict(msg.headers() or []).get(HEADER_DLQ_SOURCE)
+        if source:
+            dead_sources.add(source.decode())
+
+    consumed: dict[str, bool] = {}  # job id -> some record of it was consumed and kept
+    seen: set[str] = set()
+    for msg in _read_topic(settings, settings.jobs_topic):
+        report.records += 1
+        source = f"{msg.topic()}/{msg.partition()}@{msg.offset()}"
+        committed = lags[msg.partition()].committed if msg.partition() in lags else None
+        is_consumed = committed is not None and msg.offset() < committed
+        try:
+            job_id = JobEnvelope.decode(msg.key(), msg.value()).job_id
+        except InvalidEnvelope:
+            report.invalid_records += 1
+            if is_consumed and source not in dead_sources:
+                report.invalid_not_dead_lettered.append(source)
+            continue
+        seen.add(job_id)
+        if is_consumed and source not in dead_sources:
+            consumed[job_id] = True
+        else:
+            consumed.setdefault(job_id, False)
+
+    with engine.connect() as conn:
+        instances = set(conn.execute(sa.text("SELECT job_id FROM onceflow_instances")).scalars())
+        tasks = set(conn.execute(sa.text("SELECT job_id FROM onceflow_task_runs")).scalars())
+    report.instances, report.task_runs = len(instances), len(tasks)
+    report.job_ids = len(seen)
+    report.consumed_job_ids = sum(1 for v in consumed.values() if v)
+    report.pending_job_ids = sum(
+        1 for job_id, v in consumed.items() if not v and job_id not in instances | tasks
+    )
+    report.missing = sorted(
+        j for j, v in consumed.items() if v and j not in instances and j not in tasks
+    )
+    report.doubled = sorted(instances & tasks)
+    report.unknown_origin = len((instances | tasks) - seen)
+    return report

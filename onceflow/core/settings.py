@@ -1,0 +1,134 @@
+"""All settings in one place.
+
+Every setting is read from an environment variable named ``ONCEFLOW_<NAME>``; the two
+service addresses also accept the conventional ``KAFKA_BOOTSTRAP_SERVERS`` and
+``DATABASE_URL``. CLI flags, where a command has them, override these. The README's
+configuration table is the documentation of this class.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal, get_args
+
+from pydantic import AliasChoices, BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Scope = Literal["jobs:submit", "jobs:read", "instances:control"]
+SCOPES: tuple[str, ...] = get_args(Scope)
+
+
+class ApiKey(BaseModel):
+    """One API key, stored only as the SHA-256 hex digest of the key."""
+
+    name: str = Field(min_length=1, max_length=100)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    scopes: list[Scope] = Field(min_length=1)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ONCEFLOW_", extra="ignore")
+
+    # --- services -----------------------------------------------------------------
+    kafka_bootstrap_servers: str = Field(
+        default="127.0.0.1:19092",
+        validation_alias=AliasChoices(
+            "ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS"
+        ),
+    )
+    database_url: str = Field(
+        default="postgresql://postgres@127.0.0.1:15432/onceflow",
+        validation_alias=AliasChoices("ONCEFLOW_DATABASE_URL", "DATABASE_URL"),
+    )
+
+    # --- topics ---------------------------------------------------------------------
+    jobs_topic: str = "onceflow.jobs"
+    dlq_topic: str = "onceflow.jobs.dlq"
+    topic_partitions: int = Field(default=4, ge=1)
+    topic_replication_factor: int = Field(default=1, ge=1)
+
+    # --- ingest (producers/) ------------------------------------------------------
+    ingest_host: str = "127.0.0.1"
+    ingest_port: int = 8080
+    ingest_metrics_port: int = 9101
+    ingest_max_batch: int = Field(default=1000, ge=1)
+    ingest_max_params_bytes: int = Field(default=65536, ge=2)
+    ingest_ack_timeout_seconds: float = Field(default=15.0, gt=0)
+    ingest_retry_after_seconds: int = Field(default=2, ge=1)
+    producer_linger_ms: int = Field(default=2, ge=0)
+    # Serve the instance admin API (/v1/instances…) from the ingest process.
+    admin_api_enabled: bool = True
+    # API keys (JSON list of {"name", "sha256", "scopes"}; `onceflow keys new`).
+    api_keys: list[ApiKey] = Field(default_factory=list)
+    # Development only: accept requests without keys.
+    auth_disabled: bool = False
+    # Refuse jobs whose type no module in workflow_modules registers (422 at the edge
+    # instead of a dead letter later).
+    ingest_validate_types: bool = True
+    ingest_max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    # Per client (API key, or address when auth is disabled): sustained requests/s,
+    # burst, and requests in flight at once. 0 disables the rate limit.
+    ingest_rate_limit_per_second: float = Field(default=200.0, ge=0)
+    ingest_rate_limit_burst: int = Field(default=400, ge=1)
+    ingest_max_inflight_per_client: int = Field(default=32, ge=1)
+
+    # --- streams worker (streams/) ------------------------------------------------
+    consumer_group: str = "onceflow-streams"
+    streams_batch_size: int = Field(default=500, ge=1)
+    streams_batch_within_seconds: float = Field(default=0.02, gt=0)
+    streams_concurrency: int = Field(default=4, ge=1)
+    streams_metrics_port: int = 9102
+    streams_commit_interval_seconds: float = Field(default=2.8, gt=0)
+    streams_shutdown_grace_seconds: float = Field(default=30.0, gt=0)
+    # How soon a dead worker's partitions move to the others (Kafka session timeout).
+    streams_session_timeout_seconds: float = Field(default=10.0, ge=6)
+
+    # --- workflow engine (workflow_engine/) ---------------------------------------
+    # Instances are coroutines whose checkpoints share a group commit: more in flight
+    # means bigger batches (64-128 is best on 2 cores, BENCHMARKS.md).
+    engine_concurrency: int = Field(default=64, ge=1)
+    engine_claim_batch: int = Field(default=32, ge=1)
+    engine_lease_seconds: float = Field(default=30.0, gt=0)
+    engine_poll_interval_seconds: float = Field(default=1.0, gt=0)
+    engine_metrics_port: int = 9103
+    workflow_modules: list[str] = Field(default_factory=list)
+    step_result_max_bytes: int = Field(default=1024 * 1024, ge=2)
+    # Finished instances (and their steps) are deleted this long after finishing; the
+    # job-id record that makes a late duplicate collapse is kept longer.
+    retention_instances_seconds: float = Field(default=7 * 86400, gt=0)
+    retention_job_ids_seconds: float = Field(default=30 * 86400, gt=0)
+    maintenance_interval_seconds: float = Field(default=15.0, gt=0)
+
+    # The database role the services use, granted read/write by `onceflow migrate`.
+    app_db_role: str = ""
+
+    # --- process-wide ---------------------------------------------------------------
+    state_dir: Path = Path(".onceflow")
+    log_level: str = "INFO"
+    log_format: str = Field(default="json", pattern="^(json|text)$")
+    # Fault injection for tests: "streams.after_db_commit:N" kills the streams worker
+    # with SIGKILL right after its N-th database commit, before offsets are committed.
+    failpoint: str = ""
+
+
+def settings_env(s: Settings) -> dict[str, str]:
+    """The environment that gives a subprocess the same services, topics and group."""
+    return {
+        "ONCEFLOW_DATABASE_URL": s.database_url,
+        "ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS": s.kafka_bootstrap_servers,
+        "ONCEFLOW_JOBS_TOPIC": s.jobs_topic,
+        "ONCEFLOW_DLQ_TOPIC": s.dlq_topic,
+        "ONCEFLOW_CONSUMER_GROUP": s.consumer_group,
+        "ONCEFLOW_TOPIC_PARTITIONS": str(s.topic_partitions),
+        "ONCEFLOW_STATE_DIR": str(s.state_dir),
+        "ONCEFLOW_LOG_FORMAT": "json",
+        "ONCEFLOW_WORKFLOW_MODULES": json.dumps(s.workflow_modules),
+    }
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read once from the environment."""
+    return Settings()

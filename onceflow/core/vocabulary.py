@@ -1,0 +1,103 @@
+"""One source of truth for onceflow's closed sets of words.
+
+Each set is a ``StrEnum`` whose values are exactly what the database's CHECK
+constraints allow (``tests/integration/test_vocabulary.py`` reads the constraints back
+from a migrated database and compares), what the HTTP API and the CLI accept, and what
+the metrics label. Import from here; never spell a status as a bare string elsewhere.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class InstanceStatus(StrEnum):
+    """``onceflow_instances.status``."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SLEEPING = "sleeping"
+    WAITING = "waiting"
+    PAUSED = "paused"
+    COMPLETE = "complete"
+    ERRORED = "errored"
+    TERMINATED = "terminated"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+    @property
+    def runnable(self) -> bool:
+        return self in RUNNABLE_STATUSES
+
+
+#: An instance in one of these never runs again (short of ``restart``).
+TERMINAL_STATUSES = frozenset(
+    {InstanceStatus.COMPLETE, InstanceStatus.ERRORED, InstanceStatus.TERMINATED}
+)
+#: The claim picks instances in these once ``run_after`` is due (the partial index
+#: ``onceflow_instances_runnable_idx`` covers exactly these).
+RUNNABLE_STATUSES = frozenset(
+    {InstanceStatus.QUEUED, InstanceStatus.SLEEPING, InstanceStatus.WAITING}
+)
+
+
+class StepStatus(StrEnum):
+    """``onceflow_steps.status``."""
+
+    RUNNING = "running"
+    SLEEPING = "sleeping"
+    WAITING = "waiting"
+    COMPLETE = "complete"
+    FAILED = "failed"
+
+
+class StepKind(StrEnum):
+    """``onceflow_steps.kind``: what the workflow asked for at that position."""
+
+    STEP = "step"
+    SLEEP = "sleep"
+    EVENT = "event"
+
+
+class AttemptOutcome(StrEnum):
+    """``onceflow_step_attempts.outcome`` (NULL while the attempt runs)."""
+
+    COMPLETE = "complete"
+    RETRY = "retry"
+    FAILED = "failed"
+    ABANDONED = "abandoned"
+
+
+class ControlAction(StrEnum):
+    """``onceflow_instances.requested_action``: asked of a running instance."""
+
+    PAUSE = "pause"
+    TERMINATE = "terminate"
+    RESTART = "restart"
+
+
+class JobKind(StrEnum):
+    """``onceflow_jobs.kind``: a durable workflow, or a plain queue task."""
+
+    WORKFLOW = "workflow"
+    TASK = "task"
+
+
+class TaskRunStatus(StrEnum):
+    """``onceflow_task_runs.status``."""
+
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    DEAD_LETTERED = "dead_lettered"
+
+
+class Process(StrEnum):
+    """The three runtime processes: one name each in the CLI (``onceflow ingest``),
+    the settings (``ONCEFLOW_INGEST_*``), the metrics (``process`` label, log field)
+    and the Helm chart (``ingest:``, ``worker:``, ``engine:``)."""
+
+    INGEST = "ingest"
+    WORKER = "worker"
+    ENGINE = "engine"

@@ -1,0 +1,1 @@
+"""Ingest's HTTP routes, one module per area."""

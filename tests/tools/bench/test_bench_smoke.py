@@ -1,0 +1,72 @@
+"""A tiny run of each benchmark scenario, only to keep the harness working.
+
+(Performance is measured by `onceflow bench`, never asserted by timed tests.)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from onceflow_tools.bench import burst, engine, render
+
+
+@pytest.mark.timeout(300)
+def test_burst_smoke(base_settings, tmp_path):
+    result = burst(base_settings.model_copy(update={"state_dir": tmp_path}), 300, tmp_path)
+    assert result["load"]["accepted"] == 300
+    assert result["lost"] == 0
+    assert "peak consumer lag" in render(result)
+
+
+@pytest.mark.timeout(300)
+def test_engine_smoke(base_settings, tmp_path):
+    settings = base_settings.model_copy(update={"state_dir": tmp_path})
+    result = engine(settings, 100, tmp_path, concurrencies=(8,))
+    assert [r["engines"] for r in result["runs"]] == [1, 2]
+    assert all(r["workflows"] == 100 for r in result["runs"])
+    assert "workflows/s" in render(result)
+
+
+@pytest.mark.timeout(300)
+def test_queue_smoke(base_settings, tmp_path):
+    from onceflow_tools.bench import queue
+
+    result = queue(base_settings.model_copy(update={"state_dir": tmp_path}), 200, tmp_path)
+    assert [(r["records"], r["instances"]) for r in result["runs"]] == [(200, 200), (200, 140)]
+    assert "records/s" in render(result)
+
+
+@pytest.mark.timeout(300)
+def test_e2e_smoke(base_settings, tmp_path):
+    from onceflow_tools.bench import e2e
+
+    result = e2e(base_settings.model_copy(update={"state_dir": tmp_path}), 30, tmp_path, rate=30)
+    # Paced one job per request: exactly the jobs asked for, each timed end to end.
+    assert result["load"]["accepted"] == 30 and result["load"]["requests"] == 30
+    assert result["latency"]["jobs"] == 30
+    assert 0 < result["latency"]["first_step_p50_ms"] <= result["latency"]["complete_p50_ms"]
+    assert "submit-to-first-step" in render(result)
+
+
+@pytest.mark.timeout(300)
+def test_nobuffer_smoke(base_settings, tmp_path):
+    from onceflow_tools.bench import nobuffer
+
+    result = nobuffer(base_settings.model_copy(update={"state_dir": tmp_path}), 300, tmp_path)
+    assert result["onceflow"]["lost"] == 0
+    assert result["nobuffer"]["stored"] == result["nobuffer"]["load"]["accepted"] == 300
+    assert "error rate" in render(result)
+
+
+@pytest.mark.timeout(600)
+def test_dbos_smoke(base_settings, tmp_path):
+    """Installs DBOS into its own virtualenv (once per state dir) and runs both sides."""
+    from onceflow_tools.bench import dbos
+
+    settings = base_settings.model_copy(update={"state_dir": tmp_path})
+    result = dbos(settings, 20, tmp_path, concurrencies=(4,), light=5, rate=5.0)
+    run = result["runs"][0]
+    assert run["onceflow"]["workflows"] == 20
+    assert run["dbos_default"]["completed"] == run["dbos_tuned"]["completed"] == 20
+    assert run["dbos_default"]["distinct_workflows"] == 20  # resubmitted ids collapsed
+    assert "ratio" in render(result)

@@ -1,0 +1,878 @@
+"""``onceflow bench``: figures from the real processes on the local services.
+
+Scenarios (each prints a table, shows progress on stderr and writes JSON):
+
+* ``burst`` / ``burst-paced``: N jobs posted as fast as a separate load process can (or
+  at 5,000 jobs/s), far above what the engine completes: ingest latency during the
+  burst, peak consumer lag, time for the lag to drain, end-to-end latency, peak RSS of
+  every process, and that every accepted job got its instance (nothing lost).
+* ``ingest``: jobs/s accepted and request latency at batch sizes 100 and 1 with
+  increasing client concurrency, then at increasing offered load until saturation.
+* ``queue``: instances created per second by one streams worker from a pre-filled
+  topic, without and with 30% duplicates (from the first to the last database row).
+* ``engine``: three-step no-op workflows completed per second by engine concurrency,
+  with 1 and 2 engine processes (from the first claim to the last completion).
+* ``e2e``: submit-to-first-step and submit-to-complete latency at light load.
+* ``scale``: queue-to-instance with 1, 2, 4 partitions and workers; 1, 2, 4 engines.
+* ``nobuffer`` / ``nobuffer-outage``: the same burst against onceflow and against HTTP
+  handlers writing straight into PostgreSQL (:mod:`onceflow_tools.baselines.direct_http`),
+  optionally through a 5 s PostgreSQL outage.
+* ``dbos``: DBOS Transact running the same workflow on the same PostgreSQL
+  (:mod:`onceflow_tools.baselines.dbos_bench`, in its own virtualenv), with the ratios.
+
+Benchmarks are not tests: CI runs only a tiny smoke size to keep the harness working.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from onceflow.core.lag import consumer_lag
+from onceflow.core.settings import Settings
+from onceflow_tools.processes import free_port
+from onceflow_tools.stack import Stack
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class Sampler:
+    """Samples consumer lag and each process's RSS twice a second, keeping peaks."""
+
+    def __init__(self, stack: Stack, progress: bool = False) -> None:
+        self.stack = stack
+        self.progress = progress
+        self.peak_lag = 0
+        self.peak_rss: dict[str, float] = {}
+        self.lag = 0
+        self.series: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._t0 = time.monotonic()
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        s = self.stack.settings
+        assert s is not None and self.stack.group is not None
+        while not self._stop.is_set():
+            try:
+                lags = consumer_lag(s.kafka_bootstrap_servers, s.consumer_group, s.jobs_topic)
+                self.lag = sum(p.lag for p in lags)
+                self.peak_lag = max(self.peak_lag, self.lag)
+                self.series.append((time.monotonic() - self._t0, self.lag))
+            except Exception:
+                pass
+            rss = {name: rss_mb(proc.pid) for name, proc in list(self.stack.group.procs.items())}
+            for name, mb in rss.items():
+                self.peak_rss[name] = max(self.peak_rss.get(name, 0.0), mb)
+            if self.progress and len(self.series) % 4 == 0:
+                memory = ", ".join(f"{k} {v:.0f} MB" for k, v in sorted(rss.items()))
+                click.echo(
+                    f"  … t={time.monotonic() - self._t0:.0f}s lag {self.lag}; {memory}", err=True
+                )
+            self._stop.wait(0.5)
+
+
+def _loadgen(
+    stack: Stack,
+    jobs: int,
+    batch: int,
+    concurrency: int,
+    prefix: str,
+    out: Path,
+    rate: float = 0.0,
+    url: str | None = None,
+) -> dict[str, Any]:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "onceflow_tools.loadgen",
+            "--url",
+            url or stack.ingest_url,
+            "--jobs",
+            str(jobs),
+            "--batch",
+            str(batch),
+            "--concurrency",
+            str(concurrency),
+            "--prefix",
+            prefix,
+            "--rate",
+            str(rate),
+            "--out",
+            str(out),
+        ],
+        check=True,
+        env={**os.environ, "ONCEFLOW_LOADGEN_KEY": stack.api_key},
+    )
+    return orjson.loads(out.read_bytes())
+
+
+def _stack(base: Settings, log_dir: Path, name: str, partitions: int = 4, **env: str) -> Stack:
+    run_id = f"bench-{name}-{uuid.uuid4().hex[:6]}"
+    stack = Stack(base, run_id, log_dir, partitions=partitions).prepare()
+    stack.env.update(
+        {"ONCEFLOW_INGEST_RATE_LIMIT_PER_SECOND": "0", "ONCEFLOW_LOG_LEVEL": "WARNING", **env}
+    )
+    if stack.group is not None:
+        stack.group.env.update(stack.env)
+    return stack
+
+
+_E2E_SQL = """
+SELECT count(*),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY first_step),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY first_step),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY complete),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY complete),
+       max(complete)
+FROM (
+    SELECT 1000 * extract(epoch FROM
+               (SELECT min(a.started_at) FROM onceflow_step_attempts a
+                WHERE a.job_id = j.job_id) - j.submitted_at) AS first_step,
+           1000 * extract(epoch FROM i.finished_at - j.submitted_at) AS complete
+    FROM onceflow_jobs j JOIN onceflow_instances i USING (job_id)
+    WHERE i.status = 'complete' AND j.job_id LIKE :prefix
+) x
+"""
+
+
+def e2e_latency(stack: Stack, prefix: str) -> dict[str, float]:
+    """Submit-to-first-step and submit-to-complete percentiles (ms) of finished jobs,
+    from the database's own timestamps (one clock: every process runs here)."""
+    assert stack.db is not None
+    import sqlalchemy as sa
+
+    with stack.db.connect() as conn:
+        row = conn.execute(sa.text(_E2E_SQL), {"prefix": f"{prefix}%"}).one()
+    keys = (
+        "jobs",
+        "first_step_p50_ms",
+        "first_step_p99_ms",
+        "complete_p50_ms",
+        "complete_p99_ms",
+        "complete_max_ms",
+    )
+    return {k: float(v or 0) for k, v in zip(keys, row, strict=True)}
+
+
+def _wait_for(what: str, current: Callable[[], int], target: int, timeout: float) -> float:
+    """Wait (bounded) until ``current()`` reaches ``target``, showing progress on stderr
+    every second; return the seconds waited. Polls twice a second: each poll is a count
+    on the database being measured, and the rates come from its timestamps anyway."""
+    t0 = last = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        value = current()
+        if value >= target:
+            break
+        if time.monotonic() - last >= 1.0:
+            last = time.monotonic()
+            click.echo(f"  … {what}: {value}/{target} after {last - t0:.0f}s", err=True)
+        time.sleep(0.5)
+    return time.monotonic() - t0
+
+
+def _wait_complete(stack: Stack, count: int, timeout: float) -> float:
+    """Wait (bounded) until ``count`` instances are complete; return the seconds waited."""
+    return _wait_for(
+        "instances complete",
+        lambda: stack.scalar("SELECT count(*) FROM onceflow_instances WHERE status = 'complete'"),
+        count,
+        timeout,
+    )
+
+
+def _seconds(stack: Stack, sql: str) -> float:
+    """A query's one number as a float (``Stack.scalar`` rounds to an int)."""
+    import sqlalchemy as sa
+
+    assert stack.db is not None
+    with stack.db.connect() as conn:
+        return float(conn.execute(sa.text(sql)).scalar() or 0.0)
+
+
+def e2e(base: Settings, jobs: int, log_dir: Path, rate: float = 50.0) -> dict[str, Any]:
+    """End-to-end latency at light load: ``rate`` jobs/s, one job per request, through
+    ingest, Kafka, the streams worker and the engine (three no-op steps)."""
+    stack = _stack(base, log_dir, "e2e")
+    try:
+        stack.start_ingest()
+        stack.start_worker()
+        stack.start_engine()
+        # Warm up (first connections, the consumer group's first assignment).
+        _loadgen(stack, 20, 1, 1, "warm_", log_dir / "warm.json", rate=20)
+        _wait_complete(stack, 20, 60)
+        load = _loadgen(stack, jobs, 1, 4, "light_", log_dir / "light.json", rate=rate)
+        _wait_complete(stack, 20 + load["accepted"], 120)
+        return {
+            "scenario": "e2e",
+            "rate": rate,
+            "load": load,
+            "latency": e2e_latency(stack, "light_"),
+        }
+    finally:
+        stack.close()
+
+
+class PostgresOutage:
+    """Stops the local dev PostgreSQL ``after`` seconds into a run, for ``seconds``."""
+
+    def __init__(self, base: Settings, after: float = 2.0, seconds: float = 5.0) -> None:
+        from onceflow_tools.dev import local_dev_services
+
+        dev = local_dev_services(base)
+        if dev is None:
+            raise click.ClickException("the outage runs need the local dev PostgreSQL")
+        self.dev = dev
+        self.after, self.seconds = after, seconds
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        time.sleep(self.after)
+        click.echo(f"  … stopping PostgreSQL for {self.seconds:.0f}s", err=True)
+        self.dev.postgres.down()
+        time.sleep(self.seconds)
+        self.dev.postgres.up()
+        click.echo("  … PostgreSQL is back", err=True)
+
+    def __enter__(self) -> PostgresOutage:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._thread.join(120)
+
+
+def burst(
+    base: Settings,
+    jobs: int,
+    log_dir: Path,
+    concurrency: int = 8,
+    rate: float = 0.0,
+    outage: bool = False,
+) -> dict[str, Any]:
+    """``jobs`` posted in batches of 100, flat out (or at ``rate`` jobs/s), while one
+    streams worker and one engine run: ingest latency, lag, drain, memory, nothing lost.
+    ``outage``: PostgreSQL is stopped for 5 s two seconds into the burst."""
+    stack = _stack(base, log_dir, "burst")
+    try:
+        stack.start_ingest()
+        stack.start_worker()
+        stack.start_engine()
+        with Sampler(stack, progress=True) as sampler:
+            with PostgresOutage(base) if outage else contextlib.nullcontext():
+                load = _loadgen(
+                    stack, jobs, 100, concurrency, "burst_", log_dir / "load.json", rate=rate
+                )
+            burst_end = time.monotonic()
+            _wait_for(
+                "instances created, lag 0",
+                lambda: (
+                    stack.scalar("SELECT count(*) FROM onceflow_instances")
+                    if sampler.lag == 0
+                    else 0
+                ),
+                load["accepted"],
+                600,
+            )
+            drain = time.monotonic() - burst_end
+            complete = stack.scalar(
+                "SELECT count(*) FROM onceflow_instances WHERE status = 'complete'"
+            )
+            all_done = drain + _wait_complete(stack, load["accepted"], 600)
+        created = stack.scalar("SELECT count(*) FROM onceflow_instances")
+        return {
+            "scenario": "burst-paced" if rate else "burst",
+            "jobs": jobs,
+            "rate": rate,
+            "load": load,
+            "peak_lag": sampler.peak_lag,
+            "drain_seconds_after_burst": drain,
+            "instances_created": created,
+            "lost": load["accepted"] - created,
+            "complete_at_drain": complete,
+            "all_complete_seconds_after_burst": all_done,
+            "latency": e2e_latency(stack, "burst_"),
+            "peak_rss_mb": sampler.peak_rss,
+            "lag_series": sampler.series,
+        }
+    finally:
+        stack.close()
+
+
+def ingest(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
+    """Closed loop (each client waits for its answer) at 1, 4 and 16 clients, batches of
+    100 and of 1; then open loop at increasing offered load until saturation."""
+    stack = _stack(base, log_dir, "ingest", ONCEFLOW_ADMIN_API_ENABLED="false")
+    rows = []
+    try:
+        stack.start_ingest()
+        for batch in (100, 1):
+            for concurrency in (1, 4, 16):
+                n = jobs if batch == 100 else max(200, jobs // 20)
+                out = log_dir / f"ingest-{batch}-{concurrency}.json"
+                rows.append(_loadgen(stack, n, batch, concurrency, f"i{batch}_{concurrency}_", out))
+        for rate in (2000, 5000, 10000, 15000, 20000, 30000):
+            n = max(1000, min(jobs, rate * 4))  # about four seconds at each step
+            out = log_dir / f"ingest-rate-{rate}.json"
+            rows.append(_loadgen(stack, n, 100, 32, f"r{rate}_", out, rate=rate))
+        return {"scenario": "ingest", "runs": rows}
+    finally:
+        stack.close()
+
+
+def _prefill(stack: Stack, jobs: int, workflow: str, prefix: str) -> None:
+    """Create ``jobs`` queued instances directly (as the streams worker would)."""
+    from onceflow.core.envelope import JobEnvelope
+    from workflow_engine.store.instances import Delivery, create_instances
+
+    assert stack.db is not None
+    for start in range(0, jobs, 1000):
+        create_instances(
+            stack.db,
+            [
+                Delivery(JobEnvelope(f"{prefix}{i:07d}", workflow, {"step_seconds": 0}), "t", 0, i)
+                for i in range(start, min(jobs, start + 1000))
+            ],
+        )
+
+
+def engine(
+    base: Settings,
+    jobs: int,
+    log_dir: Path,
+    workflow: str = "noop-workflow",
+    concurrencies: tuple[int, ...] = (16, 64, 128),
+    engine_counts: tuple[int, ...] = (1, 2),
+) -> dict[str, Any]:
+    """Three-step workflows completed per second from a pre-filled instances table, at
+    each engine concurrency with each number of engine processes."""
+    rows = []
+    for concurrency, engines in ((c, e) for c in concurrencies for e in engine_counts):
+        stack = _stack(
+            base,
+            log_dir,
+            f"engine{engines}c{concurrency}",
+            ONCEFLOW_ENGINE_CONCURRENCY=str(concurrency),
+        )
+        try:
+            _prefill(stack, jobs, workflow, "e")
+            t0 = time.monotonic()
+            for i in range(engines):
+                stack.start_engine(f"engine-{i}")
+            _wait_complete(stack, jobs, 600)
+            wall = time.monotonic() - t0
+            # The rate from the first claim to the last completion (engine start-up,
+            # about a second, is not the engine's throughput).
+            span = max(
+                _seconds(
+                    stack,
+                    "SELECT extract(epoch FROM max(finished_at) - min(started_at))"
+                    " FROM onceflow_instances",
+                ),
+                1e-3,
+            )
+            rows.append(
+                {
+                    "workflow": workflow,
+                    "concurrency": concurrency,
+                    "engines": engines,
+                    "workflows": jobs,
+                    "wall_seconds": wall,
+                    "seconds": span,
+                    "workflows_per_second": jobs / span,
+                    "checkpoints_per_second": 3 * jobs / span,
+                }
+            )
+        finally:
+            stack.close()
+    return {"scenario": "engine", "runs": rows}
+
+
+def _fill_topic(settings: Settings, jobs: int, dup_fraction: float) -> None:
+    """Write ``jobs`` records straight to the jobs topic, ``dup_fraction`` of them
+    re-sends of earlier ids."""
+    from confluent_kafka import Producer
+
+    from onceflow.core.envelope import JobEnvelope
+    from producers.kafka import producer_config
+
+    # Ingest's own producer settings (idempotent, acks=all, murmur2), batched harder.
+    producer = Producer({**producer_config(settings), "linger.ms": 20})
+    distinct = int(jobs * (1 - dup_fraction))
+    for i in range(jobs):
+        n = i if i < distinct else (i * 7919) % distinct  # re-sends of earlier ids
+        env = JobEnvelope(f"q{n:08d}", "order-workflow", {"n": n})
+        while True:
+            try:
+                producer.produce(
+                    settings.jobs_topic, key=env.key(), value=env.encode(), headers=env.headers()
+                )
+                break
+            except BufferError:
+                producer.poll(0.1)
+    producer.flush(60)
+
+
+def _wait_group(settings: Settings, members: int, timeout: float = 120) -> None:
+    """Wait until the consumer group is stable with ``members`` members."""
+    from confluent_kafka import ConsumerGroupState
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            group = admin.describe_consumer_groups([settings.consumer_group])[
+                settings.consumer_group
+            ].result(timeout=5)
+            if group.state == ConsumerGroupState.STABLE and len(group.members) == members:
+                return
+        except Exception:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"consumer group never had {members} stable members")
+
+
+def _queue_run(
+    base: Settings,
+    jobs: int,
+    log_dir: Path,
+    dup_fraction: float,
+    partitions: int = 4,
+    workers: int = 1,
+) -> dict[str, Any]:
+    """One queue-to-instance measurement. With one worker the topic is filled first;
+    with several, they join the group first (no rebalances mid-run), then it is filled."""
+    name = f"queue{int(dup_fraction * 100)}-p{partitions}w{workers}"
+    stack = _stack(base, log_dir, name, partitions)
+    try:
+        assert stack.settings is not None
+        if workers == 1:
+            _fill_topic(stack.settings, jobs, dup_fraction)
+        for w in range(workers):
+            stack.start_worker(f"streams-{w}")
+        if workers > 1:
+            _wait_group(stack.settings, workers)
+            _fill_topic(stack.settings, jobs, dup_fraction)
+        _wait_for(
+            "records consumed",
+            lambda: stack.scalar(
+                "SELECT (SELECT count(*) FROM onceflow_instances)"
+                " + (SELECT count(*) FROM onceflow_duplicate_deliveries)"
+            ),
+            jobs,
+            600,
+        )
+        span = _seconds(
+            stack,
+            "SELECT extract(epoch FROM max(t) - min(t)) FROM (SELECT received_at AS t"
+            " FROM onceflow_jobs UNION ALL"
+            " SELECT received_at FROM onceflow_duplicate_deliveries) x",
+        )
+        return {
+            "records": jobs,
+            "duplicate_fraction": dup_fraction,
+            "partitions": partitions,
+            "workers": workers,
+            "instances": stack.scalar("SELECT count(*) FROM onceflow_instances"),
+            "seconds": span,
+            "records_per_second": jobs / span if span else 0.0,
+        }
+    finally:
+        stack.close()
+
+
+def queue(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
+    """Instances created per second by one streams worker from a pre-filled topic,
+    without and with 30% duplicates."""
+    return {
+        "scenario": "queue",
+        "runs": [_queue_run(base, jobs, log_dir, dup) for dup in (0.0, 0.3)],
+    }
+
+
+def scale(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
+    """How the partition-bound hop and the engine grow with processes: queue-to-instance
+    with 1, 2, 4 partitions and as many workers; engine with 1, 2, 4 processes."""
+    queue_runs = [_queue_run(base, jobs, log_dir, 0.0, n, n) for n in (1, 2, 4)]
+    engine_runs = engine(
+        base, jobs, log_dir, concurrencies=(base.engine_concurrency,), engine_counts=(1, 2, 4)
+    )["runs"]
+    return {"scenario": "scale", "queue": queue_runs, "engine": engine_runs}
+
+
+# DBOS lives in its own virtualenv: dbos >= 3.3 needs croniter >= 6, which faust's
+# ``mode`` refuses (croniter < 6), so it never enters onceflow's own environment.
+DBOS_REQUIREMENT = "dbos==3.4.0"
+DBOS_TUNED_POLL = 0.05
+
+
+def dbos_python(state_dir: Path) -> Path:
+    """The interpreter of a virtualenv holding DBOS Transact (made on first use)."""
+    venv = (state_dir / "dbos-venv").resolve()
+    python = venv / "bin" / "python"
+    stamp = venv / ".installed"
+    if not stamp.exists() or stamp.read_text() != DBOS_REQUIREMENT:
+        click.echo(f"installing {DBOS_REQUIREMENT} into {venv}…", err=True)
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", DBOS_REQUIREMENT, "orjson"], check=True
+        )
+        stamp.write_text(DBOS_REQUIREMENT)
+    return python
+
+
+def _run_dbos(
+    base: Settings, jobs: int, concurrency: int, poll: float, light: int, rate: float, out: Path
+) -> dict[str, Any]:
+    script = Path(__file__).parent / "baselines" / "dbos_bench.py"
+    subprocess.run(
+        [
+            str(dbos_python(base.state_dir)),
+            str(script),
+            "--database-url",
+            base.database_url,
+            "--jobs",
+            str(jobs),
+            "--concurrency",
+            str(concurrency),
+            "--polling-interval",
+            str(poll),
+            "--light-jobs",
+            str(light),
+            "--light-rate",
+            str(rate),
+            "--out",
+            str(out),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return orjson.loads(out.read_bytes())
+
+
+def dbos(
+    base: Settings,
+    jobs: int,
+    log_dir: Path,
+    concurrencies: tuple[int, ...] = (16, 64),
+    light: int = 100,
+    rate: float = 10.0,
+) -> dict[str, Any]:
+    """DBOS Transact and onceflow side by side in one run on the same PostgreSQL: the
+    same three no-op steps, the same number of workflows, the same concurrency. DBOS
+    runs at its default queue poll (1 s) and tuned (0.05 s). Light-load latency: DBOS
+    enqueues in-process; onceflow's figure is end to end (HTTP, Kafka, worker, engine)."""
+    rows = []
+    for concurrency in concurrencies:
+        ours = engine(
+            base,
+            jobs,
+            log_dir / f"ours-{concurrency}",
+            concurrencies=(concurrency,),
+            engine_counts=(1,),
+        )
+        row: dict[str, Any] = {"concurrency": concurrency, "onceflow": ours["runs"][0]}
+        for label, poll in (("dbos_default", 1.0), ("dbos_tuned", DBOS_TUNED_POLL)):
+            out = log_dir / f"{label}-{concurrency}.json"
+            theirs = _run_dbos(base, jobs, concurrency, poll, light, rate, out)
+            row[label] = theirs
+            row[f"ratio_vs_{label}"] = ours["runs"][0]["workflows_per_second"] / max(
+                theirs["processing_workflows_per_second"], 1e-9
+            )
+        rows.append(row)
+    ours_e2e = e2e(base, light, log_dir / "e2e", rate=rate)
+    return {"scenario": "dbos", "jobs": jobs, "runs": rows, "onceflow_e2e": ours_e2e}
+
+
+def _error_rate(load: dict[str, Any]) -> float:
+    total = sum(load["statuses"].values())
+    errors = sum(n for status, n in load["statuses"].items() if int(status) != 202)
+    return errors / total if total else 0.0
+
+
+def nobuffer(
+    base: Settings, jobs: int, log_dir: Path, concurrency: int = 8, outage: bool = False
+) -> dict[str, Any]:
+    """The same burst, in the same run, against onceflow and against the no-buffer
+    baseline (:mod:`onceflow_tools.baselines.direct_http`: the HTTP handler writes each job
+    straight into PostgreSQL). While the baseline takes its burst an engine works
+    through a backlog of as many workflows, so PostgreSQL is as busy as in onceflow's
+    run, where the same engine runs the burst's own workflows. ``outage``: both bursts
+    meet the same PostgreSQL outage (stopped for 5 s, two seconds in)."""
+    ours = burst(base, jobs, log_dir / "ours", concurrency, outage=outage)
+    stack = _stack(base, log_dir, "nobuffer")
+    try:
+        assert stack.settings is not None and stack.group is not None
+        _prefill(stack, jobs, "noop-workflow", "backlog_")
+        port = free_port()
+        stack.group.start(
+            "direct-http",
+            "--database-url",
+            stack.settings.database_url,
+            "--port",
+            str(port),
+            module="onceflow_tools.baselines.direct_http",
+        )
+        url = f"http://127.0.0.1:{port}"
+        stack.group.wait_http(f"{url}/healthz", timeout=60)
+        stack.start_engine()
+        with (
+            Sampler(stack) as sampler,
+            PostgresOutage(base) if outage else contextlib.nullcontext(),
+        ):
+            load = _loadgen(stack, jobs, 100, concurrency, "nb_", log_dir / "nb.json", url=url)
+        stored = stack.scalar("SELECT count(*) FROM onceflow_baseline_jobs WHERE job_id LIKE 'nb%'")
+        theirs = {
+            "load": load,
+            "stored": stored,
+            "error_rate": _error_rate(load),
+            "peak_rss_mb": sampler.peak_rss,
+        }
+    finally:
+        stack.close()
+    return {
+        "scenario": "nobuffer-outage" if outage else "nobuffer",
+        "jobs": jobs,
+        "postgres_outage": outage,
+        "onceflow": {
+            "load": ours["load"],
+            "error_rate": _error_rate(ours["load"]),
+            "lost": ours["lost"],
+        },
+        "nobuffer": theirs,
+    }
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def _latency_line(lat: dict[str, float]) -> str:
+    return (
+        f"submit-to-first-step p50 {lat['first_step_p50_ms']:.0f} ms, p99"
+        f" {lat['first_step_p99_ms']:.0f} ms; submit-to-complete p50"
+        f" {lat['complete_p50_ms']:.0f} ms, p99 {lat['complete_p99_ms']:.0f} ms"
+        f" ({lat['jobs']:.0f} jobs)"
+    )
+
+
+def _render_burst(result: dict[str, Any]) -> list[str]:
+    load = result["load"]
+    rss = ", ".join(f"{k} {v:.0f} MB" for k, v in sorted(result["peak_rss_mb"].items()))
+    offered = f"{result['rate']:.0f} jobs/s" if result.get("rate") else "flat out"
+    return [
+        f"burst: {result['jobs']} jobs, batches of 100, {load['concurrency']} clients,"
+        f" offered {offered}",
+        f"  accepted {load['accepted']} in {load['wall_seconds']:.1f}s"
+        f" ({load['accepted_per_second']:.0f} jobs/s); statuses {load['statuses']}",
+        f"  ingest latency p50 {_ms(load['latency_p50'])}, p99 {_ms(load['latency_p99'])},"
+        f" max {_ms(load['latency_max'])}",
+        f"  peak consumer lag {result['peak_lag']}; drained"
+        f" {result['drain_seconds_after_burst']:.1f}s after the burst",
+        f"  instances created {result['instances_created']} (lost: {result['lost']});"
+        f" complete when the lag drained: {result['complete_at_drain']}; all complete"
+        f" {result['all_complete_seconds_after_burst']:.1f}s after the burst",
+        f"  {_latency_line(result['latency'])}",
+        f"  peak RSS: {rss}",
+    ]
+
+
+Column = tuple[str, Callable[[dict[str, Any]], str]]
+
+
+def _table(title: str, columns: list[Column], rows: list[dict[str, Any]]) -> list[str]:
+    """A right-aligned text table, each column as wide as its header or widest cell."""
+    cells = [[cell(row) for _, cell in columns] for row in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (h, _) in enumerate(columns)]
+    line = "  ".join
+    return [
+        f"{title}: " + line(h.rjust(w) for (h, _), w in zip(columns, widths, strict=True)),
+        *(
+            " " * (len(title) + 2) + line(c.rjust(w) for c, w in zip(cs, widths, strict=True))
+            for cs in cells
+        ),
+    ]
+
+
+def _render_ingest(result: dict[str, Any]) -> list[str]:
+    return _table(
+        "ingest",
+        [
+            ("batch", lambda r: str(r["batch"])),
+            ("clients", lambda r: str(r["concurrency"])),
+            ("offered/s", lambda r: f"{r['rate']:.0f}" if r.get("rate") else "max"),
+            ("jobs/s", lambda r: f"{r['accepted_per_second']:.0f}"),
+            ("p50 ms", lambda r: f"{r['latency_p50'] * 1000:.1f}"),
+            ("p99 ms", lambda r: f"{r['latency_p99'] * 1000:.1f}"),
+            ("max ms", lambda r: f"{r['latency_max'] * 1000:.1f}"),
+        ],
+        result["runs"],
+    )
+
+
+def _render_queue(result: dict[str, Any]) -> list[str]:
+    return _table(
+        "queue",
+        [
+            ("records", lambda r: str(r["records"])),
+            ("duplicates", lambda r: f"{r['duplicate_fraction']:.0%}"),
+            ("instances", lambda r: str(r["instances"])),
+            ("seconds", lambda r: f"{r['seconds']:.2f}"),
+            ("records/s", lambda r: f"{r['records_per_second']:.0f}"),
+        ],
+        result["runs"],
+    )
+
+
+def _render_engine(result: dict[str, Any]) -> list[str]:
+    return _table(
+        "engine",
+        [
+            ("workflow", lambda r: r["workflow"]),
+            ("concurrency", lambda r: str(r["concurrency"])),
+            ("engines", lambda r: str(r["engines"])),
+            ("workflows", lambda r: str(r["workflows"])),
+            ("workflows/s", lambda r: f"{r['workflows_per_second']:.0f}"),
+            ("checkpoints/s", lambda r: f"{r['checkpoints_per_second']:.0f}"),
+        ],
+        result["runs"],
+    )
+
+
+def _render_e2e(result: dict[str, Any]) -> list[str]:
+    return [
+        f"e2e: {result['load']['accepted']} jobs at {result['rate']:.0f}/s, one per request",
+        f"  {_latency_line(result['latency'])}",
+    ]
+
+
+def _render_nobuffer(result: dict[str, Any]) -> list[str]:
+    outage = ", PostgreSQL stopped for 5 s during it" if result.get("postgres_outage") else ""
+    lines = [f"nobuffer: the same burst of {result['jobs']} jobs, batches of 100{outage}"]
+    lines.append("  system      jobs/s   p50 ms   p99 ms   max ms  error rate")
+    for name in ("onceflow", "nobuffer"):
+        load = result[name]["load"]
+        lines.append(
+            f"  {name:<9} {load['accepted_per_second']:>8.0f} {load['latency_p50'] * 1000:>8.1f}"
+            f" {load['latency_p99'] * 1000:>8.1f} {load['latency_max'] * 1000:>8.1f}"
+            f"  {result[name]['error_rate']:>9.1%}"
+        )
+    return lines
+
+
+def _render_dbos(result: dict[str, Any]) -> list[str]:
+    lines = [f"dbos: {result['jobs']} three-step no-op workflows, same PostgreSQL"]
+    lines.append("  concurrency  system                    workflows/s  ratio (onceflow / it)")
+    for r in result["runs"]:
+        ours = r["onceflow"]["workflows_per_second"]
+        lines.append(f"  {r['concurrency']:>11}  {'onceflow engine':<24}  {ours:>11.0f}")
+        for label, name in (
+            ("dbos_default", "DBOS, 1 s poll"),
+            ("dbos_tuned", "DBOS, 0.05 s poll"),
+        ):
+            theirs = r[label]["processing_workflows_per_second"]
+            lines.append(
+                f"  {r['concurrency']:>11}  {name:<24}  {theirs:>11.0f}"
+                f"  {r[f'ratio_vs_{label}']:>6.1f}x"
+            )
+    lat = result["onceflow_e2e"]["latency"]
+    lines.append(f"  light load, onceflow end to end: {_latency_line(lat)}")
+    for label in ("dbos_default", "dbos_tuned"):
+        lt = result["runs"][0][label]["light"]
+        lines.append(
+            f"  light load, {label} (in-process enqueue): submit-to-first-step p50"
+            f" {lt['first_step_p50_ms'] or 0:.0f} ms, p99 {lt['first_step_p99_ms'] or 0:.0f} ms;"
+            f" submit-to-complete p50 {lt['complete_p50_ms'] or 0:.0f} ms,"
+            f" p99 {lt['complete_p99_ms'] or 0:.0f} ms"
+        )
+    return lines
+
+
+def _render_scale(result: dict[str, Any]) -> list[str]:
+    return [
+        *_table(
+            "scale (queue to instance)",
+            [
+                ("partitions", lambda r: str(r["partitions"])),
+                ("workers", lambda r: str(r["workers"])),
+                ("records", lambda r: str(r["records"])),
+                ("records/s", lambda r: f"{r['records_per_second']:.0f}"),
+            ],
+            result["queue"],
+        ),
+        *_render_engine({"runs": result["engine"]}),
+    ]
+
+
+RENDERERS = {
+    "burst": _render_burst,
+    "burst-paced": _render_burst,
+    "ingest": _render_ingest,
+    "queue": _render_queue,
+    "engine": _render_engine,
+    "e2e": _render_e2e,
+    "nobuffer": _render_nobuffer,
+    "nobuffer-outage": _render_nobuffer,
+    "dbos": _render_dbos,
+    "scale": _render_scale,
+}
+
+
+def render(result: dict[str, Any]) -> str:
+    return "\n".join(RENDERERS[result["scenario"]](result))
+
+
+SCENARIOS = {
+    "burst": burst,
+    "ingest": ingest,
+    "queue": queue,
+    "engine": engine,
+    "e2e": e2e,
+    "nobuffer": nobuffer,
+    "dbos": dbos,
+    "scale": scale,
+    "burst-paced": lambda base, jobs, log_dir: burst(base, jobs, log_dir, rate=5000),
+    "nobuffer-outage": lambda base, jobs, log_dir: nobuffer(base, jobs, log_dir, outage=True),
+}
+
+
+def run_bench(base: Settings, scenarios: list[str], jobs: int, out: Path) -> list[dict]:
+    results = []
+    for name in scenarios:
+        log_dir = (base.state_dir / "bench" / f"{name}-{int(time.time())}").resolve()
+        log_dir.mkdir(parents=True, exist_ok=True)
+        click.echo(f"running {name} ({jobs} jobs)…", err=True)
+        result = SCENARIOS[name](base, jobs, log_dir)
+        click.echo(render(result))
+        results.append(result)
+    out.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
+    return results

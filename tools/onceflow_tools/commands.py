@@ -1,0 +1,230 @@
+"""The tools' commands, joined to the ``onceflow`` CLI through the
+``onceflow.commands`` entry point group (see ``tools/pyproject.toml``): ``dev``,
+``demo``, ``bench``, ``chaos``, ``dashboard``. The runtime never imports this package.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+import orjson
+
+from onceflow.cli.main import settings_from_env as _settings
+from onceflow.core.errors import OnceflowError
+
+# `onceflow bench` scenarios (onceflow_tools.bench.SCENARIOS; kept here so the CLI starts
+# without importing the harness — a unit test keeps the two equal).
+BENCH_SCENARIOS = (
+    "burst",
+    "burst-paced",
+    "ingest",
+    "queue",
+    "engine",
+    "e2e",
+    "nobuffer",
+    "nobuffer-outage",
+    "dbos",
+    "scale",
+)
+
+
+def _dev_services():
+    from onceflow_tools.dev import DevServices
+
+    return DevServices(_settings().state_dir)
+
+
+@click.group()
+def dev() -> None:
+    """Local Kafka and PostgreSQL on loopback (no Docker needed)."""
+
+
+@dev.command("up")
+def dev_up() -> None:
+    """Install what is missing, start Kafka and PostgreSQL, wait until both are ready."""
+    services = _dev_services()
+    services.up()
+    for name, state in services.status().items():
+        click.echo(f"{name}: {state}")
+
+
+@dev.command("down")
+def dev_down() -> None:
+    """Stop Kafka and PostgreSQL (data is kept under the state directory)."""
+    _dev_services().down()
+    click.echo("stopped")
+
+
+@dev.command("status")
+def dev_status() -> None:
+    """Show whether each service answers."""
+    for name, state in _dev_services().status().items():
+        click.echo(f"{name}: {state}")
+
+
+@dev.command("env")
+def dev_env() -> None:
+    """Print the service addresses as shell exports."""
+    for key, value in _dev_services().env().items():
+        click.echo(f"export {key}={value}")
+
+
+@click.command()
+@click.option(
+    "--write",
+    "path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Write the dashboard JSON to this file instead of stdout.",
+)
+def dashboard(path: Path | None) -> None:
+    """Print the Grafana dashboard JSON (deploy/grafana/onceflow-dashboard.json)."""
+    from onceflow_tools.dashboard import build
+
+    text = orjson.dumps(build(), option=orjson.OPT_INDENT_2).decode() + "\n"
+    if path is None:
+        click.echo(text, nl=False)
+    else:
+        path.write_text(text)
+
+
+@click.command()
+@click.option(
+    "--seed",
+    envvar="ONCEFLOW_CHAOS_SEED",
+    type=int,
+    default=None,
+    help="Seed of the workload and fault schedule (printed; rerun a failing one).",
+)
+@click.option(
+    "--size",
+    envvar="ONCEFLOW_CHAOS_SIZE",
+    type=click.Choice(["ci", "large"]),
+    default="ci",
+    help="ci: 600 jobs; large: 5000 jobs.",
+)
+@click.option(
+    "--jobs",
+    "n_jobs",
+    envvar="ONCEFLOW_CHAOS_JOBS",
+    type=int,
+    default=None,
+    help="Number of jobs (overrides --size).",
+)
+@click.option(
+    "--runs",
+    envvar="ONCEFLOW_CHAOS_RUNS",
+    type=int,
+    default=1,
+    help="Consecutive runs with seeds seed, seed+1, ...",
+)
+def chaos(seed: int | None, size: str, n_jobs: int | None, runs: int) -> None:
+    """Inject faults while jobs flow; check nothing is lost or doubled."""
+    import random
+
+    from onceflow_tools.chaos import SIZES, run_chaos
+    from onceflow_tools.dev import local_dev_services
+
+    settings = _settings()
+    first = seed if seed is not None else random.randrange(1 << 20)
+    failed = 0
+    for s in range(first, first + runs):
+        log_dir = (settings.state_dir / "runs" / f"chaos-{s}").resolve()
+        result = run_chaos(
+            settings, s, n_jobs or SIZES[size], log_dir, dev=local_dev_services(settings)
+        )
+        click.echo(result.render())
+        failed += bool(result.violations)
+    if failed:
+        raise OnceflowError(f"{failed} of {runs} chaos run(s) found violations")
+
+
+@click.command()
+@click.argument(
+    "scenarios",
+    nargs=-1,
+    type=click.Choice(BENCH_SCENARIOS),
+)
+@click.option(
+    "--jobs",
+    "n_jobs",
+    envvar="ONCEFLOW_BENCH_JOBS",
+    type=int,
+    default=20000,
+    help="Jobs per scenario (BENCHMARKS.md says which sizes its figures used).",
+)
+@click.option(
+    "--out",
+    envvar="ONCEFLOW_BENCH_OUT",
+    type=click.Path(path_type=Path),
+    default=Path("bench-results.json"),
+    help="Where to write the JSON results.",
+)
+@click.option(
+    "--plots",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Also draw PNG plots of the results into this directory (needs matplotlib).",
+)
+def bench(scenarios: tuple[str, ...], n_jobs: int, out: Path, plots: Path | None) -> None:
+    """Measure the real processes (burst, ingest, queue-to-instance, engine, end-to-end
+    latency) and the baselines side by side (nobuffer, dbos); all of them by default."""
+    from onceflow_tools.bench import SCENARIOS, run_bench
+
+    results = run_bench(_settings(), list(scenarios) or list(SCENARIOS), n_jobs, out)
+    if plots is not None:
+        from onceflow_tools.benchplots import plot
+
+        for path in plot(results, plots):
+            click.echo(f"wrote {path}")
+
+
+@click.command()
+@click.option(
+    "--jobs",
+    "n_jobs",
+    envvar="ONCEFLOW_DEMO_JOBS",
+    type=int,
+    default=100,
+    help="Distinct jobs to submit.",
+)
+@click.option(
+    "--clients",
+    envvar="ONCEFLOW_DEMO_CLIENTS",
+    type=int,
+    default=4,
+    help="Concurrent clients resubmitting a random subset.",
+)
+@click.option(
+    "--seed",
+    envvar="ONCEFLOW_DEMO_SEED",
+    type=int,
+    default=None,
+    help="Random seed (printed, so a run can be replayed).",
+)
+@click.option(
+    "--timeout",
+    envvar="ONCEFLOW_DEMO_TIMEOUT",
+    type=float,
+    default=180.0,
+    help="Seconds to wait for all work to finish.",
+)
+@click.option(
+    "--json-out",
+    envvar="ONCEFLOW_DEMO_JSON_OUT",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Also write the proof as JSON to this file.",
+)
+def demo(
+    n_jobs: int, clients: int, seed: int | None, timeout: float, json_out: Path | None
+) -> None:
+    """Run the whole pipeline on real services and print a re-checkable proof."""
+    from onceflow_tools.demo import run_demo
+
+    ok = run_demo(
+        _settings(), n_jobs=n_jobs, clients=clients, seed=seed, timeout=timeout, json_out=json_out
+    )
+    sys.exit(0 if ok else 1)

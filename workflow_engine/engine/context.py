@@ -1,0 +1,238 @@
+"""The ``ctx`` a workflow function receives: durable steps with replay.
+
+Replay model: a workflow function runs from the top every time its instance is
+claimed. ``ctx.step`` counts positions; a step already checkpointed at that position
+returns its stored result without running again, so only unfinished work runs. If the
+code now asks for a different step name than the one recorded at that position, the
+instance fails with :class:`NonDeterminismError` instead of doing something wrong.
+
+At-least-once steps: a step's side effect can happen more than once if the process
+dies after the side effect and before its checkpoint is written. Pass
+``current_step().idempotency_key`` (``{job_id}:{step name}``) to external systems so
+they can drop the repeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from workflow_engine.definitions import DEFAULT_RETRY, RetryPolicy
+from workflow_engine.engine.metrics import STEP_DURATION, STEPS, STEPS_STARTED
+from workflow_engine.errors import (
+    EventTimeout,
+    NonDeterminismError,
+    NonRetryableError,
+    StepFailed,
+    Suspend,
+)
+from workflow_engine.steps import StepInfo, _current_step, idempotency_key
+from workflow_engine.store import execution as store
+
+log = logging.getLogger(__name__)
+
+
+class WorkflowContext:
+    def __init__(
+        self,
+        runtime: Any,
+        job_id: str,
+        workflow: str,
+        recorded: list[store.RecordedStep],
+    ) -> None:
+        self._rt = runtime
+        self.job_id = job_id
+        self.workflow = workflow
+        self._recorded = {s.position: s for s in recorded}
+        self._position = 0
+
+    def idempotency_key(self, step_name: str) -> str:
+        return idempotency_key(self.job_id, step_name)
+
+    def _next(self, name: str, kind: str) -> tuple[int, store.RecordedStep | None]:
+        """The next history position, checked against what was recorded there."""
+        position = self._position
+        self._position += 1
+        recorded = self._recorded.get(position)
+        if recorded is not None and (recorded.name != name or recorded.kind != kind):
+            raise NonDeterminismError(
+                f"workflow {self.workflow!r} asked for {kind} {name!r} at position {position},"
+                f" but the history has {recorded.kind} {recorded.name!r} there"
+            )
+        return position, recorded
+
+    async def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retries: RetryPolicy | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` once, durably; return its (JSON) result.
+
+        A failed attempt is retried per ``retries`` after a delay during which the
+        instance sleeps durably (no worker is held); ``NonRetryableError`` fails the
+        instance at once.
+        """
+        position, recorded = self._next(name, "step")
+        if recorded is not None and recorded.status == "complete":
+            return recorded.result
+        policy = retries or self._rt.default_retry or DEFAULT_RETRY
+        while True:
+            attempt = await self._rt.write("start_step", self.job_id, position, name)
+            STEPS_STARTED.labels(self.workflow).inc()
+            token = _current_step.set(StepInfo(self.job_id, self.workflow, name, position, attempt))
+            started = time.perf_counter()
+            try:
+                value = await self._invoke(fn, args, kwargs, timeout)
+                encoded = store.encode_result(value, self._rt.max_result_bytes)
+            except NonRetryableError as exc:
+                await self._finish(position, attempt, "failed", error=_describe(exc))
+                STEPS.labels(self.workflow, "failed").inc()
+                raise
+            except Exception as exc:  # step code may raise anything: that is a failed attempt
+                final = attempt > policy.limit
+                outcome = "failed" if final else "retry"
+                await self._finish(position, attempt, outcome, error=_describe(exc))
+                STEPS.labels(self.workflow, outcome).inc()
+                delay = 0.0 if final else policy.delay_for(exc, attempt)
+                log.warning(
+                    "step %r attempt %d failed: %s",
+                    name,
+                    attempt,
+                    exc,
+                    extra={
+                        "event": "step.failed" if final else "step.retry",
+                        "job_id": self.job_id,
+                        "step": name,
+                        "attempt": attempt,
+                        "retry_in": delay,
+                    },
+                )
+                if final:
+                    raise StepFailed(
+                        f"step {name!r} failed after {attempt} attempts: {_describe(exc)}"
+                    ) from exc
+                if delay > 0:
+                    raise Suspend("sleeping", None, delay=delay) from None
+                continue
+            finally:
+                _current_step.reset(token)
+            await self._finish(position, attempt, "complete", result=encoded)
+            STEPS.labels(self.workflow, "complete").inc()
+            STEP_DURATION.labels(self.workflow).observe(time.perf_counter() - started)
+            log.info(
+                "step %r complete",
+                name,
+                extra={
+                    "event": "step.complete",
+                    "job_id": self.job_id,
+                    "step": name,
+                    "attempt": attempt,
+                },
+            )
+            return value
+
+    async def sleep(self, name: str, duration: float | timedelta) -> None:
+        """Sleep durably: the instance is released and claimed again when it is due."""
+        seconds = duration.total_seconds() if isinstance(duration, timedelta) else duration
+        await self._sleep(name, delay=max(0.0, float(seconds)))
+
+    async def sleep_until(self, name: str, when: datetime) -> None:
+        """Sleep durably until ``when`` (timezone-aware)."""
+        if when.tzinfo is None:
+            raise ValueError("sleep_until needs a timezone-aware datetime")
+        await self._sleep(name, wake_at=when)
+
+    async def _sleep(
+        self, name: str, delay: float | None = None, wake_at: datetime | None = None
+    ) -> None:
+        position, recorded = self._next(name, "sleep")
+        if recorded is not None and recorded.status == "complete":
+            return
+        wake, due = await self._rt.db(
+            store.begin_wait,
+            self._rt.owner,
+            self.job_id,
+            position,
+            name,
+            "sleep",
+            self._rt.clock.db_now(),
+            delay,
+            wake_at,
+        )
+        if not due:
+            raise Suspend("sleeping", wake)
+        await self._rt.db(
+            store.close_entry, self._rt.owner, self.job_id, position, "complete", b"null"
+        )
+
+    async def wait_for_event(
+        self, name: str, type: str, timeout: float | timedelta | None = None
+    ) -> Any:
+        """Wait durably for an event of ``type``; return its payload.
+
+        Events sent before the wait is reached are kept and consumed in order. Raises
+        :class:`EventTimeout` if ``timeout`` passes first (the workflow may catch it).
+        """
+        position, recorded = self._next(name, "event")
+        if recorded is not None and recorded.status == "complete":
+            return recorded.result
+        if recorded is not None and recorded.status == "failed":
+            raise EventTimeout(recorded.error or f"timed out waiting for event {type!r}")
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        rt = self._rt
+        wake, due = await rt.db(
+            store.begin_wait,
+            rt.owner,
+            self.job_id,
+            position,
+            name,
+            "event",
+            rt.clock.db_now(),
+            seconds,
+            None,
+            type,
+        )
+        found, payload = await rt.db(store.consume_event, rt.owner, self.job_id, position)
+        if found:
+            return payload
+        if due:
+            message = f"timed out waiting for event {type!r} ({name!r})"
+            await rt.db(store.close_entry, rt.owner, self.job_id, position, "failed", None, message)
+            raise EventTimeout(message)
+        raise Suspend("waiting", wake)
+
+    async def _invoke(
+        self, fn: Callable[..., Any], args: tuple, kwargs: dict, timeout: float | None
+    ) -> Any:
+        if inspect.iscoroutinefunction(fn):
+            call = fn(*args, **kwargs)
+        else:
+            # Run sync step code in a thread that carries this step's context.
+            ctx = contextvars.copy_context()
+            call = asyncio.to_thread(ctx.run, fn, *args, **kwargs)
+        return await asyncio.wait_for(call, timeout) if timeout else await call
+
+    async def _finish(
+        self,
+        position: int,
+        attempt: int,
+        outcome: str,
+        result: bytes | None = None,
+        error: str | None = None,
+    ) -> None:
+        await self._rt.write("finish_step", self.job_id, position, attempt, outcome, result, error)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:2000]

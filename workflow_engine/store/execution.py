@@ -1,0 +1,647 @@
+"""Every database operation of the engine runner.
+
+The frequent lease-guarded writes (step started, step checkpoint, instance finished,
+heartbeat) are batched: :func:`write_batch` applies the pending writes of many
+instances in one transaction, one multi-row statement per kind. The rare ones (sleeps,
+event waits, suspension) are one function and one round trip each.
+
+All writes on behalf of a running instance are guarded by its lease: they lock the
+instance row (``FOR SHARE``) and check ``lease_owner``, so an engine whose lease was
+taken over can never write a checkpoint for an instance another engine now runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from workflow_engine.errors import (
+    ControlRequested,
+    LeaseLost,
+    NonDeterminismError,
+    StepResultError,
+)
+from workflow_engine.store.instances import notify_runnable
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    job_id: str
+    workflow: str
+    params: dict[str, Any]
+    created_at: datetime
+    submitted_at: datetime | None
+    claim_count: int
+    history: list[RecordedStep] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedStep:
+    position: int
+    name: str
+    status: str
+    attempts: int
+    result: Any
+    kind: str = "step"
+    wake_at: datetime | None = None
+    error: str | None = None
+
+
+_NOW = "coalesce(CAST(:now AS timestamptz), now())"
+
+_CLAIM_SQL = f"""
+WITH candidates AS (
+    SELECT job_id FROM onceflow_instances
+    WHERE status IN ('queued', 'sleeping', 'waiting') AND run_after <= {_NOW}
+      AND {{workflow_filter}}
+    ORDER BY run_after
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE onceflow_instances i
+SET status = 'running', lease_owner = :owner,
+    lease_expires_at = now() + make_interval(secs => :lease),
+    started_at = coalesce(i.started_at, now()), updated_at = now(),
+    claim_count = i.claim_count + 1
+FROM candidates c, onceflow_jobs j
+WHERE i.job_id = c.job_id AND j.job_id = c.job_id
+RETURNING i.job_id, i.workflow, i.params, i.created_at, j.submitted_at, i.claim_count
+"""
+_CLAIM_UNLIMITED = sa.text(_CLAIM_SQL.format(workflow_filter="workflow <> ALL(:limited)"))
+_CLAIM_ONE_WORKFLOW = sa.text(_CLAIM_SQL.format(workflow_filter="workflow = :workflow"))
+_RUNNING_OF = sa.text(
+    "SELECT count(*) FROM onceflow_instances WHERE workflow = :workflow AND status = 'running'"
+)
+
+
+def _json_text(data: bytes | None) -> str | None:
+    return data.decode() if data is not None else None
+
+
+def _write_leased(engine: Engine, sql: sa.TextClause, params: dict[str, Any], lost: str) -> None:
+    """Run a one-row write guarded by the lease; LeaseLost if it changed nothing."""
+    with engine.begin() as conn:
+        if conn.execute(sql, params).rowcount != 1:
+            raise LeaseLost(lost)
+
+
+def claim(
+    engine: Engine,
+    owner: str,
+    limit: int,
+    lease_seconds: float,
+    now: datetime | None = None,
+    limits: dict[str, int] | None = None,
+) -> list[Claimed]:
+    """Claim up to ``limit`` runnable instances.
+
+    Workflows with a concurrency limit are claimed under a per-workflow advisory lock
+    held to commit, so that engines claiming at the same time cannot exceed it.
+    Sleeping and waiting instances do not count toward a limit.
+    """
+    limits = limits or {}
+    params = {"owner": owner, "lease": lease_seconds, "now": now}
+    with engine.begin() as conn:
+        rows = list(
+            conn.execute(_CLAIM_UNLIMITED, {**params, "limit": limit, "limited": list(limits)})
+        )
+        for workflow, cap in limits.items():
+            room = limit - len(rows)
+            if room <= 0:
+                break
+            conn.execute(
+                sa.text("SELECT pg_advisory_xact_lock(hashtext(:k))"),
+                {"k": f"onceflow.limit.{workflow}"},
+            )
+            running = conn.execute(_RUNNING_OF, {"workflow": workflow}).scalar() or 0
+            take = min(room, cap - running)
+            if take > 0:
+                rows += conn.execute(
+                    _CLAIM_ONE_WORKFLOW, {**params, "limit": take, "workflow": workflow}
+                )
+        # The histories of everything claimed, in one query, in this transaction.
+        history = load_steps(conn, [row[0] for row in rows])
+        return [
+            Claimed(job_id, workflow, params, created, submitted, claims, history.get(job_id, []))
+            for job_id, workflow, params, created, submitted, claims in rows
+        ]
+
+
+_LOAD_STEPS = sa.text(
+    "SELECT job_id, position, name, status, attempts, result, kind, wake_at, error"
+    " FROM onceflow_steps WHERE job_id = ANY(:job_ids) ORDER BY job_id, position"
+)
+
+
+def load_steps(conn: sa.Connection, job_ids: list[str]) -> dict[str, list[RecordedStep]]:
+    """The recorded history of several instances, in one query."""
+    history: dict[str, list[RecordedStep]] = {job: [] for job in job_ids}
+    if job_ids:
+        for job_id, *row in conn.execute(_LOAD_STEPS, {"job_ids": job_ids}):
+            history[job_id].append(RecordedStep(*row))
+    return history
+
+
+_LEASE_CTE = """
+lease AS (
+    SELECT job_id, requested_action FROM onceflow_instances
+    WHERE job_id = :job_id AND lease_owner = :owner AND status = 'running'
+    FOR SHARE
+)"""
+
+
+# --- lease-guarded writes, batched -------------------------------------------------
+#
+# The runner sends the checkpoint writes of all its in-flight instances through its
+# group-commit writer (:mod:`workflow_engine.engine.batcher`), which applies everything pending
+# in ONE transaction: one multi-row statement per kind of write, one commit. Each
+# instance has at most one write pending, so the rows of one batch never collide, nor
+# do those of two batches in flight; the heartbeat, which touches every leased row,
+# runs in a batch of its own, so an engine's own transactions never lock its instance
+# rows in conflicting orders.
+
+_LEASE_OF_INPUT = """
+lease AS (
+    SELECT i.job_id, i.requested_action FROM onceflow_instances i JOIN input USING (job_id)
+    WHERE i.lease_owner = :owner AND i.status = 'running'
+    FOR SHARE OF i
+)"""
+
+_START_STEPS = sa.text(
+    f"""
+WITH input AS (
+    SELECT * FROM unnest(CAST(:job_ids AS text[]), CAST(:positions AS int[]),
+                         CAST(:names AS text[])) AS t(job_id, position, name)
+),
+{_LEASE_OF_INPUT},
+step AS (
+    INSERT INTO onceflow_steps AS s (job_id, position, name, status, attempts)
+    SELECT input.job_id, input.position, input.name, 'running', 1
+    FROM input JOIN lease USING (job_id) WHERE lease.requested_action IS NULL
+    ON CONFLICT ON CONSTRAINT onceflow_steps_pkey DO UPDATE
+        SET attempts = s.attempts + 1, status = 'running', error = NULL, finished_at = NULL
+        WHERE s.name = EXCLUDED.name AND s.status <> 'complete'
+    RETURNING s.job_id, s.position, s.attempts
+),
+abandoned AS (
+    UPDATE onceflow_step_attempts a SET outcome = 'abandoned', finished_at = now()
+    FROM step
+    WHERE a.job_id = step.job_id AND a.position = step.position AND a.finished_at IS NULL
+),
+attempt AS (
+    INSERT INTO onceflow_step_attempts (job_id, position, attempt, engine_id)
+    SELECT job_id, position, attempts, :owner FROM step
+    RETURNING job_id, attempt
+)
+SELECT input.job_id, attempt.attempt, lease.requested_action, lease.job_id IS NOT NULL
+FROM input LEFT JOIN lease USING (job_id) LEFT JOIN attempt USING (job_id)
+"""
+)
+
+_FINISH_STEPS = sa.text(
+    f"""
+WITH input AS (
+    SELECT * FROM unnest(CAST(:job_ids AS text[]), CAST(:positions AS int[]),
+                         CAST(:attempts AS int[]), CAST(:statuses AS text[]),
+                         CAST(:outcomes AS text[]), CAST(:results AS text[]),
+                         CAST(:errors AS text[]))
+        AS t(job_id, position, attempt, status, outcome, result, error)
+),
+{_LEASE_OF_INPUT},
+step AS (
+    UPDATE onceflow_steps s
+    SET status = input.status,
+        result = CAST(input.result AS jsonb),
+        error = input.error,
+        finished_at = CASE WHEN input.status = 'running' THEN NULL ELSE now() END
+    FROM input JOIN lease USING (job_id)
+    -- 'running' only: a checkpoint can never be written twice (the second finds no row)
+    WHERE s.job_id = input.job_id AND s.position = input.position AND s.status = 'running'
+    RETURNING s.job_id
+),
+attempt AS (
+    UPDATE onceflow_step_attempts a
+    SET outcome = input.outcome, error = input.error, finished_at = now()
+    FROM input JOIN step USING (job_id)
+    WHERE a.job_id = input.job_id AND a.position = input.position AND a.attempt = input.attempt
+)
+SELECT job_id FROM step
+"""
+)
+
+_FINISH_INSTANCES = sa.text(
+    """
+WITH input AS (
+    SELECT * FROM unnest(CAST(:job_ids AS text[]), CAST(:statuses AS text[]),
+                         CAST(:results AS text[]), CAST(:errors AS text[]))
+        AS t(job_id, status, result, error)
+)
+UPDATE onceflow_instances i
+SET status = input.status, result = CAST(input.result AS jsonb), error = input.error,
+    finished_at = now(), updated_at = now(), lease_owner = NULL, lease_expires_at = NULL
+FROM input
+WHERE i.job_id = input.job_id AND i.lease_owner = :owner AND i.status = 'running'
+RETURNING i.job_id
+"""
+)
+
+_HEARTBEAT = sa.text(
+    """
+UPDATE onceflow_instances SET lease_expires_at = now() + make_interval(secs => :lease)
+WHERE lease_owner = :owner AND status = 'running' AND job_id = ANY(:ids)
+RETURNING job_id
+"""
+)
+
+_STEP_STATUS = {"complete": "complete", "retry": "running", "failed": "failed"}
+
+# Each kind of write has a function that runs its statement for all writes of that kind
+# in a batch and answers each write (a value, or the exception its instance should
+# raise). A write's arguments:
+#   start_step      (job_id, position, name)                -> attempt number
+#   finish_step     (job_id, position, attempt, outcome, result_json, error)
+#   finish_instance (job_id, status, result_json, error)
+#   heartbeat       (job_ids, lease_seconds)                 -> ids still owned
+
+
+def _start_steps(conn: sa.Connection, owner: str, writes: list[tuple]) -> list[Any]:
+    rows = conn.execute(
+        _START_STEPS,
+        {
+            "owner": owner,
+            "job_ids": [w[0] for w in writes],
+            "positions": [w[1] for w in writes],
+            "names": [w[2] for w in writes],
+        },
+    )
+    found = {job_id: (attempt, action, leased) for job_id, attempt, action, leased in rows}
+    answers: list[Any] = []
+    for job_id, position, name in writes:
+        attempt, action, leased = found[job_id]
+        if not leased:
+            answers.append(LeaseLost(f"lease on {job_id} lost before step {name!r}"))
+        elif action is not None:
+            answers.append(ControlRequested(action))
+        elif attempt is None:
+            answers.append(
+                NonDeterminismError(f"step {name!r} at position {position} does not match history")
+            )
+        else:
+            answers.append(int(attempt))
+    return answers
+
+
+def _guarded(
+    conn: sa.Connection,
+    sql: sa.TextClause,
+    params: dict[str, Any],
+    writes: list[tuple],
+    lost: Callable[[tuple], str],
+) -> list[Any]:
+    """Run a batched guarded write returning the job ids it wrote; a write whose row
+    was not written lost its lease."""
+    written = set(conn.execute(sql, {"job_ids": [w[0] for w in writes], **params}).scalars())
+    return [None if w[0] in written else LeaseLost(lost(w)) for w in writes]
+
+
+def _finish_steps(conn: sa.Connection, owner: str, writes: list[tuple]) -> list[Any]:
+    params = {
+        "owner": owner,
+        "positions": [w[1] for w in writes],
+        "attempts": [w[2] for w in writes],
+        "statuses": [_STEP_STATUS[w[3]] for w in writes],
+        "outcomes": [w[3] for w in writes],
+        "results": [_json_text(w[4]) for w in writes],
+        "errors": [w[5] for w in writes],
+    }
+    return _guarded(
+        conn,
+        _FINISH_STEPS,
+        params,
+        writes,
+        lambda w: f"lease on {w[0]} lost before checkpointing step {w[1]}",
+    )
+
+
+def _finish_instances(conn: sa.Connection, owner: str, writes: list[tuple]) -> list[Any]:
+    params = {
+        "owner": owner,
+        "statuses": [w[1] for w in writes],
+        "results": [_json_text(w[2]) for w in writes],
+        "errors": [w[3] for w in writes],
+    }
+    return _guarded(
+        conn,
+        _FINISH_INSTANCES,
+        params,
+        writes,
+        lambda w: f"lease on {w[0]} lost before it could be marked {w[1]}",
+    )
+
+
+def _heartbeats(conn: sa.Connection, owner: str, writes: list[tuple]) -> list[Any]:
+    answers: list[Any] = []
+    for job_ids, lease_seconds in writes:
+        if not job_ids:
+            answers.append(set())
+            continue
+        rows = conn.execute(_HEARTBEAT, {"owner": owner, "ids": job_ids, "lease": lease_seconds})
+        answers.append(set(rows.scalars()))
+    return answers
+
+
+WRITES: dict[str, Callable[[sa.Connection, str, list[tuple]], list[Any]]] = {
+    "heartbeat": _heartbeats,
+    "start_step": _start_steps,
+    "finish_step": _finish_steps,
+    "finish_instance": _finish_instances,
+}
+
+
+def write_batch(engine: Engine, owner: str, writes: list[tuple[str, tuple]]) -> list[Any]:
+    """Apply lease-guarded writes of several instances in one transaction.
+
+    Returns one answer per write, in order: its value, or the exception it should raise
+    in its instance (``LeaseLost``, ``ControlRequested``, ``NonDeterminismError``).
+    A database error aborts the whole batch and propagates; :func:`write_each` then
+    isolates the write that caused it.
+    """
+    by_kind: dict[str, list[int]] = {}
+    for index, (kind, _) in enumerate(writes):
+        by_kind.setdefault(kind, []).append(index)
+    answers: list[Any] = [None] * len(writes)
+    with engine.begin() as conn:
+        for kind, indexes in by_kind.items():
+            for index, answer in zip(
+                indexes, WRITES[kind](conn, owner, [writes[i][1] for i in indexes]), strict=True
+            ):
+                answers[index] = answer
+    return answers
+
+
+def write_each(engine: Engine, owner: str, writes: list[tuple[str, tuple]]) -> list[Any]:
+    """Apply writes one transaction each (after a batch failed): one bad write (a step
+    name used twice in a run, say) fails only its own instance."""
+    answers: list[Any] = []
+    for write in writes:
+        try:
+            answers.append(write_batch(engine, owner, [write])[0])
+        except IntegrityError as exc:
+            diag = getattr(exc.orig, "diag", None)
+            if getattr(diag, "constraint_name", None) == "onceflow_steps_name_key":
+                name = write[1][2] if write[0] == "start_step" else "?"
+                answers.append(
+                    NonDeterminismError(f"step name {name!r} is used twice in one workflow run")
+                )
+            else:
+                answers.append(exc)
+        except Exception as exc:
+            answers.append(exc)
+    return answers
+
+
+_RESCUE = sa.text(
+    """
+UPDATE onceflow_instances
+SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+WHERE status = 'running' AND lease_expires_at < now()
+RETURNING job_id
+"""
+)
+
+
+def rescue_expired(engine: Engine) -> list[str]:
+    """Re-queue instances whose engine died (lease expired); return their ids."""
+    with engine.begin() as conn:
+        rescued = list(conn.execute(_RESCUE).scalars())
+        if rescued:
+            notify_runnable(conn)
+        return rescued
+
+
+_RELEASE = sa.text(
+    """
+UPDATE onceflow_instances
+SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+WHERE lease_owner = :owner AND status = 'running' AND job_id = ANY(:ids)
+"""
+)
+
+
+def release(engine: Engine, owner: str, job_ids: list[str]) -> int:
+    """Give back instances this engine will not finish (clean shutdown)."""
+    if not job_ids:
+        return 0
+    with engine.begin() as conn:
+        return conn.execute(_RELEASE, {"owner": owner, "ids": job_ids}).rowcount
+
+
+def encode_result(value: Any, max_bytes: int) -> bytes:
+    """JSON-encode a step or workflow result, enforcing the size bound."""
+    try:
+        data = orjson.dumps(value)
+    except TypeError as exc:
+        raise StepResultError(f"result is not JSON-serialisable: {exc}") from None
+    if len(data) > max_bytes:
+        raise StepResultError(f"result is {len(data)} bytes, over the {max_bytes}-byte limit")
+    return data
+
+
+# --- sleeps, event waits, suspension -------------------------------------------------
+
+_BEGIN_WAIT = sa.text(
+    f"""
+WITH {_LEASE_CTE},
+entry AS (
+    INSERT INTO onceflow_steps AS s (job_id, position, name, kind, status, wake_at, event_type)
+    SELECT job_id, :position, :name, :kind, :status,
+           CASE WHEN :delay IS NULL THEN CAST(:wake_at AS timestamptz)
+                ELSE {_NOW} + make_interval(secs => CAST(:delay AS double precision)) END,
+           :event_type
+    FROM lease WHERE requested_action IS NULL
+    ON CONFLICT ON CONSTRAINT onceflow_steps_pkey DO NOTHING
+    RETURNING s.wake_at
+)
+SELECT EXISTS (SELECT 1 FROM lease), (SELECT requested_action FROM lease),
+       coalesce((SELECT wake_at FROM entry),
+                (SELECT wake_at FROM onceflow_steps WHERE job_id = :job_id
+                   AND position = :position)) AS wake_at,
+       {_NOW} AS now
+"""
+)
+
+
+def begin_wait(
+    engine: Engine,
+    owner: str,
+    job_id: str,
+    position: int,
+    name: str,
+    kind: str,
+    now: datetime | None,
+    delay: float | None = None,
+    wake_at: datetime | None = None,
+    event_type: str | None = None,
+) -> tuple[datetime | None, bool]:
+    """Record a sleep or event wait (once); return (its wake time, whether it is due)."""
+    status = "sleeping" if kind == "sleep" else "waiting"
+    with engine.begin() as conn:
+        leased, action, wake, db_now = conn.execute(
+            _BEGIN_WAIT,
+            {
+                "owner": owner,
+                "job_id": job_id,
+                "position": position,
+                "name": name,
+                "kind": kind,
+                "status": status,
+                "delay": delay,
+                "wake_at": wake_at,
+                "event_type": event_type,
+                "now": now,
+            },
+        ).one()
+    if not leased:
+        raise LeaseLost(f"lease on {job_id} lost before {kind} {name!r}")
+    if action is not None:
+        raise ControlRequested(action)
+    return wake, wake is not None and wake <= db_now
+
+
+_CLOSE_ENTRY = sa.text(
+    f"""
+WITH {_LEASE_CTE}
+UPDATE onceflow_steps s
+SET status = :status, result = CAST(:result AS jsonb), error = :error, finished_at = now()
+FROM lease
+WHERE s.job_id = lease.job_id AND s.position = :position
+  AND s.status IN ('sleeping', 'waiting')
+"""
+)
+
+
+def close_entry(
+    engine: Engine,
+    owner: str,
+    job_id: str,
+    position: int,
+    status: str,
+    result_json: bytes | None = None,
+    error: str | None = None,
+) -> None:
+    """Finish a sleep (complete) or an event wait (complete with payload, or failed)."""
+    _write_leased(
+        engine,
+        _CLOSE_ENTRY,
+        {
+            "owner": owner,
+            "job_id": job_id,
+            "position": position,
+            "status": status,
+            "result": _json_text(result_json),
+            "error": error,
+        },
+        f"lease on {job_id} lost before closing entry {position}",
+    )
+
+
+_CONSUME_EVENT = sa.text(
+    f"""
+WITH {_LEASE_CTE},
+entry AS (
+    SELECT s.event_type FROM onceflow_steps s JOIN lease USING (job_id)
+    WHERE s.position = :position AND s.status = 'waiting'
+),
+pick AS (
+    SELECT e.id FROM onceflow_events e, entry
+    WHERE e.job_id = :job_id AND e.type = entry.event_type AND e.consumed_at IS NULL
+    ORDER BY e.id LIMIT 1
+    FOR UPDATE OF e
+),
+used AS (
+    UPDATE onceflow_events e SET consumed_at = now(), consumed_by = :position
+    FROM pick WHERE e.id = pick.id
+    RETURNING e.payload
+),
+done AS (
+    UPDATE onceflow_steps s
+    SET status = 'complete', result = coalesce((SELECT payload FROM used), 'null'::jsonb),
+        finished_at = now()
+    WHERE s.job_id = :job_id AND s.position = :position AND EXISTS (SELECT 1 FROM used)
+    RETURNING s.result
+)
+SELECT EXISTS (SELECT 1 FROM used), (SELECT result FROM done)
+"""
+)
+
+
+def consume_event(engine: Engine, owner: str, job_id: str, position: int) -> tuple[bool, Any]:
+    """Take the oldest pending event of the wait's type; (found, payload)."""
+    with engine.begin() as conn:
+        found, payload = conn.execute(
+            _CONSUME_EVENT, {"owner": owner, "job_id": job_id, "position": position}
+        ).one()
+    return bool(found), payload
+
+
+_SUSPEND = sa.text(
+    f"""
+UPDATE onceflow_instances
+SET status = :status, lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
+    run_after = CASE
+        WHEN :delay IS NOT NULL
+            THEN {_NOW} + make_interval(secs => CAST(:delay AS double precision))
+        ELSE coalesce(CAST(:wake_at AS timestamptz), 'infinity') END
+WHERE job_id = :job_id AND lease_owner = :owner AND status = 'running'
+"""
+)
+
+
+def suspend(
+    engine: Engine,
+    owner: str,
+    job_id: str,
+    status: str,
+    now: datetime | None,
+    wake_at: datetime | None = None,
+    delay: float | None = None,
+) -> None:
+    """Release the instance until ``wake_at`` / ``now + delay`` (forever if neither).
+
+    Statuses: 'sleeping' (a sleep or a retry delay), 'waiting' (an event), 'paused'.
+    """
+    _write_leased(
+        engine,
+        _SUSPEND,
+        {
+            "owner": owner,
+            "job_id": job_id,
+            "status": status,
+            "wake_at": wake_at,
+            "delay": delay,
+            "now": now,
+        },
+        f"lease on {job_id} lost before it could be suspended",
+    )
+
+
+_NEXT_DUE = sa.text(
+    f"""
+SELECT extract(epoch FROM min(run_after) - {_NOW}) FROM onceflow_instances
+WHERE status IN ('queued', 'sleeping', 'waiting') AND run_after <> 'infinity'
+"""
+)
+
+
+def seconds_until_next_due(engine: Engine, now: datetime | None) -> float | None:
+    """Seconds until the earliest timer (sleep, retry delay, event timeout) falls due."""
+    with engine.connect() as conn:
+        value = conn.execute(_NEXT_DUE, {"now": now}).scalar()
+    return None if value is None else float(value)

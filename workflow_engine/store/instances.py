@@ -1,0 +1,288 @@
+"""Creating and reading workflow instances: the API other packages use.
+
+``create_instances`` is the equivalent of ``env.ORDER_WORKFLOW.create({id, params})``
+for a whole batch of Kafka deliveries, in one statement and one round trip:
+
+* the first delivery of a job id inserts its ``onceflow_jobs`` row (the named unique
+  constraint ``onceflow_jobs_job_id_key``) and its queued instance;
+* every other delivery - a Kafka redelivery or a client resubmission, in this batch
+  or any earlier one - is a no-op for the instance and becomes one audit row in
+  ``onceflow_duplicate_deliveries``, flagged when its params differ from the winner's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from onceflow.core.envelope import JobEnvelope, params_digest
+
+RUNNABLE_CHANNEL = "onceflow_runnable"
+
+TERMINAL_STATUSES = frozenset({"complete", "errored", "terminated"})
+
+
+def notify_runnable(conn: Connection) -> None:
+    """Wake the engines (delivered when the caller's transaction commits)."""
+    conn.execute(sa.text("SELECT pg_notify(:c, '')"), {"c": RUNNABLE_CHANNEL})
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One consumed Kafka record carrying a valid job envelope."""
+
+    envelope: JobEnvelope
+    topic: str
+    partition: int
+    offset: int
+    kind: str = "workflow"  # or "task": a single-step job run by the streams worker
+    enqueued_at: datetime | None = None  # the Kafka record's timestamp
+
+
+@dataclass(slots=True)
+class CreateResult:
+    created: int = 0
+    duplicates: int = 0
+    mismatches: int = 0
+    redeliveries: int = 0
+    created_ids: list[str] = field(default_factory=list)
+    duplicate_ids: list[str] = field(default_factory=list)
+    mismatch_ids: list[str] = field(default_factory=list)
+    tasks_created: int = 0
+
+    def add(self, other: CreateResult) -> None:
+        self.created += other.created
+        self.tasks_created += other.tasks_created
+        self.duplicates += other.duplicates
+        self.mismatches += other.mismatches
+        self.redeliveries += other.redeliveries
+        self.created_ids += other.created_ids
+        self.duplicate_ids += other.duplicate_ids
+        self.mismatch_ids += other.mismatch_ids
+
+
+_CREATE_SQL = sa.text(
+    """
+WITH input AS (
+    SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
+        ord integer, job_id text, kind text, workflow text, params jsonb, params_digest text,
+        request_id text, submitted_at timestamptz, traceparent text,
+        topic text, part integer, off bigint, enqueued_at timestamptz)
+),
+firsts AS (
+    SELECT DISTINCT ON (job_id) * FROM input ORDER BY job_id, ord
+),
+upsert AS (
+    INSERT INTO onceflow_jobs AS j (
+        job_id, kind, type_name, params_digest, request_id, submitted_at, traceparent,
+        source_topic, source_partition, source_offset, enqueued_at)
+    SELECT job_id, kind, workflow, params_digest, request_id, submitted_at,
+           traceparent, topic, part, off, enqueued_at
+    FROM firsts
+    ORDER BY job_id
+    ON CONFLICT ON CONSTRAINT onceflow_jobs_job_id_key
+        DO UPDATE SET last_seen_at = now()
+    RETURNING j.job_id, j.params_digest AS winner_digest, j.source_topic, j.source_partition,
+              j.source_offset, (j.xmax = 0) AS inserted
+),
+dups AS (
+    INSERT INTO onceflow_duplicate_deliveries (
+        job_id, source_topic, source_partition, source_offset, params_digest, params_match,
+        redelivery, request_id, submitted_at, enqueued_at)
+    SELECT i.job_id, i.topic, i.part, i.off, i.params_digest,
+           i.params_digest = u.winner_digest,
+           (i.topic, i.part, i.off) = (u.source_topic, u.source_partition, u.source_offset),
+           i.request_id, i.submitted_at, i.enqueued_at
+    FROM input i
+    JOIN upsert u USING (job_id)
+    JOIN firsts f USING (job_id)
+    WHERE NOT (u.inserted AND i.ord = f.ord)
+    RETURNING job_id, params_match, redelivery
+),
+inst AS (
+    INSERT INTO onceflow_instances (job_id, workflow, params)
+    SELECT f.job_id, f.workflow, f.params
+    FROM firsts f JOIN upsert u USING (job_id)
+    WHERE u.inserted AND f.kind = 'workflow'
+    RETURNING job_id
+),
+task_runs AS (
+    INSERT INTO onceflow_task_runs (job_id, task, params)
+    SELECT f.job_id, f.workflow, f.params
+    FROM firsts f JOIN upsert u USING (job_id)
+    WHERE u.inserted AND f.kind = 'task'
+    RETURNING job_id
+),
+notified AS (
+    SELECT pg_notify(:channel, '') FROM (SELECT 1 FROM inst LIMIT 1) AS any_created
+)
+SELECT 'created' AS kind, job_id, true AS params_match, false AS redelivery FROM inst
+UNION ALL
+SELECT 'task', job_id, true, false FROM task_runs
+UNION ALL
+SELECT 'duplicate', job_id, params_match, redelivery FROM dups
+UNION ALL
+SELECT 'notify', NULL, true, false FROM notified
+"""
+)
+
+
+def _row(ord_: int, d: Delivery) -> dict[str, Any]:
+    env = d.envelope
+    return {
+        "ord": ord_,
+        "job_id": env.job_id,
+        "kind": d.kind,
+        "workflow": env.workflow,
+        "params": env.params,
+        "params_digest": params_digest(env.params),
+        "request_id": env.request_id or None,
+        "submitted_at": env.submitted_at.isoformat(),
+        "traceparent": env.traceparent or None,
+        "topic": d.topic,
+        "part": d.partition,
+        "off": d.offset,
+        "enqueued_at": d.enqueued_at.isoformat() if d.enqueued_at else None,
+    }
+
+
+def create_instances_in(conn: Connection, deliveries: Sequence[Delivery]) -> CreateResult:
+    """Create instances for a batch of deliveries inside the caller's transaction.
+
+    Deliveries must be in consumption order: within the batch, the earliest delivery
+    of a job id is the one that can win.
+    """
+    result = CreateResult()
+    if not deliveries:
+        return result
+    rows = orjson.dumps([_row(i, d) for i, d in enumerate(deliveries)]).decode()
+    for kind, job_id, params_match, redelivery in conn.execute(
+        _CREATE_SQL, {"rows": rows, "channel": RUNNABLE_CHANNEL}
+    ):
+        if kind == "created":
+            result.created += 1
+            result.created_ids.append(job_id)
+        elif kind == "task":
+            result.tasks_created += 1
+            result.created_ids.append(job_id)
+        elif kind == "duplicate":
+            result.duplicates += 1
+            result.duplicate_ids.append(job_id)
+            if redelivery:
+                result.redeliveries += 1
+            if not params_match:
+                result.mismatches += 1
+                result.mismatch_ids.append(job_id)
+    return result
+
+
+def create_instances(engine: Engine, deliveries: Sequence[Delivery]) -> CreateResult:
+    """Create instances for a batch of deliveries in one transaction (one statement)."""
+    with engine.begin() as conn:
+        return create_instances_in(conn, deliveries)
+
+
+# --- reading -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepView:
+    position: int
+    name: str
+    status: str
+    attempts: int
+    error: str | None
+    started_at: datetime
+    finished_at: datetime | None
+    kind: str = "step"
+    wake_at: datetime | None = None
+    event_type: str | None = None
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    job_id: str
+    workflow: str
+    status: str
+    params: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: str | None
+    result: Any
+    request_id: str | None
+    submitted_at: datetime | None
+    source: str
+    duplicates: int
+    redeliveries: int
+    mismatches: int
+    restart_count: int
+    steps: list[StepView]
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = {k: v for k, v in self.__dict__.items() if k != "steps"}
+        doc["steps"] = [s.__dict__ for s in self.steps]
+        return doc
+
+
+_DESCRIBE_SQL = sa.text(
+    """
+SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
+       i.finished_at, i.error, i.result, j.request_id, j.submitted_at,
+       j.source_topic || '/' || j.source_partition || '@' || j.source_offset AS source,
+       (SELECT count(*) FROM onceflow_duplicate_deliveries d
+         WHERE d.job_id = i.job_id) AS duplicates,
+       (SELECT count(*) FROM onceflow_duplicate_deliveries d
+         WHERE d.job_id = i.job_id AND d.redelivery) AS redeliveries,
+       (SELECT count(*) FROM onceflow_duplicate_deliveries d
+         WHERE d.job_id = i.job_id AND NOT d.params_match) AS mismatches,
+       i.restart_count
+FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
+WHERE i.job_id = :job_id
+"""
+)
+
+_STEPS_SQL = sa.text(
+    """
+SELECT position, name, status, attempts, error, started_at, finished_at, kind, wake_at,
+       event_type
+FROM onceflow_steps WHERE job_id = :job_id ORDER BY position
+"""
+)
+
+
+def describe_instance(engine: Engine, job_id: str) -> InstanceView | None:
+    with engine.connect() as conn:
+        row = conn.execute(_DESCRIBE_SQL, {"job_id": job_id}).one_or_none()
+        if row is None:
+            return None
+        steps = [StepView(*r) for r in conn.execute(_STEPS_SQL, {"job_id": job_id})]
+    return InstanceView(**dict(row._mapping), steps=steps)
+
+
+def job_status(engine: Engine, job_id: str) -> dict[str, Any] | None:
+    """A job's state, whatever it became: a workflow instance or a plain task run."""
+    view = describe_instance(engine, job_id)
+    if view is not None:
+        return {"kind": "workflow", **view.to_dict()}
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.text(
+                "SELECT t.job_id, t.task, t.status, t.attempts, t.error, t.created_at,"
+                " t.finished_at, j.request_id, j.submitted_at,"
+                " (SELECT count(*) FROM onceflow_duplicate_deliveries d"
+                "   WHERE d.job_id = t.job_id) AS duplicates"
+                " FROM onceflow_task_runs t JOIN onceflow_jobs j USING (job_id)"
+                " WHERE t.job_id = :j"
+            ),
+            {"j": job_id},
+        ).one_or_none()
+    if row is None:
+        return None
+    return {"kind": "task", **dict(row._mapping)}
