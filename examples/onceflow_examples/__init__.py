@@ -14,9 +14,12 @@ would show as two rows: the demo's "exactly one side effect per step" check can 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 
 from onceflow.core.settings import get_settings
 from workflow_engine.definitions import RetryPolicy, task, workflow
@@ -126,3 +129,48 @@ def send_welcome_email(params: dict[str, Any]) -> dict[str, Any]:
             {"j": params.get("job_id", ""), "k": key},
         )
     return {"sent_to": params.get("email")}
+
+
+# --- reading the samples' own tables (the demo's and the chaos run's proof) ----------
+
+
+@dataclass(frozen=True, slots=True)
+class EffectCounts:
+    """Side effects per (job id, step) in one of the samples' tables."""
+
+    rows: int  # rows in the table
+    per_step: Mapping[tuple[str, str], int]  # (job id, step) -> rows
+    re_executions: int = 0  # executions beyond the first (applied effects only)
+
+    def not_exactly_once(self, job_ids: Iterable[str], steps: Sequence[str] = ORDER_STEPS) -> int:
+        """How many (job id, step) pairs of ``job_ids`` x ``steps`` have not exactly one row."""
+        return sum(1 for j in job_ids for s in steps if self.per_step.get((j, s), 0) != 1)
+
+
+def side_effect_counts(engine: Engine) -> EffectCounts:
+    """Every execution of a side effect (``onceflow_demo_side_effects``): a step that
+    ran twice shows as two rows."""
+    with engine.connect() as conn:
+        per_step = {
+            (j, s): int(n)
+            for j, s, n in conn.execute(
+                sa.text(
+                    "SELECT job_id, step, count(*) FROM onceflow_demo_side_effects GROUP BY 1, 2"
+                )
+            )
+        }
+    return EffectCounts(sum(per_step.values()), per_step)
+
+
+def applied_effect_counts(engine: Engine) -> EffectCounts:
+    """What the idempotent "external system" applied (``onceflow_demo_applied_effects``):
+    one row per idempotency key, with how many times it was asked to apply it."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT job_id, step, count(*), coalesce(sum(executions - 1), 0)"
+                " FROM onceflow_demo_applied_effects GROUP BY 1, 2"
+            )
+        ).all()
+    per_step = {(j, s): int(n) for j, s, n, _ in rows}
+    return EffectCounts(sum(per_step.values()), per_step, sum(int(r) for *_, r in rows))

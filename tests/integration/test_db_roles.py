@@ -9,10 +9,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
+import onceflow_examples
 from onceflow.core.envelope import JobEnvelope
 from workflow_engine.store.db import make_engine, sqlalchemy_url
 from workflow_engine.store.instances import Delivery, create_instances, describe_instance
-from workflow_engine.store.schema import grant_app_role
+from workflow_engine.store.schema import PRODUCT, grant_app_role
 
 
 @pytest.fixture
@@ -51,3 +52,35 @@ def test_app_role_works_but_cannot_change_the_schema(db, db_url, app_role):
                 conn.exec_driver_sql(ddl)
     finally:
         app.dispose()
+
+
+def _privileges(engine, role: str, table: str) -> set[str]:
+    with engine.connect() as conn:
+        return {
+            privilege
+            for privilege in ("SELECT", "INSERT", "UPDATE", "DELETE")
+            if conn.execute(
+                sa.text("SELECT has_table_privilege(:r, :t, :p)"),
+                {"r": role, "t": table, "p": privilege},
+            ).scalar()
+        }
+
+
+def test_app_role_gets_the_examples_tables_only_when_asked(db, app_role):
+    examples = onceflow_examples.MIGRATIONS
+    granted = grant_app_role(db, app_role, (PRODUCT,))
+    assert set(granted) == set(PRODUCT.tables)
+    for table in (*examples.tables, examples.table):
+        assert _privileges(db, app_role, table) == set(), table
+    assert _privileges(db, app_role, "onceflow_instances") == {
+        "SELECT",
+        "INSERT",
+        "UPDATE",
+        "DELETE",
+    }
+
+    granted = grant_app_role(db, app_role, (PRODUCT, examples))
+    assert set(examples.tables) <= set(granted)
+    for table in examples.tables:
+        assert _privileges(db, app_role, table) == {"SELECT", "INSERT", "UPDATE", "DELETE"}
+    assert _privileges(db, app_role, examples.table) == {"SELECT"}

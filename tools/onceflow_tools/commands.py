@@ -71,6 +71,16 @@ def dev_env() -> None:
         click.echo(f"export {key}={value}")
 
 
+@dev.command("schema-snapshot")
+def dev_schema_snapshot() -> None:
+    """Rewrite workflow_engine/store/schema.sql: the product migrations applied to a
+    scratch database on DATABASE_URL's server, dumped by its own pg_dump."""
+    from onceflow_tools.schema_snapshot import SNAPSHOT, write_snapshot
+
+    changed = write_snapshot(_settings().database_url)
+    click.echo(f"{'wrote' if changed else 'unchanged'} {SNAPSHOT}")
+
+
 @click.command()
 @click.option(
     "--write",

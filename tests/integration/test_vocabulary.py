@@ -1,0 +1,70 @@
+"""The StrEnums of ``onceflow.core.vocabulary`` allow exactly what the database's CHECK
+constraints allow, read back from a migrated database."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import sqlalchemy as sa
+
+from onceflow.core.vocabulary import (
+    RUNNABLE_STATUSES,
+    AttemptOutcome,
+    ControlAction,
+    InstanceStatus,
+    JobKind,
+    StepKind,
+    StepStatus,
+    TaskRunStatus,
+)
+
+# A quoted literal as PostgreSQL prints it back ('queued'::text); no value holds a quote.
+_QUOTED = re.compile(r"'([^']*)'")
+
+
+def _quoted_values(definition: str) -> set[str]:
+    return set(_QUOTED.findall(definition))
+
+
+@pytest.mark.parametrize(
+    ("constraint", "vocabulary"),
+    [
+        ("onceflow_instances_status_check", InstanceStatus),
+        ("onceflow_steps_status_check", StepStatus),
+        ("onceflow_steps_kind_check", StepKind),
+        ("onceflow_step_attempts_outcome_check", AttemptOutcome),
+        ("onceflow_instances_requested_action_check", ControlAction),
+        ("onceflow_jobs_kind_check", JobKind),
+        ("onceflow_task_runs_status_check", TaskRunStatus),
+    ],
+)
+def test_check_constraint_allows_exactly_the_vocabulary(db, constraint, vocabulary):
+    with db.connect() as conn:
+        definitions = (
+            conn.execute(
+                sa.text(
+                    "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c"
+                    " JOIN pg_namespace n ON n.oid = c.connamespace"
+                    " WHERE c.conname = :name AND c.contype = 'c'"
+                    " AND n.nspname = current_schema()"
+                ),
+                {"name": constraint},
+            )
+            .scalars()
+            .all()
+        )
+    assert len(definitions) == 1, f"{constraint}: {definitions}"
+    assert _quoted_values(definitions[0]) == {v.value for v in vocabulary}, definitions[0]
+
+
+def test_the_runnable_index_covers_exactly_the_runnable_statuses(db):
+    with db.connect() as conn:
+        definition = conn.execute(
+            sa.text(
+                "SELECT pg_get_expr(i.indpred, i.indrelid) FROM pg_index i"
+                " WHERE i.indexrelid = to_regclass('onceflow_instances_runnable_idx')"
+            )
+        ).scalar_one()
+    assert definition.startswith("(status = ANY"), definition
+    assert _quoted_values(definition) == {s.value for s in RUNNABLE_STATUSES}

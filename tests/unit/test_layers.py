@@ -1,0 +1,83 @@
+"""The layer contract (``[tool.importlinter]`` in pyproject.toml) holds on the tree,
+and is a check that can fail: a copy of the tree where the core imports the engine is
+rejected."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+# Where each root package of the contract lives in the checkout.
+PACKAGES = {
+    "onceflow": REPO / "onceflow",
+    "producers": REPO / "producers",
+    "streams": REPO / "streams",
+    "workflow_engine": REPO / "workflow_engine",
+    "onceflow_tools": REPO / "tools" / "onceflow_tools",
+    "onceflow_examples": REPO / "examples" / "onceflow_examples",
+}
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _lint_imports(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", "--no-logo"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=50,
+    )
+
+
+def _copy_tree(dest: Path) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for name, source in PACKAGES.items():
+        shutil.copytree(source, dest / name, ignore=ignore)
+    shutil.copy(REPO / "pyproject.toml", dest / "pyproject.toml")
+
+
+def test_the_tree_keeps_its_layers():
+    result = _lint_imports(REPO, REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_core_importing_the_engine_breaks_the_contract(tmp_path):
+    _copy_tree(tmp_path)
+    with open(tmp_path / "onceflow" / "core" / "ids.py", "a") as ids:
+        ids.write("\nimport workflow_engine.engine.runner  # noqa\n")
+
+    # The packages must resolve to the copies only (PYTHONPATH comes before the editable
+    # installs' finders), or the check below would run on the untouched checkout.
+    where = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import importlib.util, sys\n"
+            "for name in sys.argv[1:]:\n"
+            "    print(*importlib.util.find_spec(name).submodule_search_locations)",
+            *PACKAGES,
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert where.stdout.split() == [str(tmp_path / name) for name in PACKAGES]
+
+    result = _lint_imports(tmp_path, tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "BROKEN" in output
+    assert "onceflow.core.ids -> workflow_engine.engine.runner" in output, output
