@@ -24,7 +24,7 @@ TOOLING = ("bench", "benchplots", "chaos", "demo", "loadgen", "stack", "dashboar
 def wheel(tmp_path_factory) -> zipfile.ZipFile:
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps"] + ["-w", str(out), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
         check=True,
         timeout=240,
     )
