@@ -2,7 +2,6 @@ import pytest
 
 from onceflow.core.partitioning import murmur2, partition_for
 
-
 # Vectors from Apache Kafka's own UtilsTest.testMurmur2.
 JAVA_MURMUR2 = [
     (b"21", -973932308),

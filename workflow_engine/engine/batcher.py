@@ -1,51 +1,88 @@
 """Group commit for the engine's checkpoints.
 
-Every in-flight instance of an engine sends its lease-guarded writes (step started,
-step checkpoint, instance finished, and the engine's heartbeat) here instead of
-committing each on its own. A single writer takes everything pending, applies it in
-one transaction (one multi-row statement per kind of write, see
-:func:`workflow_engine.store.execution.write_batch`) and only then wakes the instances whose
-writes it carried. Durability is unchanged — nobody proceeds before its checkpoint is
-committed — but a hundred instances pay for one commit and a handful of round trips
-instead of a hundred of each, and no engine thread sits in ``COMMIT``.
+Every in-flight instance of an engine sends its lease-guarded writes (``StartStep``,
+``FinishStep``, ``FinishInstance``, and the engine's ``Heartbeat``; see
+:mod:`workflow_engine.store.writes`) here instead of committing each on its own. A
+single writer takes everything pending, applies it in one transaction (one multi-row
+statement per class of write, see :func:`workflow_engine.store.execution.write_batch`)
+and only then wakes the instances whose writes it carried. Durability is unchanged —
+nobody proceeds before its checkpoint is committed — but a hundred instances pay for
+one commit and a handful of round trips instead of a hundred of each, and no engine
+thread sits in ``COMMIT``.
 
 While one batch commits the next one fills up, so batches grow with load by themselves
 (no timer, no added latency at light load). ``writers`` batches may be in flight at once
 (each on its own connection, so PostgreSQL works on them in parallel); they never touch
 the same rows, because an instance has at most one write pending. The heartbeat is the
-exception — it touches every leased row — so a batch carrying it runs alone.
+exception — it touches every leased row (``Write.runs_alone``) — so a batch carrying it
+runs alone.
+
+If a batch fails (a step name used twice in one run violates a unique constraint, say),
+its writes are applied again one at a time, so only the culprit's instance gets the
+error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, cast
 
 from sqlalchemy.engine import Engine
 
 from workflow_engine.engine.metrics import WRITE_BATCH_SIZE
 from workflow_engine.store import execution as store
+from workflow_engine.store.writes import Answer, Write
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class WriteStore(Protocol):
+    """Where batches go: one transaction for all, or one transaction per write."""
+
+    async def apply_batch(self, writes: Sequence[Write[Any]]) -> list[Answer]: ...
+
+    async def apply_each(self, writes: Sequence[Write[Any]]) -> list[Answer]: ...
+
+
+@dataclass(frozen=True)
+class PostgresWrites:
+    """The engine's :class:`WriteStore`: the store's SQL, run off the event loop."""
+
+    engine: Engine
+    owner: str
+
+    async def apply_batch(self, writes: Sequence[Write[Any]]) -> list[Answer]:
+        return await asyncio.to_thread(store.write_batch, self.engine, self.owner, writes)
+
+    async def apply_each(self, writes: Sequence[Write[Any]]) -> list[Answer]:
+        return await asyncio.to_thread(store.write_each, self.engine, self.owner, writes)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    write: Write[Any]
+    future: asyncio.Future[Any]
 
 
 class WriteBatcher:
-    def __init__(self, engine: Engine, owner: str, writers: int = 3, max_batch: int = 1000) -> None:
-        self.engine = engine
-        self.owner = owner
+    def __init__(self, store: WriteStore, writers: int = 3, max_batch: int = 1000) -> None:
+        self.store = store
         self.writers = writers
         self.max_batch = max_batch
-        self._pending: list[tuple[str, tuple, asyncio.Future[Any]]] = []
+        self._pending: list[_Pending] = []
         self._ready = asyncio.Event()
         self._running: set[asyncio.Task[None]] = set()
 
-    async def write(self, kind: str, *args: Any) -> Any:
+    async def write(self, write: Write[T]) -> T:
         """Queue one write; return its answer once committed (or raise its error)."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending.append((kind, args, future))
+        self._pending.append(_Pending(write, future))
         self._ready.set()
-        return await future
+        return cast(T, await future)
 
     async def run(self) -> None:
         """The writer loop; runs until cancelled (after the runner has drained)."""
@@ -55,57 +92,64 @@ class WriteBatcher:
             self._ready.clear()
             while self._pending:
                 await slots.acquire()
-                if any(kind == "heartbeat" for kind, _, _ in self._pending):
-                    if self._running:  # let the batches in flight commit first
-                        await asyncio.wait(set(self._running))
-                    batch = self._take()
-                    try:
-                        await self._apply(batch)
-                    finally:
-                        slots.release()
+                if self._has_exclusive(self._pending):
+                    await self._apply_alone(slots)
                     continue
                 task = asyncio.create_task(self._apply_then_release(self._take(), slots))
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
 
-    def _take(self) -> list[tuple[str, tuple, asyncio.Future[Any]]]:
+    @staticmethod
+    def _has_exclusive(pending: list[_Pending]) -> bool:
+        return any(p.write.runs_alone for p in pending)
+
+    async def _apply_alone(self, slots: asyncio.Semaphore) -> None:
+        """Apply a batch carrying a heartbeat with no other batch in flight."""
+        if self._running:  # let the batches in flight commit first
+            await asyncio.wait(set(self._running))
+        try:
+            await self._apply(self._take())
+        finally:
+            slots.release()
+
+    def _take(self) -> list[_Pending]:
         batch = self._pending[: self.max_batch]
         del self._pending[: self.max_batch]
-        if any(kind == "heartbeat" for kind, _, _ in self._pending):
+        if self._has_exclusive(self._pending):
             # A heartbeat left behind would wait for the next round; take it now.
-            batch += [w for w in self._pending if w[0] == "heartbeat"]
-            self._pending = [w for w in self._pending if w[0] != "heartbeat"]
+            batch += [p for p in self._pending if p.write.runs_alone]
+            self._pending = [p for p in self._pending if not p.write.runs_alone]
         return batch
 
-    async def _apply_then_release(
-        self, batch: list[tuple[str, tuple, asyncio.Future[Any]]], slots: asyncio.Semaphore
-    ) -> None:
+    async def _apply_then_release(self, batch: list[_Pending], slots: asyncio.Semaphore) -> None:
         try:
             await self._apply(batch)
         finally:
             slots.release()
 
-    async def _apply(self, batch: list[tuple[str, tuple, asyncio.Future[Any]]]) -> None:
-        writes = [(kind, args) for kind, args, _ in batch]
+    async def _apply(self, batch: list[_Pending]) -> None:
+        writes = [p.write for p in batch]
         WRITE_BATCH_SIZE.observe(len(writes))
         try:
-            answers = await asyncio.to_thread(store.write_batch, self.engine, self.owner, writes)
+            answers = await self.store.apply_batch(writes)
         except Exception as exc:
-            if len(writes) == 1:
-                answers = [exc]
-            else:
-                # Find the write that broke the batch; the others still go through.
-                log.warning(
-                    "batch of %d writes failed (%s); applying them one by one",
-                    len(writes),
-                    type(exc).__name__,
-                    extra={"event": "engine.batch_split"},
-                )
-                answers = await asyncio.to_thread(store.write_each, self.engine, self.owner, writes)
-        for (_, _, future), answer in zip(batch, answers, strict=True):
-            if future.done():  # its instance was cancelled meanwhile
+            answers = await self._isolate(writes, exc)
+        for pending, answer in zip(batch, answers, strict=True):
+            if pending.future.done():  # its instance was cancelled meanwhile
                 continue
             if isinstance(answer, BaseException):
-                future.set_exception(answer)
+                pending.future.set_exception(answer)
             else:
-                future.set_result(answer)
+                pending.future.set_result(answer)
+
+    async def _isolate(self, writes: list[Write[Any]], exc: Exception) -> list[Answer]:
+        """Find the write that broke the batch; the others still go through."""
+        if len(writes) == 1:
+            return [exc]
+        log.warning(
+            "batch of %d writes failed (%s); applying them one by one",
+            len(writes),
+            type(exc).__name__,
+            extra={"event": "engine.batch_split"},
+        )
+        return await self.store.apply_each(writes)

@@ -23,8 +23,10 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+from onceflow.core.vocabulary import AttemptOutcome, InstanceStatus, StepKind, StepStatus
 from workflow_engine.definitions import DEFAULT_RETRY, RetryPolicy
 from workflow_engine.engine.metrics import STEP_DURATION, STEPS, STEPS_STARTED
+from workflow_engine.engine.runtime import Runtime
 from workflow_engine.errors import (
     EventTimeout,
     NonDeterminismError,
@@ -34,6 +36,7 @@ from workflow_engine.errors import (
 )
 from workflow_engine.steps import StepInfo, _current_step, idempotency_key
 from workflow_engine.store import execution as store
+from workflow_engine.store.writes import FinishStep, StartStep
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +44,7 @@ log = logging.getLogger(__name__)
 class WorkflowContext:
     def __init__(
         self,
-        runtime: Any,
+        runtime: Runtime,
         job_id: str,
         workflow: str,
         recorded: list[store.RecordedStep],
@@ -55,7 +58,7 @@ class WorkflowContext:
     def idempotency_key(self, step_name: str) -> str:
         return idempotency_key(self.job_id, step_name)
 
-    def _next(self, name: str, kind: str) -> tuple[int, store.RecordedStep | None]:
+    def _next(self, name: str, kind: StepKind) -> tuple[int, store.RecordedStep | None]:
         """The next history position, checked against what was recorded there."""
         position = self._position
         self._position += 1
@@ -82,12 +85,12 @@ class WorkflowContext:
         instance sleeps durably (no worker is held); ``NonRetryableError`` fails the
         instance at once.
         """
-        position, recorded = self._next(name, "step")
-        if recorded is not None and recorded.status == "complete":
+        position, recorded = self._next(name, StepKind.STEP)
+        if recorded is not None and recorded.status == StepStatus.COMPLETE:
             return recorded.result
         policy = retries or self._rt.default_retry or DEFAULT_RETRY
         while True:
-            attempt = await self._rt.write("start_step", self.job_id, position, name)
+            attempt = await self._rt.write(StartStep(self.job_id, position, name))
             STEPS_STARTED.labels(self.workflow).inc()
             token = _current_step.set(StepInfo(self.job_id, self.workflow, name, position, attempt))
             started = time.perf_counter()
@@ -95,51 +98,63 @@ class WorkflowContext:
                 value = await self._invoke(fn, args, kwargs, timeout)
                 encoded = store.encode_result(value, self._rt.max_result_bytes)
             except NonRetryableError as exc:
-                await self._finish(position, attempt, "failed", error=_describe(exc))
-                STEPS.labels(self.workflow, "failed").inc()
+                await self._finish(position, attempt, AttemptOutcome.FAILED, error=_describe(exc))
+                STEPS.labels(self.workflow, AttemptOutcome.FAILED).inc()
                 raise
             except Exception as exc:  # step code may raise anything: that is a failed attempt
-                final = attempt > policy.limit
-                outcome = "failed" if final else "retry"
-                await self._finish(position, attempt, outcome, error=_describe(exc))
-                STEPS.labels(self.workflow, outcome).inc()
-                delay = 0.0 if final else policy.delay_for(exc, attempt)
-                log.warning(
-                    "step %r attempt %d failed: %s",
-                    name,
-                    attempt,
-                    exc,
-                    extra={
-                        "event": "step.failed" if final else "step.retry",
-                        "job_id": self.job_id,
-                        "step": name,
-                        "attempt": attempt,
-                        "retry_in": delay,
-                    },
-                )
-                if final:
-                    raise StepFailed(
-                        f"step {name!r} failed after {attempt} attempts: {_describe(exc)}"
-                    ) from exc
-                if delay > 0:
-                    raise Suspend("sleeping", None, delay=delay) from None
+                await self._attempt_failed(name, position, attempt, policy, exc)
                 continue
             finally:
                 _current_step.reset(token)
-            await self._finish(position, attempt, "complete", result=encoded)
-            STEPS.labels(self.workflow, "complete").inc()
-            STEP_DURATION.labels(self.workflow).observe(time.perf_counter() - started)
-            log.info(
-                "step %r complete",
-                name,
-                extra={
-                    "event": "step.complete",
-                    "job_id": self.job_id,
-                    "step": name,
-                    "attempt": attempt,
-                },
-            )
+            await self._attempt_complete(name, position, attempt, encoded, started)
             return value
+
+    async def _attempt_failed(
+        self, name: str, position: int, attempt: int, policy: RetryPolicy, exc: Exception
+    ) -> None:
+        """Record a failed attempt. Raises ``StepFailed`` once retries are spent and
+        ``Suspend`` for a retry delay; returns when the step should run again at once."""
+        final = attempt > policy.limit
+        outcome = AttemptOutcome.FAILED if final else AttemptOutcome.RETRY
+        await self._finish(position, attempt, outcome, error=_describe(exc))
+        STEPS.labels(self.workflow, outcome).inc()
+        delay = 0.0 if final else policy.delay_for(exc, attempt)
+        log.warning(
+            "step %r attempt %d failed: %s",
+            name,
+            attempt,
+            exc,
+            extra={
+                "event": "step.failed" if final else "step.retry",
+                "job_id": self.job_id,
+                "step": name,
+                "attempt": attempt,
+                "retry_in": delay,
+            },
+        )
+        if final:
+            raise StepFailed(
+                f"step {name!r} failed after {attempt} attempts: {_describe(exc)}"
+            ) from exc
+        if delay > 0:
+            raise Suspend(InstanceStatus.SLEEPING, None, delay=delay) from None
+
+    async def _attempt_complete(
+        self, name: str, position: int, attempt: int, encoded: bytes, started: float
+    ) -> None:
+        await self._finish(position, attempt, AttemptOutcome.COMPLETE, result=encoded)
+        STEPS.labels(self.workflow, AttemptOutcome.COMPLETE).inc()
+        STEP_DURATION.labels(self.workflow).observe(time.perf_counter() - started)
+        log.info(
+            "step %r complete",
+            name,
+            extra={
+                "event": "step.complete",
+                "job_id": self.job_id,
+                "step": name,
+                "attempt": attempt,
+            },
+        )
 
     async def sleep(self, name: str, duration: float | timedelta) -> None:
         """Sleep durably: the instance is released and claimed again when it is due."""
@@ -155,8 +170,8 @@ class WorkflowContext:
     async def _sleep(
         self, name: str, delay: float | None = None, wake_at: datetime | None = None
     ) -> None:
-        position, recorded = self._next(name, "sleep")
-        if recorded is not None and recorded.status == "complete":
+        position, recorded = self._next(name, StepKind.SLEEP)
+        if recorded is not None and recorded.status == StepStatus.COMPLETE:
             return
         wake, due = await self._rt.db(
             store.begin_wait,
@@ -164,15 +179,15 @@ class WorkflowContext:
             self.job_id,
             position,
             name,
-            "sleep",
+            StepKind.SLEEP,
             self._rt.clock.db_now(),
             delay,
             wake_at,
         )
         if not due:
-            raise Suspend("sleeping", wake)
+            raise Suspend(InstanceStatus.SLEEPING, wake)
         await self._rt.db(
-            store.close_entry, self._rt.owner, self.job_id, position, "complete", b"null"
+            store.close_entry, self._rt.owner, self.job_id, position, StepStatus.COMPLETE, b"null"
         )
 
     async def wait_for_event(
@@ -183,10 +198,10 @@ class WorkflowContext:
         Events sent before the wait is reached are kept and consumed in order. Raises
         :class:`EventTimeout` if ``timeout`` passes first (the workflow may catch it).
         """
-        position, recorded = self._next(name, "event")
-        if recorded is not None and recorded.status == "complete":
+        position, recorded = self._next(name, StepKind.EVENT)
+        if recorded is not None and recorded.status == StepStatus.COMPLETE:
             return recorded.result
-        if recorded is not None and recorded.status == "failed":
+        if recorded is not None and recorded.status == StepStatus.FAILED:
             raise EventTimeout(recorded.error or f"timed out waiting for event {type!r}")
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         rt = self._rt
@@ -196,7 +211,7 @@ class WorkflowContext:
             self.job_id,
             position,
             name,
-            "event",
+            StepKind.EVENT,
             rt.clock.db_now(),
             seconds,
             None,
@@ -207,9 +222,11 @@ class WorkflowContext:
             return payload
         if due:
             message = f"timed out waiting for event {type!r} ({name!r})"
-            await rt.db(store.close_entry, rt.owner, self.job_id, position, "failed", None, message)
+            await rt.db(
+                store.close_entry, rt.owner, self.job_id, position, StepStatus.FAILED, None, message
+            )
             raise EventTimeout(message)
-        raise Suspend("waiting", wake)
+        raise Suspend(InstanceStatus.WAITING, wake)
 
     async def _invoke(
         self, fn: Callable[..., Any], args: tuple, kwargs: dict, timeout: float | None
@@ -226,11 +243,11 @@ class WorkflowContext:
         self,
         position: int,
         attempt: int,
-        outcome: str,
+        outcome: AttemptOutcome,
         result: bytes | None = None,
         error: str | None = None,
     ) -> None:
-        await self._rt.write("finish_step", self.job_id, position, attempt, outcome, result, error)
+        await self._rt.write(FinishStep(self.job_id, position, attempt, outcome, result, error))
 
 
 def _describe(exc: BaseException) -> str:

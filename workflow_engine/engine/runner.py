@@ -2,11 +2,15 @@
 
 * Claims in batches with one ``FOR UPDATE SKIP LOCKED`` statement, up to the free
   slots of its bounded concurrency; several engines can share one database.
-* Heartbeats extend the leases of everything in flight; a rescuer re-queues instances
-  whose lease expired (their engine died), so another engine resumes them from their
-  last checkpoint.
-* Wakes on ``LISTEN onceflow_runnable`` (sent when instances are created or rescued),
-  with a polling fallback.
+* Runs each instance as a coroutine whose lease-guarded writes are group-committed
+  (:mod:`workflow_engine.engine.batcher`); a run ends in an
+  :data:`~workflow_engine.engine.outcomes.Outcome` that one method applies.
+* Its services (:mod:`workflow_engine.engine.services`): the heartbeat extends the
+  leases of everything in flight; a rescuer re-queues instances whose lease expired
+  (their engine died), so another engine resumes them from their last checkpoint;
+  maintenance prunes and counts.
+* Wakes on ``LISTEN onceflow_runnable`` (:mod:`workflow_engine.engine.listener`, sent
+  when instances are created or rescued), with a polling fallback.
 * SIGTERM: stop claiming, let in-flight instances finish for a grace period, release
   the rest, exit.
 """
@@ -17,23 +21,21 @@ import asyncio
 import contextlib
 import logging
 import os
-import select
 import signal
 import socket
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Concatenate, ParamSpec, TypeVar, cast
 
-import psycopg2
 from sqlalchemy.engine import Engine
 from ulid import ULID
 
 from onceflow.core.health import serve_metrics_and_health
 from onceflow.core.logs import setup_logging
 from onceflow.core.settings import Settings
+from onceflow.core.vocabulary import ControlAction, InstanceStatus
 from workflow_engine.clock import FakeClock, SystemClock
 from workflow_engine.definitions import (
     RetryPolicy,
@@ -41,31 +43,39 @@ from workflow_engine.definitions import (
     get_workflow,
     load_workflow_modules,
 )
-from workflow_engine.engine.batcher import WriteBatcher
+from workflow_engine.engine.batcher import PostgresWrites, WriteBatcher
 from workflow_engine.engine.context import WorkflowContext
+from workflow_engine.engine.listener import Listener
 from workflow_engine.engine.metrics import (
     CLAIM_LATENCY,
     CLAIMED,
     FINISHED,
     INFLIGHT,
-    INSTANCES_BY_STATUS,
-    PRUNED,
-    RESCUED,
-    RUNNABLE_BACKLOG,
     SUBMIT_TO_COMPLETE,
 )
+from workflow_engine.engine.outcomes import (
+    Completed,
+    ControlApplied,
+    Failed,
+    LostLease,
+    Outcome,
+    Suspended,
+)
+from workflow_engine.engine.services import LeaseKeeper, Maintenance, Rescuer, Service
 from workflow_engine.errors import ControlRequested, LeaseLost, Suspend, WorkflowError
 from workflow_engine.store import control as control_ops
 from workflow_engine.store import execution as store
-from workflow_engine.store import maintenance
 from workflow_engine.store.db import check_connection, database_ready, make_engine
-from workflow_engine.store.instances import RUNNABLE_CHANNEL
+from workflow_engine.store.writes import FinishInstance, Write
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class EngineRunner:
+    """The real :class:`~workflow_engine.engine.runtime.Runtime` of workflow contexts."""
+
     def __init__(
         self,
         settings: Settings,
@@ -87,21 +97,23 @@ class EngineRunner:
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
-        self.batcher = WriteBatcher(self.engine, self.owner)
+        self.batcher = WriteBatcher(PostgresWrites(self.engine, self.owner))
 
-    async def write(self, kind: str, *args: Any) -> Any:
+    async def write(self, write: Write[T]) -> T:
         """A lease-guarded write, committed together with other instances' writes."""
-        return await self.batcher.write(kind, *args)
+        return await self.batcher.write(write)
 
-    async def db(self, fn: Callable[..., T], *args: Any) -> T:
+    async def db(
+        self, fn: Callable[Concatenate[Engine, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
         """Run a blocking store function off the event loop."""
-        return await asyncio.to_thread(fn, self.engine, *args)
+        return await asyncio.to_thread(fn, self.engine, *args, **kwargs)
 
     # --- main loops ---------------------------------------------------------------
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        listener = threading.Thread(target=self._listen, args=(loop,), daemon=True)
+        dsn = self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        listener = Listener(dsn, self._wake.set)
         listener.start()
         log.info(
             "engine started",
@@ -112,19 +124,31 @@ class EngineRunner:
             },
         )
         writer = asyncio.create_task(self.batcher.run())
-        side = [
-            asyncio.create_task(self._heartbeat_loop()),
-            asyncio.create_task(self._rescue_loop()),
-            asyncio.create_task(self._maintenance_loop()),
-        ]
+        services = self._services()
+        for service in services:
+            service.start()
         try:
             await self._claim_loop()
         finally:
+            await listener.stop()
             await self._drain()
-            for task in side:
-                task.cancel()
+            for service in services:
+                await service.stop()
             writer.cancel()
             log.info("engine stopped", extra={"event": "engine.stopped", "engine_id": self.owner})
+
+    def _services(self) -> list[Service]:
+        s = self.settings
+        return [
+            LeaseKeeper(self.batcher, self._inflight, s.engine_lease_seconds),
+            Rescuer(self.engine, s.engine_lease_seconds),
+            Maintenance(
+                self.engine,
+                s.maintenance_interval_seconds,
+                s.retention_instances_seconds,
+                s.retention_job_ids_seconds,
+            ),
+        ]
 
     def stop(self) -> None:
         self._stopping.set()
@@ -132,35 +156,42 @@ class EngineRunner:
         self._slot_free.set()
 
     async def _claim_loop(self) -> None:
-        s = self.settings
         while not self._stopping.is_set():
-            free = s.engine_concurrency - len(self._inflight)
+            free = self.settings.engine_concurrency - len(self._inflight)
             if free <= 0:
                 self._slot_free.clear()
                 await self._slot_free.wait()
                 continue
             self._wake.clear()
-            started = time.perf_counter()
-            try:
-                claimed = await self.db(
-                    store.claim,
-                    self.owner,
-                    min(free, s.engine_claim_batch),
-                    s.engine_lease_seconds,
-                    self.clock.db_now(),
-                    concurrency_limits(),
-                )
-            except Exception:
-                log.exception("claim failed; retrying", extra={"event": "engine.claim_error"})
-                await self._wait_wake(s.engine_poll_interval_seconds)
+            want = min(free, self.settings.engine_claim_batch)
+            claimed = await self._claim(want)
+            if claimed is None:
+                await self._wait_wake(self.settings.engine_poll_interval_seconds)
                 continue
-            CLAIM_LATENCY.observe(time.perf_counter() - started)
-            CLAIMED.inc(len(claimed))
             for inst in claimed:
                 self._inflight[inst.job_id] = asyncio.create_task(self._run_instance(inst))
             INFLIGHT.set(len(self._inflight))
-            if len(claimed) < min(free, s.engine_claim_batch):
+            if len(claimed) < want:
                 await self._wait_wake(await self._idle_wait())
+
+    async def _claim(self, limit: int) -> list[store.Claimed] | None:
+        """Claim up to ``limit`` instances; ``None`` if the claim failed."""
+        started = time.perf_counter()
+        try:
+            claimed = await self.db(
+                store.claim,
+                self.owner,
+                limit,
+                self.settings.engine_lease_seconds,
+                self.clock.db_now(),
+                concurrency_limits(),
+            )
+        except Exception:
+            log.exception("claim failed; retrying", extra={"event": "engine.claim_error"})
+            return None
+        CLAIM_LATENCY.observe(time.perf_counter() - started)
+        CLAIMED.inc(len(claimed))
+        return claimed
 
     async def _idle_wait(self) -> float:
         """Sleep until the next timer falls due, a notification, or the poll interval."""
@@ -178,60 +209,6 @@ class EngineRunner:
     async def _wait_wake(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout)
-
-    async def _heartbeat_loop(self) -> None:
-        interval = self.settings.engine_lease_seconds / 3
-        while True:
-            await asyncio.sleep(interval)
-            ids = list(self._inflight)
-            try:
-                kept = await self.write("heartbeat", ids, self.settings.engine_lease_seconds)
-            except Exception:
-                log.exception("heartbeat failed", extra={"event": "engine.heartbeat_error"})
-                continue
-            for lost in set(ids) - kept:
-                task = self._inflight.get(lost)
-                if task is not None and not task.done():
-                    log.warning(
-                        "lease lost; abandoning run",
-                        extra={"event": "engine.lease_lost", "job_id": lost},
-                    )
-                    task.cancel()
-
-    async def _rescue_loop(self) -> None:
-        interval = max(1.0, self.settings.engine_lease_seconds / 2)
-        while True:
-            try:
-                rescued = await self.db(store.rescue_expired)
-            except Exception:
-                log.exception("rescue failed", extra={"event": "engine.rescue_error"})
-                rescued = []
-            for job_id in rescued:
-                RESCUED.inc()
-                log.warning(
-                    "expired lease re-queued",
-                    extra={"event": "engine.lease_rescued", "job_id": job_id},
-                )
-            await asyncio.sleep(interval)
-
-    async def _maintenance_loop(self) -> None:
-        """Retention and the gauges that need a query; one engine at a time prunes."""
-        s = self.settings
-        while True:
-            try:
-                pruned = await self.db(
-                    maintenance.prune, s.retention_instances_seconds, s.retention_job_ids_seconds
-                )
-                for kind, count in pruned.items():
-                    PRUNED.labels(kind).inc(count)
-                counts = await self.db(maintenance.status_counts)
-                INSTANCES_BY_STATUS.clear()
-                for (workflow, status), n in counts.by_workflow_status.items():
-                    INSTANCES_BY_STATUS.labels(workflow, status).set(n)
-                RUNNABLE_BACKLOG.set(counts.runnable_due)
-            except Exception:
-                log.exception("maintenance failed", extra={"event": "engine.maintenance_error"})
-            await asyncio.sleep(s.maintenance_interval_seconds)
 
     async def _drain(self) -> None:
         """On shutdown: let in-flight instances finish for half a lease, then cancel the
@@ -257,69 +234,7 @@ class EngineRunner:
     async def _run_instance(self, inst: store.Claimed) -> None:
         job = inst.job_id
         try:
-            fn = get_workflow(inst.workflow)
-            if fn is None:
-                await self._finish(inst, "errored", error=f"unknown workflow {inst.workflow!r}")
-                return
-            ctx = WorkflowContext(self, job, inst.workflow, inst.history)
-            log.info(
-                "instance running",
-                extra={
-                    "event": "instance.running",
-                    "job_id": job,
-                    "workflow": inst.workflow,
-                    "claim": inst.claim_count,
-                },
-            )
-            try:
-                value = await fn(ctx, inst.params)
-                encoded = store.encode_result(value, self.max_result_bytes)
-            except Suspend as wait:
-                await self.db(
-                    store.suspend,
-                    self.owner,
-                    job,
-                    wait.status,
-                    self.clock.db_now(),
-                    wait.wake_at,
-                    wait.delay,
-                )
-                log.info(
-                    "instance %s",
-                    wait.status,
-                    extra={
-                        "event": f"instance.{wait.status}",
-                        "job_id": job,
-                        "wake_at": wait.wake_at,
-                        "delay": wait.delay,
-                    },
-                )
-                return
-            except ControlRequested as control:
-                new_status = await self.db(
-                    control_ops.apply_requested, self.owner, job, control.action
-                )
-                if new_status in ("terminated",):
-                    FINISHED.labels(inst.workflow, new_status).inc()
-                log.warning(
-                    "operator %s applied",
-                    control.action,
-                    extra={
-                        "event": f"instance.{control.action}",
-                        "job_id": job,
-                        "status": new_status,
-                    },
-                )
-                return
-            except LeaseLost:
-                raise
-            except WorkflowError as exc:
-                await self._finish(inst, "errored", error=str(exc))
-                return
-            except Exception as exc:
-                await self._finish(inst, "errored", error=f"{type(exc).__name__}: {exc}")
-                return
-            await self._finish(inst, "complete", result=encoded)
+            await self._settle(inst, await self._execute(inst))
         except LeaseLost as exc:
             log.warning("%s", exc, extra={"event": "engine.lease_lost", "job_id": job})
         except asyncio.CancelledError:
@@ -332,20 +247,97 @@ class EngineRunner:
             INFLIGHT.set(len(self._inflight))
             self._slot_free.set()
 
+    async def _execute(self, inst: store.Claimed) -> Outcome:
+        """Run the workflow function (from the top: replay) and say how it ended."""
+        fn = get_workflow(inst.workflow)
+        if fn is None:
+            return Failed(f"unknown workflow {inst.workflow!r}")
+        ctx = WorkflowContext(self, inst.job_id, inst.workflow, inst.history)
+        log.info(
+            "instance running",
+            extra={
+                "event": "instance.running",
+                "job_id": inst.job_id,
+                "workflow": inst.workflow,
+                "claim": inst.claim_count,
+            },
+        )
+        try:
+            value = await fn(ctx, inst.params)
+            return Completed(store.encode_result(value, self.max_result_bytes))
+        except Suspend as wait:
+            wake_at = cast("datetime | None", wait.wake_at)
+            return Suspended(InstanceStatus(wait.status), wake_at, wait.delay)
+        except ControlRequested as control:
+            return ControlApplied(ControlAction(control.action))
+        except LeaseLost as exc:
+            return LostLease(str(exc))
+        except WorkflowError as exc:
+            return Failed(str(exc))
+        except Exception as exc:
+            return Failed(f"{type(exc).__name__}: {exc}")
+
+    async def _settle(self, inst: store.Claimed, outcome: Outcome) -> None:
+        """Record how a run ended."""
+        match outcome:
+            case Completed(result):
+                await self._finish(inst, InstanceStatus.COMPLETE, result=result)
+            case Failed(error):
+                await self._finish(inst, InstanceStatus.ERRORED, error=error)
+            case Suspended():
+                await self._suspend(inst, outcome)
+            case ControlApplied(action):
+                await self._apply_control(inst, action)
+            case LostLease(reason):
+                log.warning(
+                    "%s", reason, extra={"event": "engine.lease_lost", "job_id": inst.job_id}
+                )
+
+    async def _suspend(self, inst: store.Claimed, wait: Suspended) -> None:
+        await self.db(
+            store.suspend,
+            self.owner,
+            inst.job_id,
+            wait.status,
+            self.clock.db_now(),
+            wait.wake_at,
+            wait.delay,
+        )
+        log.info(
+            "instance %s",
+            wait.status,
+            extra={
+                "event": f"instance.{wait.status}",
+                "job_id": inst.job_id,
+                "wake_at": wait.wake_at,
+                "delay": wait.delay,
+            },
+        )
+
+    async def _apply_control(self, inst: store.Claimed, action: ControlAction) -> None:
+        new_status = await self.db(control_ops.apply_requested, self.owner, inst.job_id, action)
+        if new_status == InstanceStatus.TERMINATED:
+            FINISHED.labels(inst.workflow, new_status).inc()
+        log.warning(
+            "operator %s applied",
+            action,
+            extra={"event": f"instance.{action}", "job_id": inst.job_id, "status": new_status},
+        )
+
     async def _finish(
         self,
         inst: store.Claimed,
-        status: str,
+        status: InstanceStatus,
         result: bytes | None = None,
         error: str | None = None,
     ) -> None:
-        await self.write("finish_instance", inst.job_id, status, result, error)
+        await self.write(FinishInstance(inst.job_id, status, result, error))
         FINISHED.labels(inst.workflow, status).inc()
         if inst.submitted_at is not None:
             SUBMIT_TO_COMPLETE.labels(inst.workflow).observe(
                 (datetime.now(UTC) - inst.submitted_at).total_seconds()
             )
-        level = logging.INFO if status == "complete" else logging.WARNING
+        level = logging.INFO if status == InstanceStatus.COMPLETE else logging.WARNING
         log.log(
             level,
             "instance %s",
@@ -357,29 +349,6 @@ class EngineRunner:
                 "error": error,
             },
         )
-
-    # --- LISTEN/NOTIFY ----------------------------------------------------------------
-
-    def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Blocking LISTEN in a thread; each notification wakes the claim loop."""
-        dsn = self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-        while not self._stopping.is_set():
-            try:
-                conn = psycopg2.connect(dsn)
-                conn.set_isolation_level(psycopg2.extensions.ISOLATION_LEVEL_AUTOCOMMIT)
-                conn.cursor().execute(f"LISTEN {RUNNABLE_CHANNEL}")
-                while not self._stopping.is_set():
-                    if select.select([conn], [], [], 1.0)[0]:
-                        conn.poll()
-                        if conn.notifies:
-                            conn.notifies.clear()
-                            loop.call_soon_threadsafe(self._wake.set)
-            except Exception:
-                log.warning(
-                    "LISTEN connection lost; polling until it is back",
-                    extra={"event": "engine.listen_error"},
-                )
-                time.sleep(1.0)
 
 
 def run_engine(settings: Settings) -> None:

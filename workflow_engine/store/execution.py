@@ -1,9 +1,10 @@
 """Every database operation of the engine runner.
 
 The frequent lease-guarded writes (step started, step checkpoint, instance finished,
-heartbeat) are batched: :func:`write_batch` applies the pending writes of many
-instances in one transaction, one multi-row statement per kind. The rare ones (sleeps,
-event waits, suspension) are one function and one round trip each.
+heartbeat; :mod:`workflow_engine.store.writes`) are batched: :func:`write_batch`
+applies the pending writes of many instances in one transaction, one multi-row
+statement per class of write. The rare ones (sleeps, event waits, suspension) are one
+function and one round trip each.
 
 All writes on behalf of a running instance are guarded by its lease: they lock the
 instance row (``FOR SHARE``) and check ``lease_owner``, so an engine whose lease was
@@ -12,7 +13,7 @@ taken over can never write a checkpoint for an instance another engine now runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -22,6 +23,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
+from onceflow.core.vocabulary import (
+    RUNNABLE_STATUSES,
+    AttemptOutcome,
+    InstanceStatus,
+    StepKind,
+    StepStatus,
+)
 from workflow_engine.errors import (
     ControlRequested,
     LeaseLost,
@@ -29,6 +37,14 @@ from workflow_engine.errors import (
     StepResultError,
 )
 from workflow_engine.store.instances import notify_runnable
+from workflow_engine.store.writes import (
+    Answer,
+    FinishInstance,
+    FinishStep,
+    Heartbeat,
+    StartStep,
+    Write,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,27 +62,32 @@ class Claimed:
 class RecordedStep:
     position: int
     name: str
-    status: str
+    status: StepStatus
     attempts: int
     result: Any
-    kind: str = "step"
+    kind: StepKind = StepKind.STEP
     wake_at: datetime | None = None
     error: str | None = None
 
+
+#: ``'queued', 'sleeping', 'waiting'`` spelled out in the SQL text, not passed as a
+#: parameter: the planner matches the literal list against the partial index
+#: ``onceflow_instances_runnable_idx``, which a parameter array would defeat.
+_RUNNABLE = ", ".join(f"'{status}'" for status in sorted(RUNNABLE_STATUSES))
 
 _NOW = "coalesce(CAST(:now AS timestamptz), now())"
 
 _CLAIM_SQL = f"""
 WITH candidates AS (
     SELECT job_id FROM onceflow_instances
-    WHERE status IN ('queued', 'sleeping', 'waiting') AND run_after <= {_NOW}
+    WHERE status IN ({_RUNNABLE}) AND run_after <= {_NOW}
       AND {{workflow_filter}}
     ORDER BY run_after
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 )
 UPDATE onceflow_instances i
-SET status = 'running', lease_owner = :owner,
+SET status = '{InstanceStatus.RUNNING}', lease_owner = :owner,
     lease_expires_at = now() + make_interval(secs => :lease),
     started_at = coalesce(i.started_at, now()), updated_at = now(),
     claim_count = i.claim_count + 1
@@ -77,7 +98,8 @@ RETURNING i.job_id, i.workflow, i.params, i.created_at, j.submitted_at, i.claim_
 _CLAIM_UNLIMITED = sa.text(_CLAIM_SQL.format(workflow_filter="workflow <> ALL(:limited)"))
 _CLAIM_ONE_WORKFLOW = sa.text(_CLAIM_SQL.format(workflow_filter="workflow = :workflow"))
 _RUNNING_OF = sa.text(
-    "SELECT count(*) FROM onceflow_instances WHERE workflow = :workflow AND status = 'running'"
+    "SELECT count(*) FROM onceflow_instances"
+    f" WHERE workflow = :workflow AND status = '{InstanceStatus.RUNNING}'"
 )
 
 
@@ -144,15 +166,20 @@ def load_steps(conn: sa.Connection, job_ids: list[str]) -> dict[str, list[Record
     """The recorded history of several instances, in one query."""
     history: dict[str, list[RecordedStep]] = {job: [] for job in job_ids}
     if job_ids:
-        for job_id, *row in conn.execute(_LOAD_STEPS, {"job_ids": job_ids}):
-            history[job_id].append(RecordedStep(*row))
+        for job_id, position, name, status, attempts, result, kind, wake_at, error in conn.execute(
+            _LOAD_STEPS, {"job_ids": job_ids}
+        ):
+            entry = RecordedStep(
+                position, name, StepStatus(status), attempts, result, StepKind(kind), wake_at, error
+            )
+            history[job_id].append(entry)
     return history
 
 
-_LEASE_CTE = """
+_LEASE_CTE = f"""
 lease AS (
     SELECT job_id, requested_action FROM onceflow_instances
-    WHERE job_id = :job_id AND lease_owner = :owner AND status = 'running'
+    WHERE job_id = :job_id AND lease_owner = :owner AND status = '{InstanceStatus.RUNNING}'
     FOR SHARE
 )"""
 
@@ -161,16 +188,16 @@ lease AS (
 #
 # The runner sends the checkpoint writes of all its in-flight instances through its
 # group-commit writer (:mod:`workflow_engine.engine.batcher`), which applies everything pending
-# in ONE transaction: one multi-row statement per kind of write, one commit. Each
+# in ONE transaction: one multi-row statement per class of write, one commit. Each
 # instance has at most one write pending, so the rows of one batch never collide, nor
 # do those of two batches in flight; the heartbeat, which touches every leased row,
 # runs in a batch of its own, so an engine's own transactions never lock its instance
 # rows in conflicting orders.
 
-_LEASE_OF_INPUT = """
+_LEASE_OF_INPUT = f"""
 lease AS (
     SELECT i.job_id, i.requested_action FROM onceflow_instances i JOIN input USING (job_id)
-    WHERE i.lease_owner = :owner AND i.status = 'running'
+    WHERE i.lease_owner = :owner AND i.status = '{InstanceStatus.RUNNING}'
     FOR SHARE OF i
 )"""
 
@@ -183,15 +210,17 @@ WITH input AS (
 {_LEASE_OF_INPUT},
 step AS (
     INSERT INTO onceflow_steps AS s (job_id, position, name, status, attempts)
-    SELECT input.job_id, input.position, input.name, 'running', 1
+    SELECT input.job_id, input.position, input.name, '{StepStatus.RUNNING}', 1
     FROM input JOIN lease USING (job_id) WHERE lease.requested_action IS NULL
     ON CONFLICT ON CONSTRAINT onceflow_steps_pkey DO UPDATE
-        SET attempts = s.attempts + 1, status = 'running', error = NULL, finished_at = NULL
-        WHERE s.name = EXCLUDED.name AND s.status <> 'complete'
+        SET attempts = s.attempts + 1, status = '{StepStatus.RUNNING}', error = NULL,
+            finished_at = NULL
+        WHERE s.name = EXCLUDED.name AND s.status <> '{StepStatus.COMPLETE}'
     RETURNING s.job_id, s.position, s.attempts
 ),
 abandoned AS (
-    UPDATE onceflow_step_attempts a SET outcome = 'abandoned', finished_at = now()
+    UPDATE onceflow_step_attempts a
+    SET outcome = '{AttemptOutcome.ABANDONED}', finished_at = now()
     FROM step
     WHERE a.job_id = step.job_id AND a.position = step.position AND a.finished_at IS NULL
 ),
@@ -220,10 +249,11 @@ step AS (
     SET status = input.status,
         result = CAST(input.result AS jsonb),
         error = input.error,
-        finished_at = CASE WHEN input.status = 'running' THEN NULL ELSE now() END
+        finished_at = CASE WHEN input.status = '{StepStatus.RUNNING}' THEN NULL ELSE now() END
     FROM input JOIN lease USING (job_id)
-    -- 'running' only: a checkpoint can never be written twice (the second finds no row)
-    WHERE s.job_id = input.job_id AND s.position = input.position AND s.status = 'running'
+    -- running only: a checkpoint can never be written twice (the second finds no row)
+    WHERE s.job_id = input.job_id AND s.position = input.position
+      AND s.status = '{StepStatus.RUNNING}'
     RETURNING s.job_id
 ),
 attempt AS (
@@ -237,7 +267,7 @@ SELECT job_id FROM step
 )
 
 _FINISH_INSTANCES = sa.text(
-    """
+    f"""
 WITH input AS (
     SELECT * FROM unnest(CAST(:job_ids AS text[]), CAST(:statuses AS text[]),
                          CAST(:results AS text[]), CAST(:errors AS text[]))
@@ -247,125 +277,119 @@ UPDATE onceflow_instances i
 SET status = input.status, result = CAST(input.result AS jsonb), error = input.error,
     finished_at = now(), updated_at = now(), lease_owner = NULL, lease_expires_at = NULL
 FROM input
-WHERE i.job_id = input.job_id AND i.lease_owner = :owner AND i.status = 'running'
+WHERE i.job_id = input.job_id AND i.lease_owner = :owner AND i.status = '{InstanceStatus.RUNNING}'
 RETURNING i.job_id
 """
 )
 
 _HEARTBEAT = sa.text(
-    """
+    f"""
 UPDATE onceflow_instances SET lease_expires_at = now() + make_interval(secs => :lease)
-WHERE lease_owner = :owner AND status = 'running' AND job_id = ANY(:ids)
+WHERE lease_owner = :owner AND status = '{InstanceStatus.RUNNING}' AND job_id = ANY(:ids)
 RETURNING job_id
 """
 )
 
-_STEP_STATUS = {"complete": "complete", "retry": "running", "failed": "failed"}
+_STEP_STATUS = {
+    AttemptOutcome.COMPLETE: StepStatus.COMPLETE,
+    AttemptOutcome.RETRY: StepStatus.RUNNING,  # the step runs again
+    AttemptOutcome.FAILED: StepStatus.FAILED,
+}
 
-# Each kind of write has a function that runs its statement for all writes of that kind
-# in a batch and answers each write (a value, or the exception its instance should
-# raise). A write's arguments:
-#   start_step      (job_id, position, name)                -> attempt number
-#   finish_step     (job_id, position, attempt, outcome, result_json, error)
-#   finish_instance (job_id, status, result_json, error)
-#   heartbeat       (job_ids, lease_seconds)                 -> ids still owned
+# Each class of write has a function that runs its statement for all writes of that
+# class in a batch and answers each write: its value (``Write[T]``'s ``T``), or the
+# exception its instance should raise.
 
 
-def _start_steps(conn: sa.Connection, owner: str, writes: list[tuple]) -> list[Any]:
+def _start_steps(conn: sa.Connection, owner: str, writes: list[StartStep]) -> list[Answer]:
     rows = conn.execute(
         _START_STEPS,
         {
             "owner": owner,
-            "job_ids": [w[0] for w in writes],
-            "positions": [w[1] for w in writes],
-            "names": [w[2] for w in writes],
+            "job_ids": [w.job_id for w in writes],
+            "positions": [w.position for w in writes],
+            "names": [w.name for w in writes],
         },
     )
     found = {job_id: (attempt, action, leased) for job_id, attempt, action, leased in rows}
-    answers: list[Any] = []
-    for job_id, position, name in writes:
-        attempt, action, leased = found[job_id]
-        if not leased:
-            answers.append(LeaseLost(f"lease on {job_id} lost before step {name!r}"))
-        elif action is not None:
-            answers.append(ControlRequested(action))
-        elif attempt is None:
-            answers.append(
-                NonDeterminismError(f"step {name!r} at position {position} does not match history")
-            )
-        else:
-            answers.append(int(attempt))
-    return answers
+    return [_start_answer(w, *found[w.job_id]) for w in writes]
+
+
+def _start_answer(w: StartStep, attempt: int | None, action: str | None, leased: bool) -> Answer:
+    if not leased:
+        return LeaseLost(f"lease on {w.job_id} lost before step {w.name!r}")
+    if action is not None:
+        return ControlRequested(action)
+    if attempt is None:
+        return NonDeterminismError(
+            f"step {w.name!r} at position {w.position} does not match history"
+        )
+    return int(attempt)
 
 
 def _guarded(
     conn: sa.Connection,
     sql: sa.TextClause,
     params: dict[str, Any],
-    writes: list[tuple],
-    lost: Callable[[tuple], str],
-) -> list[Any]:
+    job_ids: list[str],
+    lost: list[str],
+) -> list[Answer]:
     """Run a batched guarded write returning the job ids it wrote; a write whose row
-    was not written lost its lease."""
-    written = set(conn.execute(sql, {"job_ids": [w[0] for w in writes], **params}).scalars())
-    return [None if w[0] in written else LeaseLost(lost(w)) for w in writes]
+    was not written lost its lease (``lost`` says what it could not do)."""
+    written = set(conn.execute(sql, {"job_ids": job_ids, **params}).scalars())
+    return [
+        None if job in written else LeaseLost(why) for job, why in zip(job_ids, lost, strict=True)
+    ]
 
 
-def _finish_steps(conn: sa.Connection, owner: str, writes: list[tuple]) -> list[Any]:
+def _finish_steps(conn: sa.Connection, owner: str, writes: list[FinishStep]) -> list[Answer]:
     params = {
         "owner": owner,
-        "positions": [w[1] for w in writes],
-        "attempts": [w[2] for w in writes],
-        "statuses": [_STEP_STATUS[w[3]] for w in writes],
-        "outcomes": [w[3] for w in writes],
-        "results": [_json_text(w[4]) for w in writes],
-        "errors": [w[5] for w in writes],
+        "positions": [w.position for w in writes],
+        "attempts": [w.attempt for w in writes],
+        "statuses": [_STEP_STATUS[w.outcome].value for w in writes],
+        "outcomes": [w.outcome.value for w in writes],
+        "results": [_json_text(w.result) for w in writes],
+        "errors": [w.error for w in writes],
     }
-    return _guarded(
-        conn,
-        _FINISH_STEPS,
-        params,
-        writes,
-        lambda w: f"lease on {w[0]} lost before checkpointing step {w[1]}",
-    )
+    lost = [f"lease on {w.job_id} lost before checkpointing step {w.position}" for w in writes]
+    return _guarded(conn, _FINISH_STEPS, params, [w.job_id for w in writes], lost)
 
 
-def _finish_instances(conn: sa.Connection, owner: str, writes: list[tuple]) -> list[Any]:
+def _finish_instances(
+    conn: sa.Connection, owner: str, writes: list[FinishInstance]
+) -> list[Answer]:
     params = {
         "owner": owner,
-        "statuses": [w[1] for w in writes],
-        "results": [_json_text(w[2]) for w in writes],
-        "errors": [w[3] for w in writes],
+        "statuses": [w.status.value for w in writes],
+        "results": [_json_text(w.result) for w in writes],
+        "errors": [w.error for w in writes],
     }
-    return _guarded(
-        conn,
-        _FINISH_INSTANCES,
-        params,
-        writes,
-        lambda w: f"lease on {w[0]} lost before it could be marked {w[1]}",
-    )
+    lost = [f"lease on {w.job_id} lost before it could be marked {w.status}" for w in writes]
+    return _guarded(conn, _FINISH_INSTANCES, params, [w.job_id for w in writes], lost)
 
 
-def _heartbeats(conn: sa.Connection, owner: str, writes: list[tuple]) -> list[Any]:
-    answers: list[Any] = []
-    for job_ids, lease_seconds in writes:
-        if not job_ids:
-            answers.append(set())
+def _heartbeats(conn: sa.Connection, owner: str, writes: list[Heartbeat]) -> list[Answer]:
+    answers: list[Answer] = []
+    for w in writes:
+        if not w.job_ids:
+            answers.append(frozenset())
             continue
-        rows = conn.execute(_HEARTBEAT, {"owner": owner, "ids": job_ids, "lease": lease_seconds})
-        answers.append(set(rows.scalars()))
+        params = {"owner": owner, "ids": list(w.job_ids), "lease": w.lease_seconds}
+        answers.append(frozenset(conn.execute(_HEARTBEAT, params).scalars()))
     return answers
 
 
-WRITES: dict[str, Callable[[sa.Connection, str, list[tuple]], list[Any]]] = {
-    "heartbeat": _heartbeats,
-    "start_step": _start_steps,
-    "finish_step": _finish_steps,
-    "finish_instance": _finish_instances,
+_Apply = Callable[[sa.Connection, str, list[Any]], list[Answer]]
+_APPLY: dict[type[Write[Any]], _Apply] = {
+    Heartbeat: _heartbeats,
+    StartStep: _start_steps,
+    FinishStep: _finish_steps,
+    FinishInstance: _finish_instances,
 }
 
 
-def write_batch(engine: Engine, owner: str, writes: list[tuple[str, tuple]]) -> list[Any]:
+def write_batch(engine: Engine, owner: str, writes: Sequence[Write[Any]]) -> list[Answer]:
     """Apply lease-guarded writes of several instances in one transaction.
 
     Returns one answer per write, in order: its value, or the exception it should raise
@@ -373,45 +397,46 @@ def write_batch(engine: Engine, owner: str, writes: list[tuple[str, tuple]]) -> 
     A database error aborts the whole batch and propagates; :func:`write_each` then
     isolates the write that caused it.
     """
-    by_kind: dict[str, list[int]] = {}
-    for index, (kind, _) in enumerate(writes):
-        by_kind.setdefault(kind, []).append(index)
-    answers: list[Any] = [None] * len(writes)
+    by_class: dict[type[Write[Any]], list[int]] = {}
+    for index, write in enumerate(writes):
+        by_class.setdefault(type(write), []).append(index)
+    answers: list[Answer] = [None] * len(writes)
     with engine.begin() as conn:
-        for kind, indexes in by_kind.items():
-            for index, answer in zip(
-                indexes, WRITES[kind](conn, owner, [writes[i][1] for i in indexes]), strict=True
-            ):
+        for cls, indexes in by_class.items():
+            applied = _APPLY[cls](conn, owner, [writes[i] for i in indexes])
+            for index, answer in zip(indexes, applied, strict=True):
                 answers[index] = answer
     return answers
 
 
-def write_each(engine: Engine, owner: str, writes: list[tuple[str, tuple]]) -> list[Any]:
+def write_each(engine: Engine, owner: str, writes: Sequence[Write[Any]]) -> list[Answer]:
     """Apply writes one transaction each (after a batch failed): one bad write (a step
     name used twice in a run, say) fails only its own instance."""
-    answers: list[Any] = []
+    answers: list[Answer] = []
     for write in writes:
         try:
             answers.append(write_batch(engine, owner, [write])[0])
         except IntegrityError as exc:
-            diag = getattr(exc.orig, "diag", None)
-            if getattr(diag, "constraint_name", None) == "onceflow_steps_name_key":
-                name = write[1][2] if write[0] == "start_step" else "?"
-                answers.append(
-                    NonDeterminismError(f"step name {name!r} is used twice in one workflow run")
-                )
-            else:
-                answers.append(exc)
+            answers.append(_integrity_answer(write, exc))
         except Exception as exc:
             answers.append(exc)
     return answers
 
 
+def _integrity_answer(write: Write[Any], exc: IntegrityError) -> Answer:
+    diag = getattr(exc.orig, "diag", None)
+    if getattr(diag, "constraint_name", None) == "onceflow_steps_name_key":
+        name = write.name if isinstance(write, StartStep) else "?"
+        return NonDeterminismError(f"step name {name!r} is used twice in one workflow run")
+    return exc
+
+
 _RESCUE = sa.text(
-    """
+    f"""
 UPDATE onceflow_instances
-SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
-WHERE status = 'running' AND lease_expires_at < now()
+SET status = '{InstanceStatus.QUEUED}', lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = now()
+WHERE status = '{InstanceStatus.RUNNING}' AND lease_expires_at < now()
 RETURNING job_id
 """
 )
@@ -427,10 +452,11 @@ def rescue_expired(engine: Engine) -> list[str]:
 
 
 _RELEASE = sa.text(
-    """
+    f"""
 UPDATE onceflow_instances
-SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
-WHERE lease_owner = :owner AND status = 'running' AND job_id = ANY(:ids)
+SET status = '{InstanceStatus.QUEUED}', lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = now()
+WHERE lease_owner = :owner AND status = '{InstanceStatus.RUNNING}' AND job_id = ANY(:ids)
 """
 )
 
@@ -484,14 +510,14 @@ def begin_wait(
     job_id: str,
     position: int,
     name: str,
-    kind: str,
+    kind: StepKind,
     now: datetime | None,
     delay: float | None = None,
     wake_at: datetime | None = None,
     event_type: str | None = None,
 ) -> tuple[datetime | None, bool]:
     """Record a sleep or event wait (once); return (its wake time, whether it is due)."""
-    status = "sleeping" if kind == "sleep" else "waiting"
+    status = StepStatus.SLEEPING if kind == StepKind.SLEEP else StepStatus.WAITING
     with engine.begin() as conn:
         leased, action, wake, db_now = conn.execute(
             _BEGIN_WAIT,
@@ -522,7 +548,7 @@ UPDATE onceflow_steps s
 SET status = :status, result = CAST(:result AS jsonb), error = :error, finished_at = now()
 FROM lease
 WHERE s.job_id = lease.job_id AND s.position = :position
-  AND s.status IN ('sleeping', 'waiting')
+  AND s.status IN ('{StepStatus.SLEEPING}', '{StepStatus.WAITING}')
 """
 )
 
@@ -532,7 +558,7 @@ def close_entry(
     owner: str,
     job_id: str,
     position: int,
-    status: str,
+    status: StepStatus,
     result_json: bytes | None = None,
     error: str | None = None,
 ) -> None:
@@ -557,7 +583,7 @@ _CONSUME_EVENT = sa.text(
 WITH {_LEASE_CTE},
 entry AS (
     SELECT s.event_type FROM onceflow_steps s JOIN lease USING (job_id)
-    WHERE s.position = :position AND s.status = 'waiting'
+    WHERE s.position = :position AND s.status = '{StepStatus.WAITING}'
 ),
 pick AS (
     SELECT e.id FROM onceflow_events e, entry
@@ -572,8 +598,8 @@ used AS (
 ),
 done AS (
     UPDATE onceflow_steps s
-    SET status = 'complete', result = coalesce((SELECT payload FROM used), 'null'::jsonb),
-        finished_at = now()
+    SET status = '{StepStatus.COMPLETE}',
+        result = coalesce((SELECT payload FROM used), 'null'::jsonb), finished_at = now()
     WHERE s.job_id = :job_id AND s.position = :position AND EXISTS (SELECT 1 FROM used)
     RETURNING s.result
 )
@@ -599,7 +625,7 @@ SET status = :status, lease_owner = NULL, lease_expires_at = NULL, updated_at = 
         WHEN :delay IS NOT NULL
             THEN {_NOW} + make_interval(secs => CAST(:delay AS double precision))
         ELSE coalesce(CAST(:wake_at AS timestamptz), 'infinity') END
-WHERE job_id = :job_id AND lease_owner = :owner AND status = 'running'
+WHERE job_id = :job_id AND lease_owner = :owner AND status = '{InstanceStatus.RUNNING}'
 """
 )
 
@@ -608,14 +634,14 @@ def suspend(
     engine: Engine,
     owner: str,
     job_id: str,
-    status: str,
+    status: InstanceStatus,
     now: datetime | None,
     wake_at: datetime | None = None,
     delay: float | None = None,
 ) -> None:
     """Release the instance until ``wake_at`` / ``now + delay`` (forever if neither).
 
-    Statuses: 'sleeping' (a sleep or a retry delay), 'waiting' (an event), 'paused'.
+    Statuses: sleeping (a sleep or a retry delay), waiting (an event), paused.
     """
     _write_leased(
         engine,
@@ -635,7 +661,7 @@ def suspend(
 _NEXT_DUE = sa.text(
     f"""
 SELECT extract(epoch FROM min(run_after) - {_NOW}) FROM onceflow_instances
-WHERE status IN ('queued', 'sleeping', 'waiting') AND run_after <> 'infinity'
+WHERE status IN ({_RUNNABLE}) AND run_after <> 'infinity'
 """
 )
 

@@ -1,0 +1,149 @@
+"""The engine's background services, one loop each (River's maintenance services are
+the model: a rescuer, a cleaner, each its own small class).
+
+* :class:`LeaseKeeper` — the heartbeat: extends the leases of everything in flight
+  every third of a lease, and abandons a run whose lease another engine took.
+* :class:`Rescuer` — re-queues ``running`` instances whose lease expired (their engine
+  died), so another engine resumes them from their last checkpoint.
+* :class:`Maintenance` — retention, and the gauges that need a query.
+
+Each has ``start()`` (a task on the running loop) and ``stop()`` (cancel, and wait).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+
+from sqlalchemy.engine import Engine
+
+from workflow_engine.engine.batcher import WriteBatcher
+from workflow_engine.engine.metrics import (
+    INSTANCES_BY_STATUS,
+    PRUNED,
+    RESCUED,
+    RUNNABLE_BACKLOG,
+)
+from workflow_engine.store import execution as store
+from workflow_engine.store import maintenance
+from workflow_engine.store.writes import Heartbeat
+
+log = logging.getLogger(__name__)
+
+
+class Service(ABC):
+    """A loop that runs beside the claim loop until stopped."""
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.run(), name=type(self).__name__)
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    @abstractmethod
+    async def run(self) -> None:
+        """The loop; runs until cancelled."""
+
+
+class LeaseKeeper(Service):
+    def __init__(
+        self,
+        batcher: WriteBatcher,
+        inflight: Mapping[str, asyncio.Task[None]],
+        lease_seconds: float,
+    ) -> None:
+        super().__init__()
+        self.batcher = batcher
+        self.inflight = inflight
+        self.lease_seconds = lease_seconds
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_seconds / 3)
+            ids = tuple(self.inflight)
+            try:
+                kept = await self.batcher.write(Heartbeat(ids, self.lease_seconds))
+            except Exception:
+                log.exception("heartbeat failed", extra={"event": "engine.heartbeat_error"})
+                continue
+            for lost in set(ids) - kept:
+                self._abandon(lost)
+
+    def _abandon(self, job_id: str) -> None:
+        task = self.inflight.get(job_id)
+        if task is not None and not task.done():
+            log.warning(
+                "lease lost; abandoning run",
+                extra={"event": "engine.lease_lost", "job_id": job_id},
+            )
+            task.cancel()
+
+
+class Rescuer(Service):
+    def __init__(self, engine: Engine, lease_seconds: float) -> None:
+        super().__init__()
+        self.engine = engine
+        self.interval = max(1.0, lease_seconds / 2)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                rescued = await asyncio.to_thread(store.rescue_expired, self.engine)
+            except Exception:
+                log.exception("rescue failed", extra={"event": "engine.rescue_error"})
+                rescued = []
+            for job_id in rescued:
+                RESCUED.inc()
+                log.warning(
+                    "expired lease re-queued",
+                    extra={"event": "engine.lease_rescued", "job_id": job_id},
+                )
+            await asyncio.sleep(self.interval)
+
+
+class Maintenance(Service):
+    """Retention and the gauges that need a query; one engine at a time prunes."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        interval: float,
+        retention_instances_seconds: float,
+        retention_job_ids_seconds: float,
+    ) -> None:
+        super().__init__()
+        self.engine = engine
+        self.interval = interval
+        self.retention = (retention_instances_seconds, retention_job_ids_seconds)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self._prune()
+                await self._count()
+            except Exception:
+                log.exception("maintenance failed", extra={"event": "engine.maintenance_error"})
+            await asyncio.sleep(self.interval)
+
+    async def _prune(self) -> None:
+        pruned = await asyncio.to_thread(maintenance.prune, self.engine, *self.retention)
+        for kind, count in pruned.items():
+            PRUNED.labels(kind).inc(count)
+
+    async def _count(self) -> None:
+        counts = await asyncio.to_thread(maintenance.status_counts, self.engine)
+        INSTANCES_BY_STATUS.clear()
+        for (workflow, status), n in counts.by_workflow_status.items():
+            INSTANCES_BY_STATUS.labels(workflow, status).set(n)
+        RUNNABLE_BACKLOG.set(counts.runnable_due)
