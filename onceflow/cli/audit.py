@@ -15,7 +15,6 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-import sqlalchemy as sa
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 from sqlalchemy.engine import Engine
 
@@ -23,6 +22,7 @@ from onceflow.core.envelope import HEADER_DLQ_SOURCE, JobEnvelope
 from onceflow.core.errors import InvalidEnvelope
 from onceflow.core.lag import consumer_lag
 from onceflow.core.settings import Settings
+from workflow_engine.store.audit import stored_job_ids
 
 
 @dataclass
@@ -154,18 +154,14 @@ def run_audit(settings: Settings, engine: Engine) -> AuditReport:
         else:
             consumed.setdefault(job_id, False)
 
-    with engine.connect() as conn:
-        instances = set(conn.execute(sa.text("SELECT job_id FROM onceflow_instances")).scalars())
-        tasks = set(conn.execute(sa.text("SELECT job_id FROM onceflow_task_runs")).scalars())
-    report.instances, report.task_runs = len(instances), len(tasks)
+    stored = stored_job_ids(engine)
+    report.instances, report.task_runs = len(stored.instances), len(stored.task_runs)
     report.job_ids = len(seen)
     report.consumed_job_ids = sum(1 for v in consumed.values() if v)
     report.pending_job_ids = sum(
-        1 for job_id, v in consumed.items() if not v and job_id not in instances | tasks
+        1 for job_id, v in consumed.items() if not v and job_id not in stored.all
     )
-    report.missing = sorted(
-        j for j, v in consumed.items() if v and j not in instances and j not in tasks
-    )
-    report.doubled = sorted(instances & tasks)
-    report.unknown_origin = len((instances | tasks) - seen)
+    report.missing = sorted(j for j, v in consumed.items() if v and j not in stored.all)
+    report.doubled = sorted(stored.doubled)
+    report.unknown_origin = len(stored.all - seen)
     return report

@@ -3,8 +3,11 @@ and a job's timeline (``onceflow trace``)."""
 
 from __future__ import annotations
 
+from onceflow.core.vocabulary import StepKind, StepStatus
 from workflow_engine.store.instances import InstanceView
 from workflow_engine.store.trace import TraceEvent
+
+_STEP_LABELS = {StepKind.STEP: "step", StepKind.SLEEP: "sleep", StepKind.EVENT: "wait"}
 
 
 def render_instance(view: InstanceView) -> str:
@@ -19,16 +22,15 @@ def render_instance(view: InstanceView) -> str:
         f" ({view.redeliveries} redeliveries, {view.mismatches} with different params)",
     ]
     for step in view.steps:
-        state = step.status
-        if step.kind == "step" and (step.status == "running" or step.attempts > 1):
+        state = str(step.status)
+        if step.kind == StepKind.STEP and (step.status == StepStatus.RUNNING or step.attempts > 1):
             state += f" (attempt {step.attempts})"
-        if step.kind == "sleep" and step.status == "sleeping" and step.wake_at:
+        if step.kind == StepKind.SLEEP and step.status == StepStatus.SLEEPING and step.wake_at:
             state += f" until {step.wake_at.isoformat()}"
-        if step.kind == "event" and step.status == "waiting":
+        if step.kind == StepKind.EVENT and step.status == StepStatus.WAITING:
             state += f" for event {step.event_type!r}"
-        label = {"step": "step", "sleep": "sleep", "event": "wait"}[step.kind]
-        lines.append(f'{label} "{step.name}": {state}')
-        if step.error and step.status != "complete":
+        lines.append(f'{_STEP_LABELS[step.kind]} "{step.name}": {state}')
+        if step.error and step.status != StepStatus.COMPLETE:
             lines.append(f"    last error: {step.error}")
     if view.error:
         lines.append(f"error: {view.error}")

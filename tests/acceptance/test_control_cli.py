@@ -9,17 +9,16 @@ import pytest
 import sqlalchemy as sa
 
 from onceflow.core.envelope import JobEnvelope
+from onceflow.core.vocabulary import InstanceStatus
 from onceflow_tools.processes import ProcessGroup, free_port
 from tests.acceptance.test_demo import run_cli
 from tests.conftest import settings_env
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.store.instances import Delivery, create_instances, describe_instance
 
 
 def status(db, job_id):
-    with db.connect() as conn:
-        return conn.execute(
-            sa.text("SELECT status FROM onceflow_instances WHERE job_id = :j"), {"j": job_id}
-        ).scalar()
+    view = describe_instance(db, job_id)
+    return view.status if view is not None else None
 
 
 def wait_status(db, job_id, wanted, timeout=30):
@@ -52,8 +51,8 @@ def test_control_operations_through_the_cli(settings, db, tmp_path):
 
     with ProcessGroup(env, tmp_path / "logs") as group:
         group.start("engine", "engine", env={"ONCEFLOW_ENGINE_METRICS_PORT": str(free_port())})
-        wait_status(db, "appr_1", "waiting")
-        wait_status(db, "appr_2", "waiting")
+        wait_status(db, "appr_1", InstanceStatus.WAITING)
+        wait_status(db, "appr_2", InstanceStatus.WAITING)
         described = cli("instances", "describe", "approval-workflow", "appr_1")
         assert "status: waiting" in described
         assert "wait \"approval\": waiting for event 'approved'" in described
@@ -65,9 +64,9 @@ def test_control_operations_through_the_cli(settings, db, tmp_path):
             "instances", "send-event", "approval-workflow", "appr_1", "approved", '{"by": "ann"}'
         )
         time.sleep(0.5)
-        assert status(db, "appr_1") == "paused"
+        assert status(db, "appr_1") == InstanceStatus.PAUSED
         assert cli("instances", "resume", "approval-workflow", "appr_1") == "appr_1: queued"
-        wait_status(db, "appr_1", "complete")
+        wait_status(db, "appr_1", InstanceStatus.COMPLETE)
         out = orjson.loads(cli("instances", "describe", "approval-workflow", "appr_1", "--json"))
         assert out["result"] == {"approved": True, "by": "ann"}
 
@@ -79,9 +78,9 @@ def test_control_operations_through_the_cli(settings, db, tmp_path):
         assert refused.stderr.strip() == "onceflow: appr_2 is terminated; it takes no more events"
 
         assert cli("instances", "restart", "approval-workflow", "appr_1") == "appr_1: queued"
-        wait_status(db, "appr_1", "waiting")
+        wait_status(db, "appr_1", InstanceStatus.WAITING)
         cli("instances", "send-event", "approval-workflow", "appr_1", "approved")
-        wait_status(db, "appr_1", "complete")
+        wait_status(db, "appr_1", InstanceStatus.COMPLETE)
 
         bad = run_cli(
             "instances", "send-event", "approval-workflow", "appr_1", "x", "{oops", env=env
@@ -93,8 +92,8 @@ def test_control_operations_through_the_cli(settings, db, tmp_path):
         for line in cli("instances", "list", "--prefix", "appr_", "--json").splitlines()
     ]
     assert {(r["job_id"], r["status"]) for r in listed} == {
-        ("appr_1", "complete"),
-        ("appr_2", "terminated"),
+        ("appr_1", InstanceStatus.COMPLETE),
+        ("appr_2", InstanceStatus.TERMINATED),
     }
     with db.connect() as conn:
         restarts = conn.execute(

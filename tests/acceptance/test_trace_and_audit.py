@@ -11,8 +11,10 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
+from onceflow.core.vocabulary import InstanceStatus, JobKind
 from onceflow_tools.stack import Stack
 from tests.acceptance.test_demo import run_cli
+from workflow_engine.store.stats import count_instances, duplicate_counts
 
 
 @pytest.fixture
@@ -52,8 +54,8 @@ def test_sql_cli_http_and_logs_tell_the_same_story(stack):
         client.submit([{**jobs[0], "params": {"amount": 999}}])  # same id, other params
     stack.wait_for(
         lambda: (
-            stack.scalar("SELECT count(*) FROM onceflow_instances WHERE status = 'complete'") == 20
-            and stack.scalar("SELECT count(*) FROM onceflow_duplicate_deliveries") == 6
+            count_instances(stack.db, InstanceStatus.COMPLETE) == 20
+            and duplicate_counts(stack.db).total == 6
         ),
         90,
         "all jobs complete and all duplicates consumed",
@@ -86,8 +88,8 @@ def test_sql_cli_http_and_logs_tell_the_same_story(stack):
 
     got = httpx.get(f"{stack.ingest_url}/v1/jobs/{job}", headers=stack.auth_headers).json()
     assert (got["kind"], got["status"], got["duplicates"], got["mismatches"]) == (
-        "workflow",
-        "complete",
+        JobKind.WORKFLOW,
+        InstanceStatus.COMPLETE,
         2,
         1,
     )
@@ -126,8 +128,8 @@ def test_audit_clean_then_names_what_was_broken(stack):
         client.submit(jobs[:10])
     stack.wait_for(
         lambda: (
-            stack.scalar("SELECT count(*) FROM onceflow_instances WHERE status = 'complete'") == 30
-            and stack.scalar("SELECT count(*) FROM onceflow_duplicate_deliveries") == 10
+            count_instances(stack.db, InstanceStatus.COMPLETE) == 30
+            and duplicate_counts(stack.db).total == 10
         ),
         90,
         "all consumed",

@@ -33,6 +33,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,16 @@ import orjson
 
 from onceflow.core.lag import consumer_lag
 from onceflow.core.settings import Settings
+from onceflow.core.vocabulary import InstanceStatus
 from onceflow_tools.processes import free_port
 from onceflow_tools.stack import Stack
+from workflow_engine.store.stats import (
+    consumption,
+    count_instances,
+    latency,
+    receipt_span_seconds,
+    run_span_seconds,
+)
 
 
 def rss_mb(pid: int) -> float:
@@ -146,41 +155,11 @@ def _stack(base: Settings, log_dir: Path, name: str, partitions: int = 4, **env:
     return stack
 
 
-_E2E_SQL = """
-SELECT count(*),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY first_step),
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY first_step),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY complete),
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY complete),
-       max(complete)
-FROM (
-    SELECT 1000 * extract(epoch FROM
-               (SELECT min(a.started_at) FROM onceflow_step_attempts a
-                WHERE a.job_id = j.job_id) - j.submitted_at) AS first_step,
-           1000 * extract(epoch FROM i.finished_at - j.submitted_at) AS complete
-    FROM onceflow_jobs j JOIN onceflow_instances i USING (job_id)
-    WHERE i.status = 'complete' AND j.job_id LIKE :prefix
-) x
-"""
-
-
 def e2e_latency(stack: Stack, prefix: str) -> dict[str, float]:
     """Submit-to-first-step and submit-to-complete percentiles (ms) of finished jobs,
     from the database's own timestamps (one clock: every process runs here)."""
     assert stack.db is not None
-    import sqlalchemy as sa
-
-    with stack.db.connect() as conn:
-        row = conn.execute(sa.text(_E2E_SQL), {"prefix": f"{prefix}%"}).one()
-    keys = (
-        "jobs",
-        "first_step_p50_ms",
-        "first_step_p99_ms",
-        "complete_p50_ms",
-        "complete_p99_ms",
-        "complete_max_ms",
-    )
-    return {k: float(v or 0) for k, v in zip(keys, row, strict=True)}
+    return asdict(latency(stack.db, prefix))
 
 
 def _wait_for(what: str, current: Callable[[], int], target: int, timeout: float) -> float:
@@ -201,21 +180,14 @@ def _wait_for(what: str, current: Callable[[], int], target: int, timeout: float
 
 def _wait_complete(stack: Stack, count: int, timeout: float) -> float:
     """Wait (bounded) until ``count`` instances are complete; return the seconds waited."""
+    assert stack.db is not None
+    db = stack.db
     return _wait_for(
         "instances complete",
-        lambda: stack.scalar("SELECT count(*) FROM onceflow_instances WHERE status = 'complete'"),
+        lambda: count_instances(db, InstanceStatus.COMPLETE),
         count,
         timeout,
     )
-
-
-def _seconds(stack: Stack, sql: str) -> float:
-    """A query's one number as a float (``Stack.scalar`` rounds to an int)."""
-    import sqlalchemy as sa
-
-    assert stack.db is not None
-    with stack.db.connect() as conn:
-        return float(conn.execute(sa.text(sql)).scalar() or 0.0)
 
 
 def e2e(base: Settings, jobs: int, log_dir: Path, rate: float = 50.0) -> dict[str, Any]:
@@ -282,6 +254,8 @@ def burst(
     streams worker and one engine run: ingest latency, lag, drain, memory, nothing lost.
     ``outage``: PostgreSQL is stopped for 5 s two seconds into the burst."""
     stack = _stack(base, log_dir, "burst")
+    assert stack.db is not None
+    db = stack.db
     try:
         stack.start_ingest()
         stack.start_worker()
@@ -294,20 +268,14 @@ def burst(
             burst_end = time.monotonic()
             _wait_for(
                 "instances created, lag 0",
-                lambda: (
-                    stack.scalar("SELECT count(*) FROM onceflow_instances")
-                    if sampler.lag == 0
-                    else 0
-                ),
+                lambda: count_instances(db) if sampler.lag == 0 else 0,
                 load["accepted"],
                 600,
             )
             drain = time.monotonic() - burst_end
-            complete = stack.scalar(
-                "SELECT count(*) FROM onceflow_instances WHERE status = 'complete'"
-            )
+            complete = count_instances(db, InstanceStatus.COMPLETE)
             all_done = drain + _wait_complete(stack, load["accepted"], 600)
-        created = stack.scalar("SELECT count(*) FROM onceflow_instances")
+        created = count_instances(db)
         return {
             "scenario": "burst-paced" if rate else "burst",
             "jobs": jobs,
@@ -391,14 +359,8 @@ def engine(
             wall = time.monotonic() - t0
             # The rate from the first claim to the last completion (engine start-up,
             # about a second, is not the engine's throughput).
-            span = max(
-                _seconds(
-                    stack,
-                    "SELECT extract(epoch FROM max(finished_at) - min(started_at))"
-                    " FROM onceflow_instances",
-                ),
-                1e-3,
-            )
+            assert stack.db is not None
+            span = max(run_span_seconds(stack.db), 1e-3)
             rows.append(
                 {
                     "workflow": workflow,
@@ -473,6 +435,8 @@ def _queue_run(
     with several, they join the group first (no rebalances mid-run), then it is filled."""
     name = f"queue{int(dup_fraction * 100)}-p{partitions}w{workers}"
     stack = _stack(base, log_dir, name, partitions)
+    assert stack.db is not None
+    db = stack.db
     try:
         assert stack.settings is not None
         if workers == 1:
@@ -482,27 +446,14 @@ def _queue_run(
         if workers > 1:
             _wait_group(stack.settings, workers)
             _fill_topic(stack.settings, jobs, dup_fraction)
-        _wait_for(
-            "records consumed",
-            lambda: stack.scalar(
-                "SELECT (SELECT count(*) FROM onceflow_instances)"
-                " + (SELECT count(*) FROM onceflow_duplicate_deliveries)"
-            ),
-            jobs,
-            600,
-        )
-        span = _seconds(
-            stack,
-            "SELECT extract(epoch FROM max(t) - min(t)) FROM (SELECT received_at AS t"
-            " FROM onceflow_jobs UNION ALL"
-            " SELECT received_at FROM onceflow_duplicate_deliveries) x",
-        )
+        _wait_for("records consumed", lambda: consumption(db).records, jobs, 600)
+        span = receipt_span_seconds(db)
         return {
             "records": jobs,
             "duplicate_fraction": dup_fraction,
             "partitions": partitions,
             "workers": workers,
-            "instances": stack.scalar("SELECT count(*) FROM onceflow_instances"),
+            "instances": count_instances(db),
             "seconds": span,
             "records_per_second": jobs / span if span else 0.0,
         }
@@ -628,10 +579,12 @@ def nobuffer(
     through a backlog of as many workflows, so PostgreSQL is as busy as in onceflow's
     run, where the same engine runs the burst's own workflows. ``outage``: both bursts
     meet the same PostgreSQL outage (stopped for 5 s, two seconds in)."""
+    from onceflow_tools.baselines.direct_http import stored_jobs
+
     ours = burst(base, jobs, log_dir / "ours", concurrency, outage=outage)
     stack = _stack(base, log_dir, "nobuffer")
     try:
-        assert stack.settings is not None and stack.group is not None
+        assert stack.settings is not None and stack.group is not None and stack.db is not None
         _prefill(stack, jobs, "noop-workflow", "backlog_")
         port = free_port()
         stack.group.start(
@@ -650,7 +603,7 @@ def nobuffer(
             PostgresOutage(base) if outage else contextlib.nullcontext(),
         ):
             load = _loadgen(stack, jobs, 100, concurrency, "nb_", log_dir / "nb.json", url=url)
-        stored = stack.scalar("SELECT count(*) FROM onceflow_baseline_jobs WHERE job_id LIKE 'nb%'")
+        stored = stored_jobs(stack.db, "nb")
         theirs = {
             "load": load,
             "stored": stored,

@@ -5,7 +5,7 @@ different params) from concurrent clients, while a fault schedule runs against t
 streams workers and two engines: SIGKILL a worker, a worker that SIGKILLs itself
 between its database commit and its offset commit, restart the Kafka broker, restart
 PostgreSQL, SIGKILL an engine mid-step. Then it waits for everything to finish and
-checks, with SQL and the audit:
+checks, with the store's figures and the audit:
 
 * every job id that got a 202 has exactly one instance, and no other instance exists;
 * every instance completes; no step checkpoint was written twice;
@@ -36,8 +36,15 @@ from onceflow.cli.audit import run_audit
 from onceflow.core.lag import consumer_lag
 from onceflow.core.partitioning import partition_for
 from onceflow.core.settings import Settings
+from onceflow.core.vocabulary import InstanceStatus
+from onceflow_examples import applied_effect_counts
 from onceflow_tools.stack import Stack
 from producers.client import SubmitError
+from workflow_engine.store.stats import (
+    checkpoints_written_twice,
+    count_instances,
+    instance_job_ids,
+)
 
 if TYPE_CHECKING:
     from onceflow_tools.dev import DevServices
@@ -217,6 +224,34 @@ def run_chaos(
     rng = random.Random(seed)
     result = ChaosResult(seed, n_jobs)
     started = time.monotonic()
+    stack = _start_stack(base, seed, log_dir)
+    try:
+        _start_processes(stack)
+        log(f"chaos seed={seed}: {n_jobs} jobs, 2 streams workers, 2 engines (logs: {log_dir})")
+        batches = _plan_workload(rng, n_jobs, result)
+        submitter = _Submitter(stack)
+        faults = _Faults(stack, dev, log, submitter.submit)
+        with _FaultLoop(_fault_schedule(rng, faults), result, log):
+            _send_workload(batches, submitter.submit, clients)
+        result.faults = faults.done
+        result.jobs += faults.extra_jobs
+        result.accepted = len(submitter.accepted)
+        log(
+            f"  workload sent: {result.submissions} submissions, {result.accepted} job ids "
+            "accepted; waiting for the system to settle"
+        )
+        settle_started = time.monotonic()
+        _settle(stack, result.accepted, timeout)
+        log(f"  settled in {time.monotonic() - settle_started:.1f}s")
+        _check(stack, submitter.accepted, result)
+    finally:
+        stack.close()
+    result.elapsed = time.monotonic() - started
+    return result
+
+
+def _start_stack(base: Settings, seed: int, log_dir: Path) -> Stack:
+    """A fresh stack with short leases and timeouts, so faults are noticed quickly."""
     stack = Stack(base, f"chaos-{seed}-{int(time.time()) % 100000}", log_dir).prepare()
     stack.env.update(
         {
@@ -228,82 +263,106 @@ def run_chaos(
     )
     if stack.group is not None:
         stack.group.env.update(stack.env)
-    try:
-        stack.start_ingest()
-        for name in ("streams-1", "streams-2"):
-            stack.start_worker(name)
-        for name in ("engine-1", "engine-2"):
-            stack.start_engine(name)
-        log(f"chaos seed={seed}: {n_jobs} jobs, 2 streams workers, 2 engines (logs: {log_dir})")
+    return stack
 
-        batches = _plan_workload(rng, n_jobs, result)
-        accepted: set[str] = set()
-        lock = threading.Lock()
 
-        def submit(batch: list[dict[str, Any]]) -> None:
-            with stack.client(retries=40, timeout=30) as client:
-                for attempt in range(40):
-                    try:
-                        ids = [a["job_id"] for a in client.submit(batch)["accepted"]]
-                        break
-                    except (SubmitError, httpx.HTTPError):
-                        if attempt == 39:
-                            raise
-                        time.sleep(1.0)
-            with lock:
-                accepted.update(ids)
+def _start_processes(stack: Stack) -> None:
+    stack.start_ingest()
+    for name in ("streams-1", "streams-2"):
+        stack.start_worker(name)
+    for name in ("engine-1", "engine-2"):
+        stack.start_engine(name)
 
-        faults = _Faults(stack, dev, log, submit)
-        schedule = [
-            faults.kill_worker,
-            faults.worker_dies_after_commit,
-            faults.restart_kafka,
-            faults.restart_postgres,
-            faults.kill_engine,
-        ]
-        rng.shuffle(schedule)
-        pauses = [rng.uniform(2.0, 4.0) for _ in schedule]
 
-        def fault_loop(stop: threading.Event) -> None:
-            for fault, pause in zip(schedule, pauses, strict=True):
-                if stop.wait(pause):
-                    return
-                began = time.monotonic()
+class _Submitter:
+    """Submits batches, retrying through outages, and collects the accepted job ids."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.accepted: set[str] = set()
+        self._lock = threading.Lock()
+
+    def submit(self, batch: list[dict[str, Any]]) -> None:
+        with self.stack.client(retries=40, timeout=30) as client:
+            for attempt in range(40):
                 try:
-                    fault()
-                except Exception as exc:  # a fault that could not be injected is reported
-                    result.fault_errors.append(f"{fault.__name__}: {exc}")
-                    log(f"  fault {fault.__name__} could not be injected: {exc}")
-                log(f"    ({fault.__name__} took {time.monotonic() - began:.1f}s)")
+                    ids = [a["job_id"] for a in client.submit(batch)["accepted"]]
+                    break
+                except (SubmitError, httpx.HTTPError):
+                    if attempt == 39:
+                        raise
+                    time.sleep(1.0)
+        with self._lock:
+            self.accepted.update(ids)
 
-        stop = threading.Event()
-        chaos = threading.Thread(target=fault_loop, args=(stop,), daemon=True)
-        chaos.start()
-        pace = 18.0 / max(1, len(batches))  # spread the workload over the fault schedule
-        with ThreadPoolExecutor(max_workers=clients) as pool:
-            futures = []
-            for batch in batches:
-                futures.append(pool.submit(submit, batch))
-                time.sleep(pace)
-            for future in futures:
-                future.result()  # a batch that was never accepted is a failed run
-        chaos.join(timeout=120)
-        stop.set()
-        result.faults = faults.done
-        result.jobs += faults.extra_jobs
-        result.accepted = len(accepted)
-        log(
-            f"  workload sent: {result.submissions} submissions, {len(accepted)} job ids "
-            "accepted; waiting for the system to settle"
-        )
-        settle_started = time.monotonic()
-        _settle(stack, len(accepted), timeout)
-        log(f"  settled in {time.monotonic() - settle_started:.1f}s")
-        _check(stack, accepted, result)
-    finally:
-        stack.close()
-    result.elapsed = time.monotonic() - started
-    return result
+
+Fault = Callable[[], None]
+
+
+def _fault_schedule(rng: random.Random, faults: _Faults) -> list[tuple[Fault, float]]:
+    """Every fault once, in a seeded order, each after a seeded pause."""
+    schedule: list[Fault] = [
+        faults.kill_worker,
+        faults.worker_dies_after_commit,
+        faults.restart_kafka,
+        faults.restart_postgres,
+        faults.kill_engine,
+    ]
+    rng.shuffle(schedule)
+    pauses = [rng.uniform(2.0, 4.0) for _ in schedule]
+    return list(zip(schedule, pauses, strict=True))
+
+
+class _FaultLoop:
+    """Runs the fault schedule in a thread while the workload is sent (a context
+    manager: on exit it waits for the schedule to finish, bounded)."""
+
+    def __init__(
+        self, schedule: list[tuple[Fault, float]], result: ChaosResult, log: Callable[[str], None]
+    ) -> None:
+        self.schedule = schedule
+        self.result = result
+        self.log = log
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _FaultLoop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None:
+            self._stop.set()  # the workload failed: inject no more faults
+        self._thread.join(timeout=120)
+        self._stop.set()
+
+    def _run(self) -> None:
+        for fault, pause in self.schedule:
+            if self._stop.wait(pause):
+                return
+            began = time.monotonic()
+            name = getattr(fault, "__name__", repr(fault))
+            try:
+                fault()
+            except Exception as exc:  # a fault that could not be injected is reported
+                self.result.fault_errors.append(f"{name}: {exc}")
+                self.log(f"  fault {name} could not be injected: {exc}")
+            self.log(f"    ({name} took {time.monotonic() - began:.1f}s)")
+
+
+def _send_workload(
+    batches: list[list[dict[str, Any]]],
+    submit: Callable[[list[dict[str, Any]]], None],
+    clients: int,
+) -> None:
+    pace = 18.0 / max(1, len(batches))  # spread the workload over the fault schedule
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        futures = []
+        for batch in batches:
+            futures.append(pool.submit(submit, batch))
+            time.sleep(pace)
+        for future in futures:
+            future.result()  # a batch that was never accepted is a failed run
 
 
 def _plan_workload(rng: random.Random, n_jobs: int, result: ChaosResult) -> list[list[dict]]:
@@ -333,12 +392,12 @@ def _plan_workload(rng: random.Random, n_jobs: int, result: ChaosResult) -> list
 
 
 def _settle(stack: Stack, accepted: int, timeout: float) -> None:
+    assert stack.db is not None and stack.settings is not None
+    db, s = stack.db, stack.settings
+
     def settled() -> bool:
-        done = stack.scalar("SELECT count(*) FROM onceflow_instances WHERE status = 'complete'")
-        if done < accepted:
+        if count_instances(db, InstanceStatus.COMPLETE) < accepted:
             return False
-        s = stack.settings
-        assert s is not None
         lags = consumer_lag(s.kafka_bootstrap_servers, s.consumer_group, s.jobs_topic)
         return sum(p.lag for p in lags) == 0
 
@@ -353,29 +412,15 @@ def _settle(stack: Stack, accepted: int, timeout: float) -> None:
 
 
 def _check(stack: Stack, accepted: set[str], result: ChaosResult) -> None:
-    import sqlalchemy as sa
-
     assert stack.db is not None and stack.settings is not None
     v = result.violations
-    with stack.db.connect() as conn:
-        have = set(conn.execute(sa.text("SELECT job_id FROM onceflow_instances")).scalars())
-        result.instances = len(have)
-        result.complete = stack.scalar(
-            "SELECT count(*) FROM onceflow_instances WHERE status = 'complete'"
-        )
-        twice = stack.scalar(
-            "SELECT count(*) FROM (SELECT job_id, position FROM onceflow_step_attempts"
-            " WHERE outcome = 'complete' GROUP BY 1, 2 HAVING count(*) > 1) x"
-        )
-        applied_wrong = stack.scalar(
-            "SELECT count(*) FROM (SELECT i.job_id, s.step FROM onceflow_instances i"
-            " CROSS JOIN (VALUES ('charge payment'), ('reserve stock'), ('ship')) AS s(step)"
-            " LEFT JOIN onceflow_demo_applied_effects a ON a.job_id = i.job_id"
-            " AND a.step = s.step GROUP BY 1, 2 HAVING count(a.idempotency_key) <> 1) x"
-        )
-        result.re_executions = stack.scalar(
-            "SELECT coalesce(sum(executions - 1), 0) FROM onceflow_demo_applied_effects"
-        )
+    have = instance_job_ids(stack.db)
+    result.instances = len(have)
+    result.complete = count_instances(stack.db, InstanceStatus.COMPLETE)
+    twice = checkpoints_written_twice(stack.db)
+    applied = applied_effect_counts(stack.db)
+    applied_wrong = applied.not_exactly_once(have)
+    result.re_executions = applied.re_executions
     missing, extra = sorted(accepted - have), sorted(have - accepted)
     if missing:
         v.append(f"{len(missing)} accepted job ids without an instance, e.g. {missing[:5]}")

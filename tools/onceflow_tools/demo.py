@@ -4,6 +4,10 @@
 several concurrent clients, and one resubmission with different params. When all work
 is done, the demo checks with SQL that there is exactly one instance per accepted job
 id, all complete, and exactly one side effect per step per job.
+
+The checks read the store's figures (:mod:`workflow_engine.store.stats`) and the
+samples' own tables (:func:`onceflow_examples.side_effect_counts`); ``PROOF_SQL`` is
+the same proof as plain SQL, printed for anyone who wants to re-check it with psql.
 """
 
 from __future__ import annotations
@@ -13,19 +17,29 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 import orjson
-import sqlalchemy as sa
 
 from onceflow.core.settings import Settings
+from onceflow.core.vocabulary import TERMINAL_STATUSES
+from onceflow_examples import ORDER_STEPS, side_effect_counts
 from onceflow_tools.processes import onceflow_command
 from onceflow_tools.stack import Stack, topic_record_count
+from workflow_engine.store.instances import describe_instance
+from workflow_engine.store.stats import (
+    consumption,
+    count_instances,
+    duplicate_counts,
+    instance_counts,
+    instance_job_ids,
+)
 
-ORDER_STEPS = 3
-
+# Printed for the user to re-check by hand; the demo's own figures come from the store
+# (``_figures``), under the same names. tests/tools/test_demo_proof.py runs both.
 PROOF_SQL = {
     "instances created": "SELECT count(*) FROM onceflow_instances",
     "distinct job ids with an instance": "SELECT count(DISTINCT job_id) FROM onceflow_instances",
@@ -76,17 +90,17 @@ def run_demo(
         stack.close()
 
 
-def _drive(
-    stack: Stack,
-    rng: random.Random,
-    n_jobs: int,
-    clients: int,
-    timeout: float,
-    json_out: Path | None,
-    seed: int,
-) -> bool:
-    assert stack.settings is not None
-    jobs: list[dict[str, Any]] = [
+@dataclass
+class _Tally:
+    """What the clients sent and what ingest acknowledged."""
+
+    requests: int = 0
+    records_written: int = 0
+    accepted_ids: set[str] = field(default_factory=set)
+
+
+def _order_jobs(n_jobs: int) -> list[dict[str, Any]]:
+    return [
         {
             "job_id": f"order_{i:04d}",
             "workflow": "order-workflow",
@@ -99,55 +113,60 @@ def _drive(
         }
         for i in range(n_jobs)
     ]
-    records_written = 0
-    requests = 0
-    accepted_ids: set[str] = set()
+
+
+def _submit_all(
+    stack: Stack, rng: random.Random, jobs: list[dict[str, Any]], clients: int, tally: _Tally
+) -> None:
+    """The four rounds of submissions: the batch, the batch again, random subsets from
+    concurrent clients, one resubmission with different params."""
 
     def submit(batch: list[dict[str, Any]]) -> list[str]:
         with stack.client() as client:
             return [a["job_id"] for a in client.submit(batch)["accepted"]]
 
-    started = time.monotonic()
     first = submit(jobs)
-    requests += 1
-    records_written += len(first)
-    accepted_ids.update(first)
-    _say(f"1. submitted {n_jobs} jobs in one request: {len(first)} accepted (202)")
+    tally.requests += 1
+    tally.records_written += len(first)
+    tally.accepted_ids.update(first)
+    _say(f"1. submitted {len(jobs)} jobs in one request: {len(first)} accepted (202)")
 
     again = submit(jobs)
-    requests += 1
-    records_written += len(again)
+    tally.requests += 1
+    tally.records_written += len(again)
     _say(f"2. resubmitted the whole batch: {len(again)} accepted again (duplicates)")
 
-    subsets = [rng.sample(jobs, k=max(1, n_jobs * 2 // 5)) for _ in range(clients)]
+    subsets = [rng.sample(jobs, k=max(1, len(jobs) * 2 // 5)) for _ in range(clients)]
     batches = [s[i : i + 10] for s in subsets for i in range(0, len(s), 10)]
     with ThreadPoolExecutor(max_workers=clients) as pool:
         results = list(pool.map(submit, batches))
-    requests += len(batches)
-    records_written += sum(len(r) for r in results)
+    tally.requests += len(batches)
+    tally.records_written += sum(len(r) for r in results)
     _say(
         f"3. {clients} concurrent clients resubmitted {sum(len(s) for s in subsets)} jobs "
         f"in {len(batches)} requests"
     )
 
     changed = {**jobs[0], "params": {**jobs[0]["params"], "amount": 999_999}}
-    records_written += len(submit([changed]))
-    requests += 1
+    tally.records_written += len(submit([changed]))
+    tally.requests += 1
     _say(f"4. resubmitted {changed['job_id']} with different params (a payload mismatch)")
 
-    # While it runs: describe an instance, as support staff would.
-    sample = jobs[3]["job_id"]
+
+def _describe_while_running(stack: Stack, job_id: str) -> None:
+    """Describe an instance while it runs, as support staff would."""
+    assert stack.db is not None
+    db = stack.db
+
+    def started() -> bool:
+        view = describe_instance(db, job_id)
+        return view is not None and len(view.steps) > 0
+
     try:
-        stack.wait_for(
-            lambda: (
-                stack.scalar("SELECT count(*) FROM onceflow_steps WHERE job_id = :j", j=sample) > 0
-            ),
-            30,
-            f"{sample} to start",
-        )
-        _say(f"\n$ onceflow instances describe order-workflow {sample}   (while it runs)")
+        stack.wait_for(started, 30, f"{job_id} to start")
+        _say(f"\n$ onceflow instances describe order-workflow {job_id}   (while it runs)")
         out = subprocess.run(
-            [*onceflow_command(), "instances", "describe", "order-workflow", sample],
+            [*onceflow_command(), "instances", "describe", "order-workflow", job_id],
             env=stack.group.env if stack.group else None,
             capture_output=True,
             text=True,
@@ -155,79 +174,143 @@ def _drive(
         )
         _say((out.stdout or out.stderr).rstrip())
     except TimeoutError:
-        _say(f"(could not catch {sample} while running)")
+        _say(f"(could not catch {job_id} while running)")
+
+
+def _wait_until_drained(stack: Stack, tally: _Tally, timeout: float) -> None:
+    assert stack.db is not None
+    db = stack.db
 
     def drained() -> bool:
-        consumed = stack.scalar(
-            "SELECT (SELECT count(*) FROM onceflow_instances)"
-            " + (SELECT count(*) FROM onceflow_duplicate_deliveries)"
-        )
-        done = stack.scalar(
-            "SELECT count(*) FROM onceflow_instances"
-            " WHERE status IN ('complete', 'errored', 'terminated')"
-        )
-        return consumed >= records_written and done >= len(accepted_ids)
+        return consumption(db).records >= tally.records_written and count_instances(
+            db, *TERMINAL_STATUSES
+        ) >= len(tally.accepted_ids)
 
     stack.wait_for(drained, timeout, "all records consumed and all instances finished")
-    elapsed = time.monotonic() - started
-    time.sleep(1.0)  # let any stray (wrong) extra work show up before we count
 
-    figures = {name: stack.scalar(sql) for name, sql in PROOF_SQL.items()}
-    kafka_records = topic_record_count(stack.settings, stack.settings.jobs_topic)
-    with stack.db.connect() as conn:  # type: ignore[union-attr]
-        have = set(conn.execute(sa.text("SELECT job_id FROM onceflow_instances")).scalars())
-    checks = {
-        "every accepted job id has an instance": not (accepted_ids - have),
-        "no instance without an accepted job id": not (have - accepted_ids),
-        f"exactly {len(accepted_ids)} instances": figures["instances created"] == len(accepted_ids),
-        "all instances complete": figures["instances complete"] == len(accepted_ids),
-        "records in Kafka = records acknowledged over HTTP": kafka_records == records_written,
+
+def _figures(stack: Stack) -> tuple[dict[str, int], frozenset[str]]:
+    """The proof's figures (named as in ``PROOF_SQL``) and the job ids with an instance."""
+    assert stack.db is not None
+    instances = instance_counts(stack.db)
+    duplicates = duplicate_counts(stack.db)
+    effects = side_effect_counts(stack.db)
+    have = instance_job_ids(stack.db)
+    figures = {
+        "instances created": instances.total,
+        "distinct job ids with an instance": instances.distinct_job_ids,
+        "instances complete": instances.complete,
+        "duplicate deliveries collapsed": duplicates.total,
+        "  of which Kafka redeliveries": duplicates.redeliveries,
+        "  of which payload mismatches": duplicates.mismatches,
+        "side effects performed": effects.rows,
+        "(job, step) pairs not performed exactly once": effects.not_exactly_once(have),
+    }
+    return figures, have
+
+
+def _checks(
+    tally: _Tally, figures: dict[str, int], have: frozenset[str], kafka_records: int
+) -> dict[str, bool]:
+    accepted = tally.accepted_ids
+    return {
+        "every accepted job id has an instance": not (accepted - have),
+        "no instance without an accepted job id": not (have - accepted),
+        f"exactly {len(accepted)} instances": figures["instances created"] == len(accepted),
+        "all instances complete": figures["instances complete"] == len(accepted),
+        "records in Kafka = records acknowledged over HTTP": kafka_records == tally.records_written,
         "instances + duplicates collapsed = records in Kafka": figures["instances created"]
         + figures["duplicate deliveries collapsed"]
         == kafka_records,
         "the payload mismatch was detected": figures["  of which payload mismatches"] >= 1,
         "one side effect per step per job": figures["(job, step) pairs not performed exactly once"]
         == 0
-        and figures["side effects performed"] == ORDER_STEPS * len(accepted_ids),
+        and figures["side effects performed"] == len(ORDER_STEPS) * len(accepted),
     }
-    _say(f"\nproof (run {stack.run_id}, {elapsed:.1f}s):")
-    _say(f"  {'HTTP requests sent':<48}{requests:>8}")
-    _say(f"  {'distinct jobs accepted (202)':<48}{len(accepted_ids):>8}")
-    _say(f"  {'Kafka records acknowledged (dups included)':<48}{records_written:>8}")
-    _say(f"  {'Kafka records in topic ' + stack.settings.jobs_topic:<48}{kafka_records:>8}")
-    for name, value in figures.items():
+
+
+@dataclass(frozen=True)
+class _Proof:
+    tally: _Tally
+    figures: dict[str, int]
+    checks: dict[str, bool]
+    kafka_records: int
+    elapsed: float
+
+    @property
+    def ok(self) -> bool:
+        return all(self.checks.values())
+
+
+def _print_proof(stack: Stack, proof: _Proof) -> None:
+    assert stack.settings is not None
+    tally = proof.tally
+    _say(f"\nproof (run {stack.run_id}, {proof.elapsed:.1f}s):")
+    _say(f"  {'HTTP requests sent':<48}{tally.requests:>8}")
+    _say(f"  {'distinct jobs accepted (202)':<48}{len(tally.accepted_ids):>8}")
+    _say(f"  {'Kafka records acknowledged (dups included)':<48}{tally.records_written:>8}")
+    _say(f"  {'Kafka records in topic ' + stack.settings.jobs_topic:<48}{proof.kafka_records:>8}")
+    for name, value in proof.figures.items():
         _say(f"  {name:<48}{value:>8}")
     _say("")
-    for name, ok in checks.items():
+    for name, ok in proof.checks.items():
         _say(f"  [{'ok' if ok else 'FAIL'}] {name}")
-    url = stack.env["ONCEFLOW_DATABASE_URL"]
-    _say(f"\nre-check it yourself:\n  psql {url}")
+    _say(f"\nre-check it yourself:\n  psql {stack.env['ONCEFLOW_DATABASE_URL']}")
     for name, sql in PROOF_SQL.items():
         _say(f"  -- {name.strip()}\n  {sql};")
-    ok = all(checks.values())
-    if json_out is not None:
-        json_out.write_bytes(
-            orjson.dumps(
-                {
-                    "run_id": stack.run_id,
-                    "seed": seed,
-                    "elapsed_seconds": elapsed,
-                    "requests": requests,
-                    "accepted": len(accepted_ids),
-                    "records_acknowledged": records_written,
-                    "records_in_topic": kafka_records,
-                    "figures": {k.strip(): v for k, v in figures.items()},
-                    "checks": checks,
-                    "ok": ok,
-                    "database_url": url,
-                },
-                option=orjson.OPT_INDENT_2,
-            )
+
+
+def _write_json(stack: Stack, proof: _Proof, seed: int, path: Path) -> None:
+    path.write_bytes(
+        orjson.dumps(
+            {
+                "run_id": stack.run_id,
+                "seed": seed,
+                "elapsed_seconds": proof.elapsed,
+                "requests": proof.tally.requests,
+                "accepted": len(proof.tally.accepted_ids),
+                "records_acknowledged": proof.tally.records_written,
+                "records_in_topic": proof.kafka_records,
+                "figures": {k.strip(): v for k, v in proof.figures.items()},
+                "checks": proof.checks,
+                "ok": proof.ok,
+                "database_url": stack.env["ONCEFLOW_DATABASE_URL"],
+            },
+            option=orjson.OPT_INDENT_2,
         )
+    )
+
+
+def _drive(
+    stack: Stack,
+    rng: random.Random,
+    n_jobs: int,
+    clients: int,
+    timeout: float,
+    json_out: Path | None,
+    seed: int,
+) -> bool:
+    assert stack.settings is not None
+    jobs = _order_jobs(n_jobs)
+    tally = _Tally()
+    started = time.monotonic()
+    _submit_all(stack, rng, jobs, clients, tally)
+    _describe_while_running(stack, jobs[3]["job_id"])
+    _wait_until_drained(stack, tally, timeout)
+    elapsed = time.monotonic() - started
+    time.sleep(1.0)  # let any stray (wrong) extra work show up before we count
+
+    figures, have = _figures(stack)
+    kafka_records = topic_record_count(stack.settings, stack.settings.jobs_topic)
+    checks = _checks(tally, figures, have, kafka_records)
+    proof = _Proof(tally, figures, checks, kafka_records, elapsed)
+    _print_proof(stack, proof)
+    if json_out is not None:
+        _write_json(stack, proof, seed, json_out)
     _say(
         "\nPROPERTY HOLDS: exactly one workflow per accepted job id"
-        if ok
+        if proof.ok
         else "\nPROPERTY VIOLATED"
     )
     sys.stdout.flush()
-    return ok
+    return proof.ok

@@ -16,8 +16,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from onceflow.core.errors import OnceflowError
-from workflow_engine.store.instances import TERMINAL_STATUSES as TERMINAL
+from onceflow.core.vocabulary import TERMINAL_STATUSES, ControlAction, InstanceStatus
 from workflow_engine.store.instances import notify_runnable as _notify
+
+#: What :func:`apply_requested` answers when this engine no longer holds the instance.
+LOST = "lost"
 
 
 class ControlError(OnceflowError):
@@ -31,8 +34,8 @@ class InstanceNotFound(ControlError):
 @dataclass(frozen=True)
 class ControlResult:
     job_id: str
-    status: str
-    requested: str | None = None
+    status: InstanceStatus
+    requested: ControlAction | None = None
 
     def describe(self) -> str:
         if self.requested:
@@ -40,7 +43,9 @@ class ControlResult:
         return f"{self.job_id}: {self.status}"
 
 
-def _lock(conn: Connection, workflow: str, job_id: str) -> tuple[str, str | None]:
+def _lock(
+    conn: Connection, workflow: str, job_id: str
+) -> tuple[InstanceStatus, ControlAction | None]:
     row = conn.execute(
         sa.text(
             "SELECT workflow, status, requested_action FROM onceflow_instances"
@@ -50,10 +55,11 @@ def _lock(conn: Connection, workflow: str, job_id: str) -> tuple[str, str | None
     ).one_or_none()
     if row is None or row.workflow != workflow:
         raise InstanceNotFound(f"no instance of {workflow!r} with job id {job_id!r}")
-    return row.status, row.requested_action
+    requested = ControlAction(row.requested_action) if row.requested_action else None
+    return InstanceStatus(row.status), requested
 
 
-def _request(conn: Connection, job_id: str, action: str | None) -> None:
+def _request(conn: Connection, job_id: str, action: ControlAction | None) -> None:
     conn.execute(
         sa.text(
             "UPDATE onceflow_instances SET requested_action = :a, updated_at = now()"
@@ -66,68 +72,68 @@ def _request(conn: Connection, job_id: str, action: str | None) -> None:
 def pause(engine: Engine, workflow: str, job_id: str) -> ControlResult:
     with engine.begin() as conn:
         status, _ = _lock(conn, workflow, job_id)
-        if status in TERMINAL:
+        if status in TERMINAL_STATUSES:
             raise ControlError(f"{job_id} is {status}; only a live instance can be paused")
-        if status == "paused":
+        if status == InstanceStatus.PAUSED:
             return ControlResult(job_id, status)
-        if status == "running":
-            _request(conn, job_id, "pause")
-            return ControlResult(job_id, status, "pause")
+        if status == InstanceStatus.RUNNING:
+            _request(conn, job_id, ControlAction.PAUSE)
+            return ControlResult(job_id, status, ControlAction.PAUSE)
         apply_pause(conn, job_id)
-        return ControlResult(job_id, "paused")
+        return ControlResult(job_id, InstanceStatus.PAUSED)
 
 
 def resume(engine: Engine, workflow: str, job_id: str) -> ControlResult:
     with engine.begin() as conn:
         status, requested = _lock(conn, workflow, job_id)
-        if status == "running" and requested == "pause":
+        if status == InstanceStatus.RUNNING and requested == ControlAction.PAUSE:
             _request(conn, job_id, None)
             return ControlResult(job_id, status)
-        if status != "paused":
+        if status != InstanceStatus.PAUSED:
             raise ControlError(f"{job_id} is {status}, not paused")
         # Queued at once: replay re-suspends a sleep or wait that is not over yet.
         conn.execute(
             sa.text(
-                "UPDATE onceflow_instances SET status = 'queued', run_after = now(),"
+                "UPDATE onceflow_instances SET status = :queued, run_after = now(),"
                 " updated_at = now() WHERE job_id = :j"
             ),
-            {"j": job_id},
+            {"j": job_id, "queued": str(InstanceStatus.QUEUED)},
         )
         _notify(conn)
-        return ControlResult(job_id, "queued")
+        return ControlResult(job_id, InstanceStatus.QUEUED)
 
 
 def terminate(engine: Engine, workflow: str, job_id: str) -> ControlResult:
     with engine.begin() as conn:
         status, _ = _lock(conn, workflow, job_id)
-        if status in TERMINAL:
+        if status in TERMINAL_STATUSES:
             raise ControlError(f"{job_id} is already {status}")
-        if status == "running":
-            _request(conn, job_id, "terminate")
-            return ControlResult(job_id, status, "terminate")
+        if status == InstanceStatus.RUNNING:
+            _request(conn, job_id, ControlAction.TERMINATE)
+            return ControlResult(job_id, status, ControlAction.TERMINATE)
         apply_terminate(conn, job_id)
-        return ControlResult(job_id, "terminated")
+        return ControlResult(job_id, InstanceStatus.TERMINATED)
 
 
 def restart(engine: Engine, workflow: str, job_id: str) -> ControlResult:
     with engine.begin() as conn:
         status, _ = _lock(conn, workflow, job_id)
-        if status == "running":
-            _request(conn, job_id, "restart")
-            return ControlResult(job_id, status, "restart")
+        if status == InstanceStatus.RUNNING:
+            _request(conn, job_id, ControlAction.RESTART)
+            return ControlResult(job_id, status, ControlAction.RESTART)
         apply_restart(conn, job_id)
         _notify(conn)
-        return ControlResult(job_id, "queued")
+        return ControlResult(job_id, InstanceStatus.QUEUED)
 
 
 def apply_terminate(conn: Connection, job_id: str) -> None:
     conn.execute(
         sa.text(
-            "UPDATE onceflow_instances SET status = 'terminated', finished_at = now(),"
+            "UPDATE onceflow_instances SET status = :terminated, finished_at = now(),"
             " updated_at = now(), lease_owner = NULL, lease_expires_at = NULL,"
             " requested_action = NULL, error = 'terminated by operator' WHERE job_id = :j"
         ),
-        {"j": job_id},
+        {"j": job_id, "terminated": str(InstanceStatus.TERMINATED)},
     )
 
 
@@ -140,47 +146,48 @@ def apply_restart(conn: Connection, job_id: str) -> None:
     )
     conn.execute(
         sa.text(
-            "UPDATE onceflow_instances SET status = 'queued', run_after = now(), started_at = NULL,"
+            "UPDATE onceflow_instances SET status = :queued, run_after = now(), started_at = NULL,"
             " finished_at = NULL, result = NULL, error = NULL, lease_owner = NULL,"
             " lease_expires_at = NULL, requested_action = NULL, restart_count = restart_count + 1,"
             " updated_at = now() WHERE job_id = :j"
         ),
-        {"j": job_id},
+        {"j": job_id, "queued": str(InstanceStatus.QUEUED)},
     )
 
 
 def apply_pause(conn: Connection, job_id: str) -> None:
     conn.execute(
         sa.text(
-            "UPDATE onceflow_instances SET status = 'paused', lease_owner = NULL,"
+            "UPDATE onceflow_instances SET status = :paused, lease_owner = NULL,"
             " lease_expires_at = NULL, requested_action = NULL, run_after = now(),"
             " updated_at = now() WHERE job_id = :j"
         ),
-        {"j": job_id},
+        {"j": job_id, "paused": str(InstanceStatus.PAUSED)},
     )
 
 
 def apply_requested(engine: Engine, owner: str, job_id: str, action: str) -> str:
-    """Carry out a requested action on an instance this engine holds; its new status."""
+    """Carry out a requested action (a :class:`ControlAction`) on an instance this
+    engine holds; its new status, or :data:`LOST` if the engine no longer holds it."""
     with engine.begin() as conn:
         held = conn.execute(
             sa.text(
                 "SELECT 1 FROM onceflow_instances WHERE job_id = :j AND lease_owner = :o"
-                " AND status = 'running' FOR UPDATE"
+                " AND status = :running FOR UPDATE"
             ),
-            {"j": job_id, "o": owner},
+            {"j": job_id, "o": owner, "running": str(InstanceStatus.RUNNING)},
         ).scalar()
         if not held:
-            return "lost"
-        if action == "pause":
+            return LOST
+        if action == ControlAction.PAUSE:
             apply_pause(conn, job_id)
-            return "paused"
-        if action == "terminate":
+            return InstanceStatus.PAUSED
+        if action == ControlAction.TERMINATE:
             apply_terminate(conn, job_id)
-            return "terminated"
+            return InstanceStatus.TERMINATED
         apply_restart(conn, job_id)
         _notify(conn)
-        return "queued"
+        return InstanceStatus.QUEUED
 
 
 def send_event(
@@ -189,7 +196,7 @@ def send_event(
     """Store an event for the instance and wake it if it waits; return the event id."""
     with engine.begin() as conn:
         status, _ = _lock(conn, workflow, job_id)
-        if status in TERMINAL:
+        if status in TERMINAL_STATUSES:
             raise ControlError(f"{job_id} is {status}; it takes no more events")
         event_id = conn.execute(
             sa.text(
@@ -198,7 +205,7 @@ def send_event(
             ),
             {"j": job_id, "t": event_type, "p": orjson.dumps(payload).decode()},
         ).scalar_one()
-        if status == "waiting":
+        if status == InstanceStatus.WAITING:
             conn.execute(
                 sa.text("UPDATE onceflow_instances SET run_after = now() WHERE job_id = :j"),
                 {"j": job_id},
@@ -211,7 +218,7 @@ def send_event(
 class InstanceRow:
     job_id: str
     workflow: str
-    status: str
+    status: InstanceStatus
     created_at: datetime
     finished_at: datetime | None
 
@@ -219,7 +226,7 @@ class InstanceRow:
 def list_instances(
     engine: Engine,
     workflow: str | None = None,
-    status: str | None = None,
+    status: InstanceStatus | None = None,
     created_since: datetime | None = None,
     id_prefix: str | None = None,
     limit: int = 100,
@@ -240,11 +247,14 @@ def list_instances(
             sql,
             {
                 "w": workflow,
-                "s": status,
+                "s": str(status) if status is not None else None,
                 "since": created_since,
                 "prefix": id_prefix,
                 "pattern": pattern,
                 "limit": limit,
             },
         )
-        return [InstanceRow(*r) for r in rows]
+        return [
+            InstanceRow(r.job_id, r.workflow, InstanceStatus(r.status), r.created_at, r.finished_at)
+            for r in rows
+        ]

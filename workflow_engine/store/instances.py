@@ -22,10 +22,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from onceflow.core.envelope import JobEnvelope, params_digest
+from onceflow.core.vocabulary import InstanceStatus, JobKind, StepKind, StepStatus
 
 RUNNABLE_CHANNEL = "onceflow_runnable"
-
-TERMINAL_STATUSES = frozenset({"complete", "errored", "terminated"})
 
 
 def notify_runnable(conn: Connection) -> None:
@@ -41,7 +40,7 @@ class Delivery:
     topic: str
     partition: int
     offset: int
-    kind: str = "workflow"  # or "task": a single-step job run by the streams worker
+    kind: str = JobKind.WORKFLOW  # or TASK: a single-step job run by the streams worker
     enqueued_at: datetime | None = None  # the Kafka record's timestamp
 
 
@@ -109,14 +108,14 @@ inst AS (
     INSERT INTO onceflow_instances (job_id, workflow, params)
     SELECT f.job_id, f.workflow, f.params
     FROM firsts f JOIN upsert u USING (job_id)
-    WHERE u.inserted AND f.kind = 'workflow'
+    WHERE u.inserted AND f.kind = :workflow_kind
     RETURNING job_id
 ),
 task_runs AS (
     INSERT INTO onceflow_task_runs (job_id, task, params)
     SELECT f.job_id, f.workflow, f.params
     FROM firsts f JOIN upsert u USING (job_id)
-    WHERE u.inserted AND f.kind = 'task'
+    WHERE u.inserted AND f.kind = :task_kind
     RETURNING job_id
 ),
 notified AS (
@@ -163,7 +162,13 @@ def create_instances_in(conn: Connection, deliveries: Sequence[Delivery]) -> Cre
         return result
     rows = orjson.dumps([_row(i, d) for i, d in enumerate(deliveries)]).decode()
     for kind, job_id, params_match, redelivery in conn.execute(
-        _CREATE_SQL, {"rows": rows, "channel": RUNNABLE_CHANNEL}
+        _CREATE_SQL,
+        {
+            "rows": rows,
+            "channel": RUNNABLE_CHANNEL,
+            "workflow_kind": str(JobKind.WORKFLOW),
+            "task_kind": str(JobKind.TASK),
+        },
     ):
         if kind == "created":
             result.created += 1
@@ -195,12 +200,12 @@ def create_instances(engine: Engine, deliveries: Sequence[Delivery]) -> CreateRe
 class StepView:
     position: int
     name: str
-    status: str
+    status: StepStatus
     attempts: int
     error: str | None
     started_at: datetime
     finished_at: datetime | None
-    kind: str = "step"
+    kind: StepKind = StepKind.STEP
     wake_at: datetime | None = None
     event_type: str | None = None
 
@@ -209,7 +214,7 @@ class StepView:
 class InstanceView:
     job_id: str
     workflow: str
-    status: str
+    status: InstanceStatus
     params: dict[str, Any]
     created_at: datetime
     started_at: datetime | None
@@ -262,15 +267,31 @@ def describe_instance(engine: Engine, job_id: str) -> InstanceView | None:
         row = conn.execute(_DESCRIBE_SQL, {"job_id": job_id}).one_or_none()
         if row is None:
             return None
-        steps = [StepView(*r) for r in conn.execute(_STEPS_SQL, {"job_id": job_id})]
-    return InstanceView(**dict(row._mapping), steps=steps)
+        steps = [
+            StepView(
+                r.position,
+                r.name,
+                StepStatus(r.status),
+                r.attempts,
+                r.error,
+                r.started_at,
+                r.finished_at,
+                StepKind(r.kind),
+                r.wake_at,
+                r.event_type,
+            )
+            for r in conn.execute(_STEPS_SQL, {"job_id": job_id})
+        ]
+    fields = dict(row._mapping)
+    fields["status"] = InstanceStatus(fields["status"])
+    return InstanceView(**fields, steps=steps)
 
 
 def job_status(engine: Engine, job_id: str) -> dict[str, Any] | None:
     """A job's state, whatever it became: a workflow instance or a plain task run."""
     view = describe_instance(engine, job_id)
     if view is not None:
-        return {"kind": "workflow", **view.to_dict()}
+        return {"kind": JobKind.WORKFLOW, **view.to_dict()}
     with engine.connect() as conn:
         row = conn.execute(
             sa.text(
@@ -285,4 +306,4 @@ def job_status(engine: Engine, job_id: str) -> dict[str, Any] | None:
         ).one_or_none()
     if row is None:
         return None
-    return {"kind": "task", **dict(row._mapping)}
+    return {"kind": JobKind.TASK, **dict(row._mapping)}

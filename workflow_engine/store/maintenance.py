@@ -11,7 +11,12 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from onceflow.core.vocabulary import RUNNABLE_STATUSES, InstanceStatus
+from onceflow.core.vocabulary import (
+    RUNNABLE_STATUSES,
+    TERMINAL_STATUSES,
+    InstanceStatus,
+    TaskRunStatus,
+)
 
 PRUNE_LOCK_KEY = 0x0CEF_2000
 
@@ -30,17 +35,17 @@ def prune(engine: Engine, instance_seconds: float, job_id_seconds: float) -> dic
         instances = conn.execute(
             sa.text(
                 "DELETE FROM onceflow_instances"
-                " WHERE status IN ('complete', 'errored', 'terminated')"
+                " WHERE status = ANY(:terminal)"
                 " AND finished_at < now() - make_interval(secs => :s)"
             ),
-            {"s": instance_seconds},
+            {"s": instance_seconds, "terminal": sorted(TERMINAL_STATUSES)},
         ).rowcount
         tasks = conn.execute(
             sa.text(
-                "DELETE FROM onceflow_task_runs WHERE status <> 'pending'"
+                "DELETE FROM onceflow_task_runs WHERE status <> :pending"
                 " AND finished_at < now() - make_interval(secs => :s)"
             ),
-            {"s": instance_seconds},
+            {"s": instance_seconds, "pending": str(TaskRunStatus.PENDING)},
         ).rowcount
         job_ids = conn.execute(
             sa.text(

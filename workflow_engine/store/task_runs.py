@@ -14,6 +14,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from onceflow.core.vocabulary import TaskRunStatus
+
+#: The outcome :func:`record_attempt` takes for a failed attempt that will be retried.
+RETRY = "retry"
+
 
 @dataclass(frozen=True, slots=True)
 class PendingTask:
@@ -31,9 +36,9 @@ def pending(engine: Engine, job_ids: Sequence[str]) -> list[PendingTask]:
         rows = conn.execute(
             sa.text(
                 "SELECT job_id, task, params, attempts FROM onceflow_task_runs"
-                " WHERE job_id = ANY(:ids) AND status = 'pending' ORDER BY job_id"
+                " WHERE job_id = ANY(:ids) AND status = :pending ORDER BY job_id"
             ),
-            {"ids": list(job_ids)},
+            {"ids": list(job_ids), "pending": str(TaskRunStatus.PENDING)},
         )
         return [PendingTask(*row) for row in rows]
 
@@ -45,19 +50,21 @@ def record_attempt(
     result_json: bytes | None = None,
     error: str | None = None,
 ) -> None:
-    """Record one attempt: 'retry' (stays pending), 'succeeded' or 'dead_lettered'."""
-    status = "pending" if outcome == "retry" else outcome
+    """Record one attempt: :data:`RETRY` (stays pending), or the run's final
+    :class:`TaskRunStatus` (succeeded or dead_lettered)."""
+    status = TaskRunStatus.PENDING if outcome == RETRY else TaskRunStatus(outcome)
     with engine.begin() as conn:
         conn.execute(
             sa.text(
                 "UPDATE onceflow_task_runs SET attempts = attempts + 1, status = :status,"
                 " result = CAST(:result AS jsonb), error = :error,"
-                " finished_at = CASE WHEN :status = 'pending' THEN NULL ELSE now() END"
-                " WHERE job_id = :job_id AND status = 'pending'"
+                " finished_at = CASE WHEN :status = :pending THEN NULL ELSE now() END"
+                " WHERE job_id = :job_id AND status = :pending"
             ),
             {
                 "job_id": job_id,
-                "status": status,
+                "status": str(status),
+                "pending": str(TaskRunStatus.PENDING),
                 "error": error,
                 "result": result_json.decode() if result_json is not None else None,
             },

@@ -80,6 +80,16 @@ def insert_jobs(engine: Engine, jobs: list[JobIn]) -> tuple[list[str], list[str]
     return ids, [job_id for job_id in ids if job_id not in inserted]
 
 
+def stored_jobs(engine: Engine, id_prefix: str) -> int:
+    """Jobs the baseline stored whose id starts with ``id_prefix`` (its own table)."""
+    with engine.connect() as conn:
+        n = conn.execute(
+            text("SELECT count(*) FROM onceflow_baseline_jobs WHERE starts_with(job_id, :p)"),
+            {"p": id_prefix},
+        ).scalar()
+    return int(n or 0)
+
+
 def create_app(database_url: str, pool_size: int, pool_timeout: float) -> FastAPI:
     # psycopg2, as the rest of onceflow. No pool_pre_ping: a dead connection costs one 503
     # (the pool is then invalidated and refilled), not a round trip on every request.

@@ -1,0 +1,39 @@
+"""The database side of ``onceflow audit``: which job ids became what.
+
+The audit (``onceflow.cli.audit``) reads the topics itself and compares them with
+these sets; a job id in both sets is one job that became two things.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+
+@dataclass(frozen=True, slots=True)
+class StoredJobIds:
+    """The job ids that have a workflow instance, and those that have a task run."""
+
+    instances: frozenset[str]
+    task_runs: frozenset[str]
+
+    @property
+    def all(self) -> frozenset[str]:
+        return self.instances | self.task_runs
+
+    @property
+    def doubled(self) -> frozenset[str]:
+        """Job ids with both an instance and a task run (must be none)."""
+        return self.instances & self.task_runs
+
+
+def stored_job_ids(engine: Engine) -> StoredJobIds:
+    """Both sets, read in one transaction (a consistent snapshot)."""
+    with engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn:
+        instances = conn.execute(sa.text("SELECT job_id FROM onceflow_instances")).scalars()
+        instance_ids = frozenset(instances)
+        tasks = conn.execute(sa.text("SELECT job_id FROM onceflow_task_runs")).scalars()
+        task_ids = frozenset(tasks)
+    return StoredJobIds(instance_ids, task_ids)

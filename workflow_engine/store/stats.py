@@ -1,0 +1,203 @@
+"""Figures about the store as a whole: how many instances in which status, how many
+duplicates collapsed, what the timestamps say about latency and throughput.
+
+The demo, the chaos run and the benchmarks read their proof and their measurements
+here, so no tool writes SQL on a product table. Every function is one read-only
+round trip returning a frozen dataclass (or a plain number). The counts scan the
+tables: they are for proofs and benchmarks, not for the hot path (the engines'
+gauges use :func:`workflow_engine.store.maintenance.status_counts`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from onceflow.core.vocabulary import TERMINAL_STATUSES, AttemptOutcome, InstanceStatus
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceCounts:
+    """Instances in the store, in all and per status."""
+
+    total: int
+    distinct_job_ids: int
+    by_status: Mapping[InstanceStatus, int]
+
+    def count(self, *statuses: InstanceStatus) -> int:
+        return sum(self.by_status.get(s, 0) for s in statuses)
+
+    @property
+    def complete(self) -> int:
+        return self.count(InstanceStatus.COMPLETE)
+
+    @property
+    def finished(self) -> int:
+        """Instances in a terminal status (complete, errored or terminated)."""
+        return self.count(*TERMINAL_STATUSES)
+
+
+def instance_counts(engine: Engine) -> InstanceCounts:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text("SELECT status, count(*) FROM onceflow_instances GROUP BY status")
+        ).all()
+        distinct = conn.execute(
+            sa.text("SELECT count(DISTINCT job_id) FROM onceflow_instances")
+        ).scalar()
+    by_status = {InstanceStatus(status): int(n) for status, n in rows}
+    return InstanceCounts(
+        total=sum(by_status.values()), distinct_job_ids=int(distinct or 0), by_status=by_status
+    )
+
+
+def count_instances(engine: Engine, *statuses: InstanceStatus) -> int:
+    """Instances in any of ``statuses`` (all instances if none is given): one count,
+    cheap enough to poll while a benchmark runs."""
+    with engine.connect() as conn:
+        if not statuses:
+            n = conn.execute(sa.text("SELECT count(*) FROM onceflow_instances")).scalar()
+        else:
+            n = conn.execute(
+                sa.text("SELECT count(*) FROM onceflow_instances WHERE status = ANY(:s)"),
+                {"s": [str(s) for s in statuses]},
+            ).scalar()
+    return int(n or 0)
+
+
+def instance_job_ids(engine: Engine) -> frozenset[str]:
+    """The job id of every instance in the store."""
+    with engine.connect() as conn:
+        return frozenset(conn.execute(sa.text("SELECT job_id FROM onceflow_instances")).scalars())
+
+
+@dataclass(frozen=True, slots=True)
+class DuplicateCounts:
+    """Deliveries of an already-known job id, collapsed into audit rows."""
+
+    total: int
+    redeliveries: int  # the same Kafka record again (a consumer restart, a rebalance)
+    mismatches: int  # a resubmission whose params differ from the first one's
+
+
+def duplicate_counts(engine: Engine) -> DuplicateCounts:
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.text(
+                "SELECT count(*), count(*) FILTER (WHERE redelivery),"
+                " count(*) FILTER (WHERE NOT params_match)"
+                " FROM onceflow_duplicate_deliveries"
+            )
+        ).one()
+    return DuplicateCounts(*(int(v) for v in row))
+
+
+@dataclass(frozen=True, slots=True)
+class Consumption:
+    """What the streams workers have written: every consumed workflow record is an
+    instance or a collapsed duplicate."""
+
+    instances: int
+    duplicates: int
+
+    @property
+    def records(self) -> int:
+        return self.instances + self.duplicates
+
+
+def consumption(engine: Engine) -> Consumption:
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.text(
+                "SELECT (SELECT count(*) FROM onceflow_instances),"
+                " (SELECT count(*) FROM onceflow_duplicate_deliveries)"
+            )
+        ).one()
+    return Consumption(int(row[0]), int(row[1]))
+
+
+def checkpoints_written_twice(engine: Engine) -> int:
+    """Step positions with more than one completed attempt (must be 0: a step's
+    checkpoint is written once)."""
+    with engine.connect() as conn:
+        n = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM (SELECT job_id, position FROM onceflow_step_attempts"
+                " WHERE outcome = :complete GROUP BY 1, 2 HAVING count(*) > 1) x"
+            ),
+            {"complete": str(AttemptOutcome.COMPLETE)},
+        ).scalar()
+    return int(n or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Latency:
+    """Submit-to-first-step and submit-to-complete percentiles (ms) of complete jobs."""
+
+    jobs: float
+    first_step_p50_ms: float
+    first_step_p99_ms: float
+    complete_p50_ms: float
+    complete_p99_ms: float
+    complete_max_ms: float
+
+
+_LATENCY_SQL = sa.text(
+    """
+SELECT count(*),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY first_step),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY first_step),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY complete),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY complete),
+       max(complete)
+FROM (
+    SELECT 1000 * extract(epoch FROM
+               (SELECT min(a.started_at) FROM onceflow_step_attempts a
+                WHERE a.job_id = j.job_id) - j.submitted_at) AS first_step,
+           1000 * extract(epoch FROM i.finished_at - j.submitted_at) AS complete
+    FROM onceflow_jobs j JOIN onceflow_instances i USING (job_id)
+    WHERE i.status = :complete AND j.job_id LIKE :pattern
+) x
+"""
+)
+
+
+def _like_prefix(prefix: str) -> str:
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def latency(engine: Engine, job_id_prefix: str = "") -> Latency:
+    """End-to-end latency of the complete jobs whose id starts with ``job_id_prefix``,
+    from the database's own timestamps (one clock for every process)."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            _LATENCY_SQL,
+            {"complete": str(InstanceStatus.COMPLETE), "pattern": _like_prefix(job_id_prefix)},
+        ).one()
+    return Latency(*(float(v or 0) for v in row))
+
+
+def _seconds(engine: Engine, sql: str) -> float:
+    with engine.connect() as conn:
+        return float(conn.execute(sa.text(sql)).scalar() or 0.0)
+
+
+def run_span_seconds(engine: Engine) -> float:
+    """From the first instance started to the last one finished."""
+    return _seconds(
+        engine,
+        "SELECT extract(epoch FROM max(finished_at) - min(started_at)) FROM onceflow_instances",
+    )
+
+
+def receipt_span_seconds(engine: Engine) -> float:
+    """From the first record consumed to the last one (first deliveries and duplicates)."""
+    return _seconds(
+        engine,
+        "SELECT extract(epoch FROM max(t) - min(t)) FROM (SELECT received_at AS t"
+        " FROM onceflow_jobs UNION ALL"
+        " SELECT received_at FROM onceflow_duplicate_deliveries) x",
+    )
