@@ -101,3 +101,30 @@ class Process(StrEnum):
     INGEST = "ingest"
     WORKER = "worker"
     ENGINE = "engine"
+
+
+class DeadLetterReason(StrEnum):
+    """Why a record went to the dead-letter topic: carried as a code on the dead letter
+    (header ``onceflow-dlq-reason``), in ``onceflow_dead_letters.reason`` and in the
+    metric label; the human text travels separately (``onceflow-dlq-detail``)."""
+
+    NO_VALUE = "no_value"
+    NOT_JSON = "not_json"
+    NOT_AN_OBJECT = "not_an_object"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    INVALID_JOB_ID = "invalid_job_id"
+    KEY_MISMATCH = "key_mismatch"
+    MISSING_WORKFLOW = "missing_workflow"
+    INVALID_PARAMS = "invalid_params"
+    INVALID_SUBMITTED_AT = "invalid_submitted_at"
+    TOO_LARGE = "too_large"
+    UNKNOWN_TYPE = "unknown_type"
+    TASK_FAILED = "task_failed"
+    DATABASE_REFUSED = "database_refused"
+
+
+class MismatchKind(StrEnum):
+    """How a later delivery of a job id differs from the one that created it."""
+
+    PARAMS = "params_mismatch"
+    WORKFLOW = "workflow_mismatch"
