@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Callable
 
 from fastapi import HTTPException, Request
 
@@ -41,36 +40,30 @@ class Authenticator:
                 found = key
         return found
 
-    def require(self, scope: str) -> Callable[[Request], str]:
-        """A FastAPI dependency: the caller's identity, if it holds ``scope``."""
-        if scope not in SCOPES:
-            raise ValueError(f"unknown scope {scope!r}")
+    def authenticate(self, request: Request, scope: str) -> str:
+        """The caller's identity if its key holds ``scope``; else HTTPException 401/403."""
+        if self.disabled:
+            return request.client.host if request.client else "anonymous"
+        presented = _presented_key(request)
+        if presented is None:
+            raise _unauthorized("an API key is required")
+        key = self.identify(presented)
+        if key is None:
+            raise _unauthorized("unknown API key")
+        if scope not in key.scopes:
+            raise HTTPException(
+                403,
+                {"error": "forbidden", "message": f"key {key.name!r} lacks scope {scope!r}"},
+            )
+        return key.name
 
-        def dependency(request: Request) -> str:
-            if self.disabled:
-                return request.client.host if request.client else "anonymous"
-            presented = _presented_key(request)
-            if presented is None:
-                raise HTTPException(
-                    401,
-                    {"error": "unauthorized", "message": "an API key is required"},
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
-            key = self.identify(presented)
-            if key is None:
-                raise HTTPException(
-                    401,
-                    {"error": "unauthorized", "message": "unknown API key"},
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
-            if scope not in key.scopes:
-                raise HTTPException(
-                    403,
-                    {"error": "forbidden", "message": f"key {key.name!r} lacks scope {scope!r}"},
-                )
-            return key.name
 
-        return dependency
+def _unauthorized(message: str) -> HTTPException:
+    return HTTPException(
+        401,
+        {"error": "unauthorized", "message": message},
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
 def _presented_key(request: Request) -> str | None:

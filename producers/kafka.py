@@ -14,6 +14,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from confluent_kafka import KafkaError, Message, Producer
 
@@ -34,6 +35,16 @@ class Ack:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+class JobSender(Protocol):
+    """What the HTTP layer needs of a producer (``JobProducer``, or a test double)."""
+
+    async def send(self, envelopes: Sequence[JobEnvelope]) -> list[Ack]: ...
+
+    def ready(self) -> bool: ...
+
+    def close(self) -> int: ...
 
 
 def producer_config(settings: Settings) -> dict[str, object]:
@@ -76,51 +87,19 @@ class JobProducer:
         """
         loop = asyncio.get_running_loop()
         started = loop.time()
-        done: asyncio.Future[None] = loop.create_future()
-        acks: list[Ack | None] = [None] * len(envelopes)
-        pending = [len(envelopes)]
-        lock = threading.Lock()
-
-        def record(index: int, ack: Ack) -> None:
-            acks[index] = ack
-            with lock:
-                pending[0] -= 1
-                last = pending[0] == 0
-            if last:
-                loop.call_soon_threadsafe(_resolve, done)
-
+        reports = _Reports(loop, len(envelopes))
         for index, env in enumerate(envelopes):
-
-            def on_delivery(
-                err: KafkaError | None, msg: Message, index=index, job_id=env.job_id
-            ) -> None:
-                if err is not None:
-                    record(index, Ack(job_id, error=err.str()))
-                else:
-                    record(index, Ack(job_id, msg.partition(), msg.offset()))
-
-            try:
-                self._producer.produce(
-                    self.topic,
-                    key=env.key(),
-                    value=env.encode(),
-                    headers=env.headers(),
-                    on_delivery=on_delivery,
-                )
-            except BufferError:
-                record(index, Ack(env.job_id, error="producer queue is full"))
-            except Exception as exc:  # KafkaException for a record librdkafka refuses
-                record(index, Ack(env.job_id, error=str(exc)))
+            self._produce(env, index, reports)
         if envelopes:
             # librdkafka's delivery.timeout.ms fires first; this is a safety net. A job
             # whose report has not arrived is *not* reported accepted.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
-                    asyncio.shield(done), self.settings.ingest_ack_timeout_seconds + 5
+                    asyncio.shield(reports.done), self.settings.ingest_ack_timeout_seconds + 5
                 )
         result = [
             ack if ack is not None else Ack(env.job_id, error="no delivery report in time")
-            for ack, env in zip(list(acks), envelopes, strict=True)
+            for ack, env in zip(list(reports.acks), envelopes, strict=True)
         ]
         PRODUCE_LATENCY.observe(loop.time() - started)
         failed = [a for a in result if not a.ok]
@@ -134,6 +113,28 @@ class JobProducer:
                 extra={"event": "ingest.produce_failed", "job_id": failed[0].job_id},
             )
         return result
+
+    def _produce(self, env: JobEnvelope, index: int, reports: _Reports) -> None:
+        job_id = env.job_id
+
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                reports.record(index, Ack(job_id, error=err.str()))
+            else:
+                reports.record(index, Ack(job_id, msg.partition(), msg.offset()))
+
+        try:
+            self._producer.produce(
+                self.topic,
+                key=env.key(),
+                value=env.encode(),
+                headers=env.headers(),
+                on_delivery=on_delivery,
+            )
+        except BufferError:
+            reports.record(index, Ack(job_id, error="producer queue is full"))
+        except Exception as exc:  # KafkaException for a record librdkafka refuses
+            reports.record(index, Ack(job_id, error=str(exc)))
 
     def ready(self, timeout: float = 2.0) -> bool:
         try:
@@ -149,6 +150,28 @@ class JobProducer:
         self._running = False
         self._poller.join(timeout=2)
         return remaining
+
+
+class _Reports:
+    """The delivery reports of one request, filled in on librdkafka's poll thread;
+    ``done`` resolves (one event-loop wake-up) when the last one arrives."""
+
+    __slots__ = ("_lock", "_loop", "_pending", "acks", "done")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, count: int) -> None:
+        self.acks: list[Ack | None] = [None] * count
+        self.done: asyncio.Future[None] = loop.create_future()
+        self._loop = loop
+        self._pending = count
+        self._lock = threading.Lock()
+
+    def record(self, index: int, ack: Ack) -> None:
+        self.acks[index] = ack
+        with self._lock:
+            self._pending -= 1
+            last = self._pending == 0
+        if last:
+            self._loop.call_soon_threadsafe(_resolve, self.done)
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

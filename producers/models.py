@@ -97,17 +97,7 @@ def parse_jobs(
     known_types: frozenset[str] | None = None,
 ) -> list[JobIn]:
     """Parse a body holding one job or ``{"jobs": [...]}``; raise RequestError if bad."""
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise RequestError(400, "malformed_json", f"body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise RequestError(
-            422,
-            "invalid_request",
-            "body must be a JSON object",
-            [FieldError(field="body", reason="expected an object")],
-        )
+    doc = _json_object(body)
     is_batch = "jobs" in doc
     if is_batch and isinstance(doc["jobs"], list) and len(doc["jobs"]) > max_batch:
         raise RequestError(
@@ -127,32 +117,51 @@ def parse_jobs(
             422, "invalid_request", f"invalid {fields[0].field}: {fields[0].reason}", fields
         ) from None
     for i, job in enumerate(jobs):
-        if known_types is not None and job.workflow not in known_types:
-            field = f"jobs[{i}].workflow" if is_batch else "workflow"
-            raise RequestError(
-                422,
-                "unknown_type",
-                f"{field}: no workflow or task is named {job.workflow!r}",
-                [FieldError(field=field, reason="unknown workflow or task type")],
-            )
-        size = len(orjson.dumps(job.params))
-        field = f"jobs[{i}].params" if is_batch else "params"
-        problem = params_problem(job.params)
-        if problem is not None:
-            raise RequestError(
-                422,
-                "invalid_params",
-                f"{field} {problem}",
-                [FieldError(field=field, reason=problem)],
-            )
-        if size > max_params_bytes:
-            raise RequestError(
-                422,
-                "params_too_large",
-                f"{field} is {size} bytes, limit {max_params_bytes}",
-                [FieldError(field=field, reason=f"{size} bytes, limit {max_params_bytes}")],
-            )
+        _check_job(job, f"jobs[{i}]." if is_batch else "", max_params_bytes, known_types)
     return jobs
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise RequestError(400, "malformed_json", f"body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise RequestError(
+            422,
+            "invalid_request",
+            "body must be a JSON object",
+            [FieldError(field="body", reason="expected an object")],
+        )
+    return doc
+
+
+def _check_job(
+    job: JobIn, prefix: str, max_params_bytes: int, known_types: frozenset[str] | None
+) -> None:
+    """What the models cannot check: a known type, storable params of bounded size."""
+    if known_types is not None and job.workflow not in known_types:
+        field = f"{prefix}workflow"
+        raise RequestError(
+            422,
+            "unknown_type",
+            f"{field}: no workflow or task is named {job.workflow!r}",
+            [FieldError(field=field, reason="unknown workflow or task type")],
+        )
+    field = f"{prefix}params"
+    problem = params_problem(job.params)
+    if problem is not None:
+        raise RequestError(
+            422, "invalid_params", f"{field} {problem}", [FieldError(field=field, reason=problem)]
+        )
+    size = len(orjson.dumps(job.params))
+    if size > max_params_bytes:
+        raise RequestError(
+            422,
+            "params_too_large",
+            f"{field} is {size} bytes, limit {max_params_bytes}",
+            [FieldError(field=field, reason=f"{size} bytes, limit {max_params_bytes}")],
+        )
 
 
 MAX_PARAMS_DEPTH = 32

@@ -10,13 +10,14 @@ import uvicorn
 from onceflow.core.health import serve_metrics_and_health
 from onceflow.core.logs import setup_logging
 from onceflow.core.settings import Settings
+from onceflow.core.vocabulary import Process
 from producers.api import create_app
 from producers.kafka import JobProducer
 from workflow_engine.store.db import database_ready
 
 
 def serve(settings: Settings) -> None:
-    setup_logging(settings.log_level, settings.log_format, "ingest")
+    setup_logging(settings.log_level, settings.log_format, Process.INGEST)
 
     producer = JobProducer(settings)
 

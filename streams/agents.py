@@ -1,17 +1,23 @@
-"""The agent: consume job records in batches and create one instance per job id."""
+"""The agent: consume job records in batches and create one instance per job id.
+
+``register(app, settings)`` declares the jobs topic on the app and attaches the agent;
+the agent's body is an :class:`InstanceCreator` holding the settings it was given and
+the :class:`~streams.batch.BatchHandler` it feeds.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-from functools import lru_cache
-from typing import Any
+from typing import Any, NoReturn, cast
 
+import faust
 from confluent_kafka import Producer
+from faust.types import AgentT, EventT, StreamT
 
 from onceflow.core.envelope import KafkaHeaders
-from streams.app import app, settings
+from onceflow.core.settings import Settings
 from streams.batch import BatchHandler
 from streams.records import RawRecord
 from streams.topics import jobs_topic
@@ -20,9 +26,74 @@ from workflow_engine.store.db import make_engine
 
 log = logging.getLogger(__name__)
 
+#: The agent's name (faust's default would be the qualified name of its function).
+AGENT_NAME = "streams.agents.create_instances"
 
-@lru_cache(maxsize=1)
-def handler() -> BatchHandler:
+
+def register(app: faust.App, settings: Settings) -> AgentT:
+    """Declare the jobs topic on ``app`` and attach the agent that consumes it."""
+    creator = InstanceCreator(settings)
+    agent: AgentT = app.agent(jobs_topic(app, settings), name=AGENT_NAME, concurrency=1)(
+        creator.consume
+    )
+    return agent
+
+
+class InstanceCreator:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._handler: BatchHandler | None = None
+
+    def handler(self) -> BatchHandler:
+        """The batch handler, built on first use: inside the running worker, not when
+        the agent is registered."""
+        if self._handler is None:
+            self._handler = _build_handler(self.settings)
+        return self._handler
+
+    async def consume(self, stream: StreamT) -> None:
+        """One batch at a time; faust acks a batch's records only after handle() returned.
+
+        faust-streaming acks the batch in a ``finally`` even when the body raises or is
+        cancelled, so the body never raises, and a cancellation (shutdown, rebalance)
+        waits for the in-flight database work; if that cannot finish within the grace
+        period the process exits at once *without* committing, which is always safe.
+        (The agent runs with ``concurrency=1``: see faust-streaming #606.)
+        """
+        work = self.handler()
+        batches = cast(faust.Stream, stream)  # take_events is not on the StreamT interface
+        async for events in batches.take_events(
+            self.settings.streams_batch_size, within=self.settings.streams_batch_within_seconds
+        ):
+            await self._handle(work, [_raw_record(e) for e in events])
+
+    async def _handle(self, work: BatchHandler, records: list[RawRecord]) -> None:
+        task = asyncio.ensure_future(work.handle(records))
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await self._finish_or_exit(task)
+            raise
+        except Exception:
+            # handle() retries database outages forever and dead-letters bad records,
+            # so this is a bug: stop without acking rather than lose the batch.
+            _exit_without_commit(
+                "batch handler failed; exiting without committing offsets", exc_info=True
+            )
+
+    async def _finish_or_exit(self, task: asyncio.Future[Any]) -> None:
+        """Cancelled: give the in-flight batch the grace period to commit, or exit."""
+        try:
+            await asyncio.wait_for(
+                asyncio.shield(task), self.settings.streams_shutdown_grace_seconds
+            )
+        except BaseException:
+            _exit_without_commit(
+                "in-flight batch did not commit before shutdown; exiting without committing offsets"
+            )
+
+
+def _build_handler(settings: Settings) -> BatchHandler:
     # Registered names decide what a record is: a workflow, a task, or a dead letter.
     load_workflow_modules(settings.workflow_modules)
     engine = make_engine(settings.database_url, pool_size=settings.streams_concurrency + 1)
@@ -38,6 +109,13 @@ def handler() -> BatchHandler:
     return BatchHandler(settings, engine, dlq)
 
 
+def _raw_record(event: EventT) -> RawRecord:
+    m = event.message
+    return RawRecord(
+        m.topic, m.partition, m.offset, m.key, m.value, _headers(m.headers), m.timestamp
+    )
+
+
 def _headers(raw: Any) -> KafkaHeaders:
     if not raw:
         return []
@@ -45,55 +123,8 @@ def _headers(raw: Any) -> KafkaHeaders:
     return [(str(k), bytes(v or b"")) for k, v in items]
 
 
-@app.agent(jobs_topic, concurrency=1)
-async def create_instances(stream):
-    """One batch at a time; faust acks a batch's records only after handle() returned.
-
-    faust-streaming acks the batch in a ``finally`` even when the body raises or is
-    cancelled, so the body never raises, and a cancellation (shutdown, rebalance) waits
-    for the in-flight database work; if that cannot finish within the grace period the
-    process exits at once *without* committing, which is always safe.
-    """
-    work = handler()
-    async for events in stream.take_events(
-        settings.streams_batch_size, within=settings.streams_batch_within_seconds
-    ):
-        records = [
-            RawRecord(
-                e.message.topic,
-                e.message.partition,
-                e.message.offset,
-                e.message.key,
-                e.message.value,
-                _headers(e.message.headers),
-                e.message.timestamp,
-            )
-            for e in events
-        ]
-        task = asyncio.ensure_future(work.handle(records))
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            try:
-                await asyncio.wait_for(
-                    asyncio.shield(task), settings.streams_shutdown_grace_seconds
-                )
-            except BaseException:
-                log.critical(
-                    "in-flight batch did not commit before shutdown; exiting without"
-                    " committing offsets",
-                    extra={"event": "streams.hard_exit"},
-                )
-                logging.shutdown()
-                os._exit(70)
-            raise
-        except Exception:
-            # handle() retries database outages forever and dead-letters bad records,
-            # so this is a bug: stop without acking rather than lose the batch.
-            log.critical(
-                "batch handler failed; exiting without committing offsets",
-                exc_info=True,
-                extra={"event": "streams.hard_exit"},
-            )
-            logging.shutdown()
-            os._exit(70)
+def _exit_without_commit(message: str, exc_info: bool = False) -> NoReturn:
+    """Stop at once: faust would otherwise ack (and later commit) the batch."""
+    log.critical(message, exc_info=exc_info, extra={"event": "streams.hard_exit"})
+    logging.shutdown()
+    os._exit(70)

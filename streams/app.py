@@ -1,14 +1,16 @@
-"""The one Faust app of the streams worker process, declared once.
+"""The one Faust app of the streams worker process, built from the settings it is given.
 
 Its id is the Kafka consumer group. Topics are created beforehand (``onceflow topics
 create``), so the app never declares them; there are no tables, so no changelogs.
+Nothing here runs at import: ``streams.worker.run_worker`` builds the app, declares
+the topic and registers the agent, all from one ``Settings``.
 """
 
 from __future__ import annotations
 
 import faust
 
-from onceflow.core.settings import Settings, get_settings
+from onceflow.core.settings import Settings
 
 
 def create_app(settings: Settings) -> faust.App:
@@ -28,7 +30,3 @@ def create_app(settings: Settings) -> faust.App:
         datadir=str(datadir),
         stream_buffer_maxsize=max(4096, settings.streams_batch_size * 2),
     )
-
-
-settings = get_settings()
-app = create_app(settings)

@@ -30,6 +30,7 @@ from sqlalchemy.engine import Engine
 from tenacity import Retrying, retry_if_exception_type, stop_never, wait_exponential_jitter
 
 from onceflow.core.settings import Settings
+from onceflow.core.vocabulary import JobKind
 from streams.metrics import (
     BATCH_SIZE,
     CREATED,
@@ -90,7 +91,7 @@ class BatchHandler:
         total = CreateResult()
         for r in results:
             total.add(r)
-        await self._run_tasks([d for d in deliveries if d.kind == "task"])
+        await self._run_tasks([d for d in deliveries if d.kind == JobKind.TASK])
         IN_FLIGHT.set(0)
         return total
 

@@ -18,10 +18,11 @@ from typing import Any
 import orjson
 from sqlalchemy.engine import Engine
 
+from onceflow.core.vocabulary import TaskRunStatus
 from streams.metrics import TASKS
 from workflow_engine.definitions import TaskDef, get_task
 from workflow_engine.errors import NonRetryableError
-from workflow_engine.store.task_runs import PendingTask, record_attempt
+from workflow_engine.store.task_runs import RETRY, PendingTask, record_attempt
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,7 @@ def run_task(
     while True:
         attempt += 1
         try:
-            value = _call(definition.fn, pending.params)
-            encoded = orjson.dumps(value)
+            encoded = orjson.dumps(_call(definition.fn, pending.params))
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"[:2000]
             final = isinstance(exc, NonRetryableError | TypeError) or (
@@ -52,45 +52,41 @@ def run_task(
             if final:
                 reason = f"task {pending.task!r} failed after {attempt} attempt(s): {error}"
                 return _give_up(engine, pending, reason, dead_letter, with_db_retry)
-            with_db_retry(record_attempt, engine, pending.job_id, "retry", None, error)
-            TASKS.labels(pending.task, "retry").inc()
-            log.warning(
-                "task attempt %d failed: %s",
-                attempt,
-                error,
-                extra={
-                    "event": "task.retry",
-                    "job_id": pending.job_id,
-                    "task": pending.task,
-                    "attempt": attempt,
-                },
-            )
+            with_db_retry(record_attempt, engine, pending.job_id, RETRY, None, error)
+            _report(pending, attempt, RETRY, error)
             time.sleep(definition.delay)
             continue
-        with_db_retry(record_attempt, engine, pending.job_id, "succeeded", encoded, None)
-        TASKS.labels(pending.task, "succeeded").inc()
-        log.info(
-            "task succeeded",
-            extra={
-                "event": "task.succeeded",
-                "job_id": pending.job_id,
-                "task": pending.task,
-                "attempt": attempt,
-            },
-        )
-        return "succeeded"
+        succeeded = TaskRunStatus.SUCCEEDED
+        with_db_retry(record_attempt, engine, pending.job_id, succeeded, encoded, None)
+        _report(pending, attempt, succeeded)
+        return succeeded
+
+
+def _report(pending: PendingTask, attempt: int, outcome: str, error: str | None = None) -> None:
+    TASKS.labels(pending.task, outcome).inc()
+    extra = {
+        "event": f"task.{outcome}",
+        "job_id": pending.job_id,
+        "task": pending.task,
+        "attempt": attempt,
+    }
+    if error is None:
+        log.info("task %s", outcome, extra=extra)
+    else:
+        log.warning("task attempt %d failed: %s", attempt, error, extra=extra)
 
 
 def _give_up(engine, pending, reason, dead_letter, with_db_retry) -> str:
     dead_letter(pending.job_id, reason)
-    with_db_retry(record_attempt, engine, pending.job_id, "dead_lettered", None, reason)
-    TASKS.labels(pending.task, "dead_lettered").inc()
+    dead = TaskRunStatus.DEAD_LETTERED
+    with_db_retry(record_attempt, engine, pending.job_id, dead, None, reason)
+    TASKS.labels(pending.task, dead).inc()
     log.warning(
         "task dead-lettered: %s",
         reason,
         extra={"event": "task.dead_lettered", "job_id": pending.job_id, "task": pending.task},
     )
-    return "dead_lettered"
+    return dead
 
 
 def _call(fn: Callable[[dict[str, Any]], Any], params: dict[str, Any]) -> Any:

@@ -1,4 +1,4 @@
-"""Running the streams worker process."""
+"""Running the streams worker process: one Faust app, built from the settings given."""
 
 from __future__ import annotations
 
@@ -7,19 +7,27 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import faust
+
 from onceflow.core.health import serve_metrics_and_health
 from onceflow.core.settings import Settings
+from onceflow.core.vocabulary import Process
+from streams import agents
+from streams.app import create_app
 from streams.metrics import ASSIGNED_PARTITIONS, REBALANCES
 from streams.monitor import LagMonitor
 from workflow_engine.store.db import database_ready
 
 
-def _logging_config(settings: Settings) -> dict:
+def _logging_config(settings: Settings) -> dict[str, Any]:
     return {
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {
-            "json": {"()": "onceflow.core.logs.JsonFormatter", "process_name": "streams"},
+            "json": {
+                "()": "onceflow.core.logs.JsonFormatter",
+                "process_name": Process.WORKER.value,
+            },
             "text": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
         },
         "handlers": {
@@ -31,11 +39,10 @@ def _logging_config(settings: Settings) -> dict:
 
 
 def run_worker(settings: Settings) -> None:
-    import faust
-
-    from streams import agents  # noqa: F401  (registers the agent)
-    from streams.app import app
-
+    """Build the app, its topic and agent from ``settings``, and run until stopped."""
+    app = create_app(settings)
+    agents.register(app, settings)
+    _count_rebalances(app, settings)
     monitor = LagMonitor(settings).start()
     serve_metrics_and_health(
         settings.streams_metrics_port,
@@ -44,17 +51,6 @@ def run_worker(settings: Settings) -> None:
             "postgres": database_ready(settings.database_url),
         },
     )
-
-    async def count_rebalance(sender: Any, assigned: Any = (), **kwargs: Any) -> None:
-        REBALANCES.inc()
-        ASSIGNED_PARTITIONS.clear()
-        for tp in assigned:
-            if tp.topic == settings.jobs_topic:
-                ASSIGNED_PARTITIONS.labels(str(tp.partition)).set(1)
-
-    # mode's SignalHandlerT annotation is stricter than what it calls handlers with.
-    app.on_partitions_assigned.connect(count_rebalance)  # type: ignore[arg-type]
-
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     loop.set_default_executor(ThreadPoolExecutor(max_workers=settings.streams_concurrency + 4))
@@ -67,3 +63,17 @@ def run_worker(settings: Settings) -> None:
     )
     logging.getLogger(__name__).info("streams worker starting", extra={"event": "streams.starting"})
     worker.execute_from_commandline()
+
+
+def _count_rebalances(app: faust.App, settings: Settings) -> None:
+    """Count rebalances and show which partitions of the jobs topic this worker holds."""
+
+    async def on_assigned(sender: Any, assigned: Any = (), **kwargs: Any) -> None:
+        REBALANCES.inc()
+        ASSIGNED_PARTITIONS.clear()
+        for tp in assigned:
+            if tp.topic == settings.jobs_topic:
+                ASSIGNED_PARTITIONS.labels(str(tp.partition)).set(1)
+
+    # mode's SignalHandlerT annotation is stricter than what it calls handlers with.
+    app.on_partitions_assigned.connect(on_assigned)  # type: ignore[arg-type]

@@ -12,7 +12,6 @@ entry point group: the tools (``onceflow-tools``) add ``dev``, ``demo``, ``bench
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -21,6 +20,7 @@ import orjson
 
 from onceflow.core.errors import OnceflowError
 from onceflow.core.settings import SCOPES, Settings, get_settings
+from onceflow.core.vocabulary import InstanceStatus
 
 
 def settings_from_env() -> Settings:
@@ -31,12 +31,11 @@ def settings_from_env() -> Settings:
 _settings = settings_from_env
 
 
-def _apply_overrides(**overrides: Any) -> None:
-    """Turn CLI flags into the environment variables the settings read."""
-    for name, value in overrides.items():
-        if value is not None:
-            os.environ[f"ONCEFLOW_{name.upper()}"] = str(value)
-    get_settings.cache_clear()
+def _with_overrides(**overrides: Any) -> Settings:
+    """The settings with the CLI's flags (those given) applied, the environment left
+    alone: the process gets exactly the ``Settings`` it runs with."""
+    given = {name: value for name, value in overrides.items() if value is not None}
+    return _settings().model_copy(update=given)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -128,10 +127,9 @@ def topics_create() -> None:
 @click.option("--port", envvar="ONCEFLOW_INGEST_PORT", type=int, default=None, help="HTTP port.")
 def ingest(host: str | None, port: int | None) -> None:
     """Run the HTTP ingest service (POST /v1/jobs)."""
-    _apply_overrides(ingest_host=host, ingest_port=port)
     from producers.server import serve
 
-    serve(_settings())
+    serve(_with_overrides(ingest_host=host, ingest_port=port))
 
 
 @cli.command()
@@ -144,10 +142,9 @@ def ingest(host: str | None, port: int | None) -> None:
 )
 def worker(concurrency: int | None) -> None:
     """Run the streams worker (Faust agent: Kafka records into workflow instances)."""
-    _apply_overrides(streams_concurrency=concurrency)
     from streams.worker import run_worker
 
-    run_worker(_settings())
+    run_worker(_with_overrides(streams_concurrency=concurrency))
 
 
 @cli.command()
@@ -160,10 +157,9 @@ def worker(concurrency: int | None) -> None:
 )
 def engine(concurrency: int | None) -> None:
     """Run a workflow engine process (claims and runs instances durably)."""
-    _apply_overrides(engine_concurrency=concurrency)
     from workflow_engine.engine.runner import run_engine
 
-    run_engine(_settings())
+    run_engine(_with_overrides(engine_concurrency=concurrency))
 
 
 # --- instances -----------------------------------------------------------------------------
@@ -203,9 +199,8 @@ def _db():
 @click.option(
     "--status",
     default=None,
-    type=click.Choice(
-        ["queued", "running", "sleeping", "waiting", "paused", "complete", "errored", "terminated"]
-    ),
+    type=click.Choice([s.value for s in InstanceStatus]),
+    help="Only instances in this status.",
 )
 @click.option(
     "--since",
@@ -224,7 +219,8 @@ def instances_list(workflow, status, created_since, id_prefix, limit, as_json) -
     from workflow_engine.store.control import list_instances
 
     since = created_since.replace(tzinfo=UTC) if created_since else None
-    rows = list_instances(_db(), workflow, status, since, id_prefix, limit)
+    wanted = InstanceStatus(status) if status else None
+    rows = list_instances(_db(), workflow, wanted, since, id_prefix, limit)
     for row in rows:
         if as_json:
             click.echo(orjson.dumps(row.__dict__, default=str))

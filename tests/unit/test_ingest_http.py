@@ -128,3 +128,44 @@ def test_a_sane_client_request_id_is_kept_and_an_odd_one_replaced(client_for):
         odd = client.post("/v1/jobs", json={"workflow": "w"}, headers={"X-Request-Id": "x" * 300})
     assert kept.json()["request_id"] == "abc-1"
     assert odd.json()["request_id"].startswith("req_")
+
+
+def test_admin_status_filter_is_the_instance_status_vocabulary():
+    from onceflow.core.vocabulary import InstanceStatus
+
+    app = create_app(
+        Settings(auth_disabled=True, admin_api_enabled=True, ingest_validate_types=False),
+        ScriptedProducer(),
+    )
+    with TestClient(app) as client:
+        spec = client.get("/openapi.json").json()
+        unknown = client.get("/v1/instances", params={"status": "sleepy"})
+    params = {p["name"]: p for p in spec["paths"]["/v1/instances"]["get"]["parameters"]}
+    schema = params["status"]["schema"]["anyOf"][0]
+    enum = (
+        schema.get("enum") or spec["components"]["schemas"][schema["$ref"].split("/")[-1]]["enum"]
+    )
+    assert enum == [s.value for s in InstanceStatus]
+    assert unknown.status_code == 422  # refused before any database work
+
+
+def test_admin_routes_exist_only_when_enabled():
+    app = create_app(
+        Settings(auth_disabled=True, admin_api_enabled=False, ingest_validate_types=False),
+        ScriptedProducer(),
+    )
+    with TestClient(app) as client:
+        paths = client.get("/openapi.json").json()["paths"]
+        assert client.get("/v1/jobs/a").status_code == 404  # no job-status route
+    assert set(paths) == {"/v1/jobs"}
+
+
+def test_health_and_readiness(client_for):
+    class NotReady(ScriptedProducer):
+        def ready(self):
+            return False
+
+    with client_for(NotReady()) as client:
+        assert client.get("/healthz").json() == {"status": "ok"}
+        ready = client.get("/readyz")
+    assert (ready.status_code, ready.json()) == (503, {"kafka": "unavailable"})

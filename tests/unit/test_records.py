@@ -1,3 +1,7 @@
+import asyncio
+
+import pytest
+
 from onceflow.core.envelope import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, JobEnvelope
 from streams.batch import _parse_failpoint
 from streams.records import RawRecord, classify, split_by_partition
@@ -54,3 +58,116 @@ def test_failpoint_parsing():
     assert _parse_failpoint("streams.after_db_commit:3", "streams.after_db_commit") == 3
     assert _parse_failpoint("other:1, streams.after_db_commit", "streams.after_db_commit") == 1
     assert _parse_failpoint("", "streams.after_db_commit") is None
+
+
+# --- the worker is built from the settings it is given ------------------------------
+
+
+def test_register_builds_the_agent_from_the_given_settings(tmp_path):
+    from onceflow.core.settings import Settings
+    from streams.agents import AGENT_NAME, register
+    from streams.app import create_app
+
+    settings = Settings(
+        state_dir=tmp_path,
+        consumer_group="group-from-settings",
+        jobs_topic="topic-from-settings",
+        streams_concurrency=7,
+    )
+    app = create_app(settings)
+    agent = register(app, settings)
+    assert app.conf.id == "group-from-settings"
+    assert app.agents[AGENT_NAME] is agent
+    assert agent.concurrency == 1  # faust-streaming #606: concurrency lives in the batch
+    assert agent.channel.get_topic_name() == "topic-from-settings"
+    assert agent.fun.__self__.settings is settings
+
+
+def test_worker_command_passes_its_flag_as_settings_not_environment(monkeypatch):
+    import os
+
+    from click.testing import CliRunner
+
+    import streams.worker
+    from onceflow.cli.main import cli
+
+    got = []
+    monkeypatch.setattr(streams.worker, "run_worker", got.append)
+    result = CliRunner().invoke(cli, ["worker", "--concurrency", "7"])
+    assert result.exit_code == 0, result.output
+    assert got[0].streams_concurrency == 7
+    assert "ONCEFLOW_STREAMS_CONCURRENCY" not in os.environ
+
+
+class _Handler:
+    def __init__(self, outcome):
+        self.outcome = outcome
+        self.finished = False
+
+    async def handle(self, records):
+        await asyncio.sleep(0.05)
+        if isinstance(self.outcome, Exception):
+            raise self.outcome
+        self.finished = True
+
+
+def _creator(grace=5.0):
+    from onceflow.core.settings import Settings
+    from streams.agents import InstanceCreator
+
+    return InstanceCreator(Settings(streams_shutdown_grace_seconds=grace))
+
+
+class _Exited(Exception):
+    pass
+
+
+def _exits(monkeypatch):
+    """Record os._exit calls instead of dying (and keep pytest's log handlers open)."""
+    import streams.agents
+
+    codes = []
+
+    def fake_exit(code):
+        codes.append(code)
+        raise _Exited(code)
+
+    monkeypatch.setattr(streams.agents.os, "_exit", fake_exit)
+    monkeypatch.setattr(streams.agents.logging, "shutdown", lambda: None)
+    return codes
+
+
+def test_a_cancelled_batch_finishes_before_the_cancellation_goes_on(monkeypatch):
+    codes = _exits(monkeypatch)
+    handler = _Handler(None)
+
+    async def scenario():
+        task = asyncio.ensure_future(_creator()._handle(handler, []))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    assert handler.finished and codes == []
+
+
+def test_a_batch_over_the_grace_period_exits_without_committing(monkeypatch):
+    codes = _exits(monkeypatch)
+
+    async def scenario():
+        task = asyncio.ensure_future(_creator(grace=0.001)._handle(_Handler(None), []))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(_Exited):
+            await task
+
+    asyncio.run(scenario())
+    assert codes == [70]
+
+
+def test_a_failing_handler_exits_rather_than_let_faust_ack(monkeypatch):
+    codes = _exits(monkeypatch)
+    with pytest.raises(_Exited):
+        asyncio.run(_creator()._handle(_Handler(RuntimeError("bug")), []))
+    assert codes == [70]

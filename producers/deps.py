@@ -1,0 +1,95 @@
+"""What the ingest routes need, built once per app and handed to them by FastAPI.
+
+``create_app`` puts one :class:`Ingest` on ``app.state``; routes ask for it, for the
+caller's identity (``require(scope)``) or for the database with ``Depends``. The
+dependency functions are ``async`` on purpose: FastAPI runs a plain ``def`` dependency
+in its thread pool, a thread hop per request that the submit path does not need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.engine import Engine
+
+from onceflow.core.settings import SCOPES, Settings
+from producers.auth import Authenticator
+from producers.kafka import JobSender
+from producers.limits import ClientLimiter
+
+
+@dataclass(slots=True, eq=False)
+class Ingest:
+    """The long-lived parts of one ingest app."""
+
+    settings: Settings
+    auth: Authenticator
+    limiter: ClientLimiter
+    #: Workflow and task names this deployment knows (None: any name is accepted).
+    known_types: frozenset[str] | None
+    #: Given by the caller, or created by the app's lifespan (it starts a thread).
+    producer: JobSender | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, producer: JobSender | None = None) -> Ingest:
+        return cls(
+            settings,
+            Authenticator(settings),
+            ClientLimiter(
+                settings.ingest_rate_limit_per_second,
+                settings.ingest_rate_limit_burst,
+                settings.ingest_max_inflight_per_client,
+            ),
+            _known_types(settings) if settings.ingest_validate_types else None,
+            producer,
+        )
+
+    def sender(self) -> JobSender:
+        if self.producer is None:
+            raise RuntimeError("the ingest app is not started (its lifespan has not run)")
+        return self.producer
+
+
+def _known_types(settings: Settings) -> frozenset[str] | None:
+    """Workflow and task names registered by the configured modules (None: no check)."""
+    from workflow_engine.definitions import (
+        load_workflow_modules,
+        registered_tasks,
+        registered_workflows,
+    )
+
+    load_workflow_modules(settings.workflow_modules)
+    names = frozenset(registered_workflows()) | frozenset(registered_tasks())
+    return names or None
+
+
+async def get_ingest(request: Request) -> Ingest:
+    ingest: Ingest = request.app.state.ingest
+    return ingest
+
+
+IngestDep = Annotated[Ingest, Depends(get_ingest)]
+
+
+def require(scope: str) -> Callable[..., Awaitable[str]]:
+    """A dependency giving the caller's identity, if its API key holds ``scope``."""
+    if scope not in SCOPES:
+        raise ValueError(f"unknown scope {scope!r}")
+
+    async def caller(request: Request, ingest: IngestDep) -> str:
+        return ingest.auth.authenticate(request, scope)
+
+    return caller
+
+
+async def get_db(ingest: IngestDep) -> Engine:
+    """The process's pooled engine for the admin and job-status routes."""
+    from workflow_engine.store.db import shared_engine
+
+    return shared_engine(ingest.settings.database_url)
+
+
+DbDep = Annotated[Engine, Depends(get_db)]

@@ -1,0 +1,255 @@
+"""``POST /v1/jobs`` (one job or a batch) and ``GET /v1/jobs/{job_id}``.
+
+202 means every job in the answer is durably in Kafka (delivery report received,
+acks=all). If Kafka does not acknowledge them all, the answer is 503 with
+``Retry-After``, listing which jobs *were* acknowledged and which were not; resubmitting
+the whole request is safe, since duplicates collapse downstream.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
+
+from onceflow.core.envelope import JobEnvelope
+from onceflow.core.ids import new_job_id, new_request_id, new_traceparent
+from onceflow.core.settings import Settings
+from producers.deps import DbDep, Ingest, IngestDep, require
+from producers.kafka import Ack
+from producers.metrics import JOBS_ACCEPTED, JOBS_REJECTED, REQUESTS
+from producers.models import (
+    Accepted,
+    ErrorBody,
+    JobAccepted,
+    JobIn,
+    JobRejected,
+    RequestError,
+    parse_jobs,
+)
+from producers.responses import error_response, json_response
+from workflow_engine.store.instances import job_status
+
+log = logging.getLogger(__name__)
+_REQUEST_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+
+# The body is parsed by hand (one job and a batch share one endpoint, with precise
+# field errors), so its schema is declared here; create_app adds the two models.
+_BODY_SCHEMA = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "oneOf": [
+                        {"$ref": "#/components/schemas/JobIn"},
+                        {"$ref": "#/components/schemas/BatchIn"},
+                    ]
+                }
+            }
+        },
+    }
+}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody} for status in (400, 401, 403, 413, 429, 415, 422, 503)
+}
+
+router = APIRouter(tags=["jobs"])
+#: Mounted with the admin API only (it reads the database).
+status_router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+@router.post(
+    "/v1/jobs",
+    status_code=202,
+    response_model=Accepted,
+    responses=_ERRORS,
+    openapi_extra=_BODY_SCHEMA,
+    summary="Submit one job or a batch",
+)
+async def submit(
+    request: Request,
+    ingest: IngestDep,
+    client: Annotated[str, Depends(require("jobs:submit"))],
+) -> Response:
+    try:
+        _check_rate(ingest, client)
+        with ingest.limiter.slot(client) as admitted:
+            if not admitted:
+                raise RequestError(
+                    429,
+                    "too_many_requests",
+                    f"over {ingest.settings.ingest_max_inflight_per_client} requests in"
+                    " flight for this client",
+                    headers={"Retry-After": "1"},
+                )
+            return await _accept(request, ingest, await _read_jobs(request, ingest))
+    except RequestError as exc:
+        JOBS_REJECTED.labels(exc.body.error).inc()
+        return error_response(exc.status, exc.body, exc.headers)
+
+
+def _check_rate(ingest: Ingest, client: str) -> None:
+    wait = ingest.limiter.retry_after(client)
+    if wait is not None:
+        raise RequestError(
+            429,
+            "rate_limited",
+            f"over {ingest.settings.ingest_rate_limit_per_second:g} requests/s for this"
+            " client; slow down",
+            headers={"Retry-After": str(max(1, math.ceil(wait)))},
+        )
+
+
+async def _read_jobs(request: Request, ingest: Ingest) -> list[JobIn]:
+    """The request's jobs, or RequestError (415, 413, 400, 422) saying what is wrong."""
+    settings = ingest.settings
+    content_type = request.headers.get("content-type", "")
+    if content_type.split(";")[0].strip().lower() != "application/json":
+        raise RequestError(415, "unsupported_media_type", "content-type must be application/json")
+    body = await _read_body(request, settings.ingest_max_body_bytes)
+    if body is None:
+        raise RequestError(
+            413,
+            "body_too_large",
+            f"the body is over {settings.ingest_max_body_bytes} bytes; send fewer jobs per request",
+        )
+    return parse_jobs(
+        body, settings.ingest_max_batch, settings.ingest_max_params_bytes, ingest.known_types
+    )
+
+
+async def _read_body(request: Request, limit: int) -> bytes | None:
+    """The request body, or None as soon as it is known to exceed ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _accept(request: Request, ingest: Ingest, jobs: list[JobIn]) -> Response:
+    # A caller's own request id is kept (it ties their logs to ours) if it is sane.
+    given = request.headers.get("x-request-id", "")
+    request_id = given if _REQUEST_ID_RE.fullmatch(given) else new_request_id()
+    envelopes, duplicates = _envelopes(jobs, request_id)
+    acks = await ingest.sender().send(envelopes)
+    accepted = [  # an acknowledged record always has its partition and offset
+        JobAccepted(job_id=a.job_id, partition=a.partition, offset=a.offset)
+        for a in acks
+        if a.ok and a.partition is not None and a.offset is not None
+    ]
+    JOBS_ACCEPTED.inc(len(accepted))
+    _log_accepted(accepted, request_id)
+    if len(accepted) < len(acks):
+        return _kafka_refused(ingest.settings, acks, accepted, request_id)
+    REQUESTS.labels("202").inc()
+    log.info(
+        "accepted %d jobs",
+        len(accepted),
+        extra={
+            "event": "ingest.accepted",
+            "request_id": request_id,
+            "count": len(accepted),
+            "job_id": accepted[0].job_id,
+        },
+    )
+    body = Accepted(request_id=request_id, accepted=accepted, duplicates_in_request=duplicates)
+    return json_response(body.model_dump(), 202, {"X-Request-Id": request_id})
+
+
+def _envelopes(jobs: list[JobIn], request_id: str) -> tuple[list[JobEnvelope], int]:
+    """One envelope per distinct job id (the first wins), and how many were repeats."""
+    now = datetime.now(UTC)
+    envelopes: list[JobEnvelope] = []
+    seen: set[str] = set()
+    for job in jobs:
+        job_id = job.job_id or new_job_id()
+        if job_id in seen:
+            continue  # same id twice in one request: written once
+        seen.add(job_id)
+        envelopes.append(
+            JobEnvelope(job_id, job.workflow, job.params, request_id, now, new_traceparent())
+        )
+    return envelopes, len(jobs) - len(envelopes)
+
+
+def _log_accepted(accepted: list[JobAccepted], request_id: str) -> None:
+    for a in accepted:
+        log.info(
+            "job accepted",
+            extra={
+                "event": "job.accepted",
+                "job_id": a.job_id,
+                "request_id": request_id,
+                "partition": a.partition,
+                "offset": a.offset,
+            },
+        )
+
+
+def _kafka_refused(
+    settings: Settings, acks: list[Ack], accepted: list[JobAccepted], request_id: str
+) -> Response:
+    """The 503 naming which jobs Kafka acknowledged and which it did not."""
+    rejected = [JobRejected(job_id=a.job_id, reason=a.error or "") for a in acks if not a.ok]
+    JOBS_REJECTED.labels("kafka").inc(len(rejected))
+    body = ErrorBody(
+        error="kafka_unavailable",
+        message=f"Kafka did not acknowledge {len(rejected)} of {len(acks)} jobs; retry the"
+        " request (duplicates are safe)",
+        accepted=accepted,
+        rejected=rejected,
+    )
+    headers = {
+        "Retry-After": str(settings.ingest_retry_after_seconds),
+        "X-Request-Id": request_id,
+    }
+    return error_response(503, body, headers)
+
+
+@status_router.get("/{job_id}", dependencies=[Depends(require("jobs:read"))])
+def get_job(job_id: str, ingest: IngestDep, engine: DbDep) -> Any:
+    """What became of a job, or how far the queue is behind (404 with the lag)."""
+    found = job_status(engine, job_id)
+    if found is not None:
+        return found
+    try:
+        lag: dict[str, Any] = queue_lag(ingest.settings, job_id)
+    except Exception as exc:  # Kafka down: still answer the question we can
+        lag = {"error": str(exc)}
+    raise HTTPException(
+        404,
+        {
+            "error": "not_found",
+            "job_id": job_id,
+            "message": "no instance or task run with this job id (yet): if it was accepted,"
+            " it is still in the queue behind consumer_lag records; retry later",
+            "consumer_lag": lag,
+        },
+    )
+
+
+def queue_lag(settings: Settings, job_id: str) -> dict[str, Any]:
+    """The streams workers' lag in total and on the partition this job id lands on."""
+    from onceflow.core.lag import consumer_lag
+    from onceflow.core.partitioning import partition_for
+
+    lags = consumer_lag(
+        settings.kafka_bootstrap_servers, settings.consumer_group, settings.jobs_topic, timeout=5.0
+    )
+    partition = partition_for(job_id, len(lags)) if lags else None
+    return {
+        "total": sum(p.lag for p in lags),
+        "partition": partition,
+        "partition_lag": next((p.lag for p in lags if p.partition == partition), None),
+    }
