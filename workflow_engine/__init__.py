@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "FakeClock": "workflow_engine.clock",
     "SystemClock": "workflow_engine.clock",
+    "Context": "workflow_engine.definitions",
     "RetryPolicy": "workflow_engine.definitions",
     "registered_tasks": "workflow_engine.definitions",
     "registered_workflows": "workflow_engine.definitions",
@@ -37,6 +38,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "Context",
     "CreateResult",
     "Delivery",
     "EventTimeout",
@@ -60,6 +62,7 @@ __all__ = [
 if TYPE_CHECKING:
     from workflow_engine.clock import FakeClock, SystemClock
     from workflow_engine.definitions import (
+        Context,
         RetryPolicy,
         registered_tasks,
         registered_workflows,

@@ -14,12 +14,41 @@ from __future__ import annotations
 import importlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from datetime import datetime, timedelta
+from typing import Any, Literal, Protocol
 
-if TYPE_CHECKING:
-    from workflow_engine.engine.context import WorkflowContext
 
-WorkflowFn = Callable[["WorkflowContext", dict[str, Any]], Awaitable[Any]]
+class Context(Protocol):
+    """What a workflow function may ask of its ``ctx`` (the engine's
+    :class:`~workflow_engine.engine.context.WorkflowContext` implements it). Declared
+    here, with the definitions, so workflow code and this module never import the
+    engine runtime."""
+
+    job_id: str
+    workflow: str
+
+    def idempotency_key(self, step_name: str) -> str: ...
+
+    async def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retries: RetryPolicy | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> Any: ...
+
+    async def sleep(self, name: str, duration: float | timedelta) -> None: ...
+
+    async def sleep_until(self, name: str, when: datetime) -> None: ...
+
+    async def wait_for_event(
+        self, name: str, type: str, timeout: float | timedelta | None = None
+    ) -> Any: ...
+
+
+WorkflowFn = Callable[[Context, dict[str, Any]], Awaitable[Any]]
 
 _REGISTRY: dict[str, WorkflowFn] = {}
 _LIMITS: dict[str, int] = {}

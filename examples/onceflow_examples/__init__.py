@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from onceflow.core.settings import get_settings
-from workflow_engine.definitions import RetryPolicy, task, workflow
+from workflow_engine.definitions import Context, RetryPolicy, task, workflow
 from workflow_engine.errors import EventTimeout
 from workflow_engine.steps import current_step
 from workflow_engine.store.db import shared_engine
@@ -74,7 +74,7 @@ def _record_side_effect(params: dict[str, Any]) -> dict[str, Any]:
 
 
 @workflow("order-workflow")
-async def order_workflow(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
+async def order_workflow(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
     receipt = await ctx.step("charge payment", _record_side_effect, params, retries=DEMO_RETRY)
     await ctx.step("reserve stock", _record_side_effect, params, retries=DEMO_RETRY)
     shipment = await ctx.step("ship", _record_side_effect, params, retries=DEMO_RETRY)
@@ -86,7 +86,7 @@ def _noop(n: int) -> dict[str, int]:
 
 
 @workflow("noop-workflow")
-async def noop_workflow(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
+async def noop_workflow(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
     """Three durable steps that do nothing: what the engine benchmark measures (the
     engine's own cost per step, as DBOS's benchmark counterpart does)."""
     for n in range(3):
@@ -95,7 +95,7 @@ async def noop_workflow(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
 
 
 @workflow("approval-workflow")
-async def approval_workflow(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
+async def approval_workflow(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
     """Waits (durably, holding no worker) for an 'approved' event, or times out."""
     await ctx.step("request approval", _record_side_effect, params, retries=DEMO_RETRY)
     try:
