@@ -25,7 +25,8 @@ services: setup
 demo: services
 	$(BIN)/onceflow demo
 
-# Prometheus/promtool, docker-compose and helm, for the deployment tests.
+# Prometheus/promtool, docker-compose and helm, for the deployment tests; chromium and
+# chromium-driver (Debian's) for the browser tests.
 tools:
 	./scripts/install-tools.sh
 

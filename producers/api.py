@@ -3,8 +3,10 @@
     producers/routes/jobs.py    POST /v1/jobs, GET /v1/jobs/{job_id}
     producers/routes/admin.py   /v1/instances (inspect and control instances)
     producers/routes/health.py  /healthz, /readyz
+    /docs                       the API's documentation, from assets this package ships
 
-What the routes share (settings, producer, authenticator, limiter) is one
+Every error answer, whichever route or layer refuses, is one ``ErrorBody``
+(producers/errors.py). What the routes share (settings, producer, authenticator, limiter) is one
 :class:`producers.deps.Ingest` on ``app.state``, handed to them with ``Depends``.
 """
 
@@ -17,14 +19,16 @@ from functools import partial
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from onceflow.core.errors import ConfigurationError
 from onceflow.core.settings import Settings
 from producers.deps import Ingest
+from producers.errors import install_error_handlers
 from producers.kafka import JobProducer, JobSender
-from producers.models import BatchIn, JobIn
-from producers.responses import json_response
+from producers.models import BatchIn, ErrorBody, JobIn
+from producers.responses import error_response
 from producers.routes import admin, health, jobs
 
 log = logging.getLogger(__name__)
@@ -38,12 +42,20 @@ def create_app(settings: Settings, producer: JobSender | None = None) -> FastAPI
             " new`), or ONCEFLOW_AUTH_DISABLED=true for local development only"
         )
     ingest = Ingest.from_settings(settings, producer)
-    app = FastAPI(
+    # FastAPI's own /docs loads Swagger UI from a CDN: a blank page without internet
+    # access. fastapi-offline (MIT) serves the Swagger UI 5 bundle (Apache-2.0) from
+    # files in its wheel, under /static-offline-docs. No /redoc: ReDoc 2 still fetches
+    # its logo from cdn.redoc.ly (tests/browser catches any request off loopback).
+    app = FastAPIOffline(
+        redoc_url=None,
         title="onceflow ingest",
         version="1",
         description="Submit jobs; each becomes one Kafka record keyed by its job id.",
         lifespan=_lifespan,
+        # Swagger UI would send the spec to validator.swagger.io for a badge.
+        swagger_ui_parameters={"validatorUrl": None},
     )
+    install_error_handlers(app)
     app.state.ingest = ingest
     app.add_middleware(RefuseNul)
     app.include_router(jobs.router)
@@ -93,10 +105,9 @@ class RefuseNul:
         if scope["type"] == "http" and (
             "\x00" in scope["path"] or b"%00" in scope.get("query_string", b"")
         ):
-            body = {
-                "error": "invalid_request",
-                "message": "NUL characters are not allowed in the URL",
-            }
-            await json_response(body, 400)(scope, receive, send)
+            body = ErrorBody(
+                error="invalid_request", message="NUL characters are not allowed in the URL"
+            )
+            await error_response(400, body, count=False)(scope, receive, send)
             return
         await self.app(scope, receive, send)

@@ -12,9 +12,10 @@ import hashlib
 import hmac
 import secrets
 
-from fastapi import HTTPException, Request
+from fastapi import Request
 
 from onceflow.core.settings import SCOPES, ApiKey, Settings
+from producers.models import RequestError
 
 __all__ = ["SCOPES", "Authenticator", "hash_key", "new_key"]
 
@@ -41,7 +42,7 @@ class Authenticator:
         return found
 
     def authenticate(self, request: Request, scope: str) -> str:
-        """The caller's identity if its key holds ``scope``; else HTTPException 401/403."""
+        """The caller's identity if its key holds ``scope``; else RequestError 401/403."""
         if self.disabled:
             return request.client.host if request.client else "anonymous"
         presented = _presented_key(request)
@@ -51,19 +52,12 @@ class Authenticator:
         if key is None:
             raise _unauthorized("unknown API key")
         if scope not in key.scopes:
-            raise HTTPException(
-                403,
-                {"error": "forbidden", "message": f"key {key.name!r} lacks scope {scope!r}"},
-            )
+            raise RequestError(403, "forbidden", f"key {key.name!r} lacks scope {scope!r}")
         return key.name
 
 
-def _unauthorized(message: str) -> HTTPException:
-    return HTTPException(
-        401,
-        {"error": "unauthorized", "message": message},
-        headers={"WWW-Authenticate": "Bearer"},
-    )
+def _unauthorized(message: str) -> RequestError:
+    return RequestError(401, "unauthorized", message, headers={"WWW-Authenticate": "Bearer"})
 
 
 def _presented_key(request: Request) -> str | None:

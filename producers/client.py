@@ -12,9 +12,15 @@ from onceflow.core.errors import OnceflowError
 
 
 class SubmitError(OnceflowError):
+    """A refusal. Every error answer of ingest has one shape (``ErrorBody``): ``error``
+    (a code), ``message``, and the ``fields``/``accepted``/``rejected``/``details``
+    that apply; a body without it (a proxy's page) is kept as text."""
+
     def __init__(self, status: int, body: Any) -> None:
-        message = body.get("message") if isinstance(body, dict) else str(body)
-        super().__init__(f"ingest answered {status}: {message}")
+        shaped = isinstance(body, dict) and isinstance(body.get("message"), str)
+        self.error: str = str(body.get("error", "")) if shaped else ""
+        message = body["message"] if shaped else str(body)[:200]
+        super().__init__(f"ingest answered {status} {self.error}: {message}".replace(" :", ":"))
         self.status = status
         self.body = body
 

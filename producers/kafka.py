@@ -20,6 +20,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from onceflow.core.envelope import JobEnvelope
 from onceflow.core.settings import Settings
+from producers.broker_link import RECONNECT_BACKOFF_MAX_MS, BrokerLink
 from producers.metrics import KAFKA_ERRORS, PRODUCE_LATENCY, QUEUE_DEPTH
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,10 @@ class Ack:
 
 
 class JobSender(Protocol):
-    """What the HTTP layer needs of a producer (``JobProducer``, or a test double)."""
+    """What the HTTP layer needs of a producer (``JobProducer``, or a test double).
+
+    ``send`` raises :class:`KafkaUnreachable` (nothing produced) while no broker is
+    connected; otherwise it answers one ``Ack`` per envelope."""
 
     async def send(self, envelopes: Sequence[JobEnvelope]) -> list[Ack]: ...
 
@@ -62,6 +66,7 @@ def producer_config(settings: Settings) -> dict[str, object]:
         "request.timeout.ms": min(timeout_ms, 30000),
         "queue.buffering.max.messages": 500000,
         "queue.buffering.max.kbytes": 262144,
+        "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,
     }
 
 
@@ -69,10 +74,13 @@ class JobProducer:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.topic = settings.jobs_topic
-        self._producer = Producer(producer_config(settings), logger=log)
+        self.link = BrokerLink()
+        config = {**producer_config(settings), "error_cb": self.link.on_error}
+        self._producer = Producer(config, logger=log)
         self._running = True
         self._poller = threading.Thread(target=self._poll, name="kafka-poll", daemon=True)
         self._poller.start()
+        self.link.watch(self._answers)
 
     def _poll(self) -> None:
         while self._running:
@@ -84,7 +92,10 @@ class JobProducer:
 
         The reports of one request are collected on librdkafka's poll thread and hand
         the event loop ONE wake-up when the last arrives (not one per record).
+        Raises :class:`KafkaUnreachable` at once, producing nothing, while no broker
+        is connected.
         """
+        self.link.check()
         loop = asyncio.get_running_loop()
         started = loop.time()
         reports = _Reports(loop, len(envelopes))
@@ -116,11 +127,13 @@ class JobProducer:
 
     def _produce(self, env: JobEnvelope, index: int, reports: _Reports) -> None:
         job_id = env.job_id
+        link = self.link
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
                 reports.record(index, Ack(job_id, error=err.str()))
             else:
+                link.on_delivered()
                 reports.record(index, Ack(job_id, msg.partition(), msg.offset()))
 
         try:
@@ -136,7 +149,13 @@ class JobProducer:
         except Exception as exc:  # KafkaException for a record librdkafka refuses
             reports.record(index, Ack(job_id, error=str(exc)))
 
+    def _answers(self, timeout: float) -> bool:
+        """Does a broker answer a metadata request (the link watcher's probe)?"""
+        return bool(self._producer.list_topics(self.topic, timeout=timeout).brokers)
+
     def ready(self, timeout: float = 2.0) -> bool:
+        if not self.link.up:  # known at once: no 2 s wait for a broker that is gone
+            return False
         try:
             md = self._producer.list_topics(self.topic, timeout=timeout)
         except Exception:
@@ -146,6 +165,7 @@ class JobProducer:
 
     def close(self, timeout: float = 30.0) -> int:
         """Flush what is queued (clean shutdown); return records still undelivered."""
+        self.link.stop()
         remaining = self._producer.flush(timeout)
         self._running = False
         self._poller.join(timeout=2)

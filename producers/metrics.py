@@ -20,3 +20,9 @@ QUEUE_DEPTH = Gauge(
     "onceflow_ingest_producer_queue_depth", "Records waiting in the producer's local queue"
 )
 KAFKA_ERRORS = Counter("onceflow_ingest_kafka_errors_total", "Records Kafka did not acknowledge")
+DEPENDENCY_UP = Gauge(
+    "onceflow_ingest_dependency_up",
+    "1 while ingest reaches the dependency (kafka: a broker connection; postgres: used"
+    " by the admin API only, never part of readiness), else 0",
+    ["dependency"],
+)

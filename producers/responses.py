@@ -16,7 +16,11 @@ def json_response(body: object, status: int, headers: dict[str, str] | None = No
     )
 
 
-def error_response(status: int, body: ErrorBody, headers: dict[str, str] | None = None) -> Response:
-    """An ``ErrorBody`` answer, counted in ``onceflow_ingest_requests_total``."""
-    REQUESTS.labels(str(status)).inc()
+def error_response(
+    status: int, body: ErrorBody, headers: dict[str, str] | None = None, count: bool = True
+) -> Response:
+    """An ``ErrorBody`` answer, counted in ``onceflow_ingest_requests_total`` (which
+    counts the submit path's answers only) unless ``count`` is false."""
+    if count:
+        REQUESTS.labels(str(status)).inc()
     return json_response(body.model_dump(), status, headers)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import signal
+from http.server import ThreadingHTTPServer
 
 import uvicorn
 
@@ -12,7 +13,8 @@ from onceflow.core.logs import setup_logging
 from onceflow.core.settings import Settings
 from onceflow.core.vocabulary import Process
 from producers.api import create_app
-from producers.kafka import JobProducer
+from producers.kafka import JobProducer, JobSender
+from producers.metrics import DEPENDENCY_UP
 from workflow_engine.store.db import database_ready
 
 
@@ -20,14 +22,7 @@ def serve(settings: Settings) -> None:
     setup_logging(settings.log_level, settings.log_format, Process.INGEST)
 
     producer = JobProducer(settings)
-
-    def ready() -> dict[str, bool]:
-        state = {"kafka": producer.ready()}
-        if settings.admin_api_enabled:
-            state["postgres"] = database_ready(settings.database_url)
-        return state
-
-    serve_metrics_and_health(settings.ingest_metrics_port, ready)
+    start_probe_server(settings, producer)
     # uvicorn drains on SIGTERM/SIGINT (stops accepting, finishes requests, runs the
     # lifespan shutdown that flushes the producer), then re-raises the signal against
     # the handler found at start. A no-op handler there makes a clean drain exit 0.
@@ -46,4 +41,32 @@ def serve(settings: Settings) -> None:
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=30,
+    )
+
+
+def start_probe_server(
+    settings: Settings, producer: JobSender, host: str = "0.0.0.0"
+) -> ThreadingHTTPServer:
+    """The metrics port's probes. Ready means Kafka answers, nothing else: submissions
+    need only Kafka, and an ingest pulled from service while PostgreSQL is down would
+    drop the very buffer that outage needs. PostgreSQL (the admin API's, when enabled)
+    is reported in ``/readyz/details`` and ``onceflow_ingest_dependency_up``."""
+
+    def optional() -> dict[str, bool]:
+        if not settings.admin_api_enabled:
+            return {}
+        return {"postgres": database_ready(settings.database_url)}
+
+    def gauges(state: dict[str, bool]) -> None:
+        # "kafka" is the producer's connection, set by its BrokerLink as it changes.
+        for dependency, up in state.items():
+            if dependency != "kafka":
+                DEPENDENCY_UP.labels(dependency).set(1 if up else 0)
+
+    return serve_metrics_and_health(
+        settings.ingest_metrics_port,
+        lambda: {"kafka": producer.ready()},
+        host,
+        informational=optional,
+        on_state=gauges,
     )

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tools the deployment tests need, installed when missing:
 #   prometheus + promtool and docker-compose from Debian's packages,
+#   chromium + chromium-driver from Debian's packages (tests/browser; selenium drives them),
 #   helm built from source with `go install` (pinned), into $(go env GOPATH)/bin.
 set -euo pipefail
 
@@ -9,6 +10,8 @@ missing=()
 command -v prometheus >/dev/null || missing+=(prometheus)
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v docker-compose >/dev/null || missing+=(docker-compose)
+[[ -x /usr/bin/chromium ]] || missing+=(chromium)
+[[ -x /usr/bin/chromedriver ]] || missing+=(chromium-driver)
 if ((${#missing[@]})); then
   if [[ $(id -u) -ne 0 ]]; then
     echo "install-tools: please install ${missing[*]} (Debian packages; needs root)" >&2

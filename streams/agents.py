@@ -97,16 +97,22 @@ def _build_handler(settings: Settings) -> BatchHandler:
     # Registered names decide what a record is: a workflow, a task, or a dead letter.
     load_workflow_modules(settings.workflow_modules)
     engine = make_engine(settings.database_url, pool_size=settings.streams_concurrency + 1)
-    dlq = Producer(
+    return BatchHandler(settings, engine, lambda: dlq_producer(settings))
+
+
+def dlq_producer(settings: Settings) -> Producer:
+    """The dead-letter producer: its record limit is the topics' (README, "The record
+    format"); the writer keeps each letter under it."""
+    return Producer(
         {
             "bootstrap.servers": settings.kafka_bootstrap_servers,
             "client.id": "onceflow-streams-dlq",
             "enable.idempotence": True,
             "acks": "all",
             "partitioner": "murmur2_random",
+            "message.max.bytes": settings.kafka_max_message_bytes,
         }
     )
-    return BatchHandler(settings, engine, dlq)
 
 
 def _raw_record(event: EventT) -> RawRecord:

@@ -1,7 +1,8 @@
 """The one Faust app of the streams worker process, built from the settings it is given.
 
-Its id is the Kafka consumer group. Topics are created beforehand (``onceflow topics
-create``), so the app never declares them; there are no tables, so no changelogs.
+Its id is the Kafka consumer group; its fetch size is above the topics' record limit.
+Topics are created beforehand (``onceflow topics create``), so the app never declares
+them; there are no tables, so no changelogs.
 Nothing here runs at import: ``streams.worker.run_worker`` builds the app, declares
 the topic and registers the agent, all from one ``Settings``.
 """
@@ -29,4 +30,7 @@ def create_app(settings: Settings) -> faust.App:
         broker_heartbeat_interval=settings.streams_session_timeout_seconds / 4,
         datadir=str(datadir),
         stream_buffer_maxsize=max(4096, settings.streams_batch_size * 2),
+        # Per partition, at least one whole record batch of the largest size the topic
+        # takes, so a big record is fetched (and dead-lettered), never stalled on.
+        consumer_max_fetch_size=settings.kafka_max_message_bytes + 64 * 1024,
     )

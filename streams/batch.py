@@ -21,7 +21,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any, TypeVar
 
 import sqlalchemy.exc as sa_exc
@@ -30,13 +29,13 @@ from sqlalchemy.engine import Engine
 from tenacity import Retrying, retry_if_exception_type, stop_never, wait_exponential_jitter
 
 from onceflow.core.settings import Settings
-from onceflow.core.vocabulary import JobKind
+from onceflow.core.vocabulary import DeadLetterReason, JobKind
+from streams.dead_letters import DeadLetterWriter
 from streams.metrics import (
     BATCH_SIZE,
     CREATED,
     DB_LATENCY,
     DB_RETRIES,
-    DEAD_LETTERED,
     DUPLICATES,
     IN_FLIGHT,
     MISMATCHES,
@@ -67,13 +66,18 @@ class BatchHandler:
         self,
         settings: Settings,
         engine: Engine,
-        dlq: Producer,
+        make_dlq_producer: Callable[[], Producer],
         kind_of: Callable[[str], str | None] = registered_kind,
     ) -> None:
         self.settings = settings
         self.engine = engine
-        self.dlq = dlq
+        self.dead_letters = DeadLetterWriter(
+            settings, engine, make_dlq_producer, self.with_db_retry
+        )
         self.kind_of = kind_of
+        # The records of the batch being handled, by position: a delivery that must be
+        # dead-lettered later (refused by the database, a failed task) goes as it came.
+        self._records: dict[tuple[str, int, int], RawRecord] = {}
         self._commits = 0
         self._lock = threading.Lock()
         self._failpoint_after = _parse_failpoint(settings.failpoint, "streams.after_db_commit")
@@ -83,6 +87,7 @@ class BatchHandler:
         BATCH_SIZE.observe(len(records))
         for rec in records:
             RECORDS.labels(rec.topic, str(rec.partition)).inc()
+        self._records = {(r.topic, r.partition, r.offset): r for r in records}
         deliveries, dead = classify(records, MAX_RECORD_BYTES, self.kind_of)
         if dead:
             await asyncio.to_thread(self._dead_letter, dead)
@@ -105,8 +110,8 @@ class BatchHandler:
         )
         slots = asyncio.Semaphore(self.settings.streams_concurrency)
 
-        def dead_letter(job_id: str, reason: str) -> None:
-            self._dead_letter([DeadLetter(_as_record(first[job_id]), reason)])
+        def dead_letter(job_id: str, reason: DeadLetterReason, detail: str) -> None:
+            self._dead_letter([DeadLetter(self._as_record(first[job_id]), reason, detail, job_id)])
 
         async def one(pending: task_runs.PendingTask) -> None:
             async with slots:
@@ -155,53 +160,27 @@ class BatchHandler:
             try:
                 total.add(self.with_db_retry(create_instances, self.engine, [delivery]))
             except sa_exc.DBAPIError as exc:
-                self._dead_letter(
-                    [DeadLetter(_as_record(delivery), f"database rejected: {exc.orig}")]
+                letter = DeadLetter(
+                    self._as_record(delivery),
+                    DeadLetterReason.DATABASE_REFUSED,
+                    f"database rejected: {exc.orig}",
+                    delivery.envelope.job_id,
                 )
+                self._dead_letter([letter])
         return total
 
     def _dead_letter(self, dead: list[DeadLetter]) -> None:
         """Write dead letters and wait for Kafka's acknowledgement (retrying forever)."""
-        pending = list(dead)
-        while pending:
-            failed = self._produce_dead(pending)
-            for letter in pending:
-                if letter not in failed:
-                    DEAD_LETTERED.labels(_reason_label(letter.reason)).inc()
-                    log.warning(
-                        "record dead-lettered: %s",
-                        letter.reason,
-                        extra={
-                            "event": "record.dead_lettered",
-                            "reason": letter.reason,
-                            "topic": letter.record.topic,
-                            "partition": letter.record.partition,
-                            "offset": letter.record.offset,
-                            "job_id": (letter.record.key or b"").decode(errors="replace"),
-                        },
-                    )
-            if failed:
-                log.error(
-                    "dead-letter topic did not acknowledge %d records; retrying",
-                    len(failed),
-                    extra={"event": "streams.dlq_retry"},
-                )
-                time.sleep(1.0)
-            pending = failed
+        if dead:
+            self.dead_letters.write(dead)
 
-    def _produce_dead(self, letters: list[DeadLetter]) -> list[DeadLetter]:
-        """Produce, flush, and return the letters Kafka did not acknowledge."""
-        failed: list[DeadLetter] = []
-        for letter in letters:
-            self.dlq.produce(
-                self.settings.dlq_topic,
-                key=letter.record.key,
-                value=letter.record.value,
-                headers=letter.headers(),
-                on_delivery=partial(_collect_failed, failed, letter),
-            )
-        self.dlq.flush()
-        return failed
+    def _as_record(self, d: Delivery) -> RawRecord:
+        """The record a delivery came from, as consumed (for the dead-letter topic)."""
+        found = self._records.get((d.topic, d.partition, d.offset))
+        if found is not None:
+            return found
+        env = d.envelope
+        return RawRecord(d.topic, d.partition, d.offset, env.key(), env.encode(), env.headers())
 
     def _after_commit(self) -> None:
         with self._lock:
@@ -256,19 +235,6 @@ def _first_by_job(deliveries: list[Delivery]) -> dict[str, Delivery]:
     return first
 
 
-def _as_record(d: Delivery) -> RawRecord:
-    """The record a delivery came from (for the dead-letter topic)."""
-    env = d.envelope
-    return RawRecord(d.topic, d.partition, d.offset, env.key(), env.encode(), env.headers())
-
-
-def _collect_failed(
-    failed: list[DeadLetter], letter: DeadLetter, err: object, _msg: object
-) -> None:
-    if err is not None:
-        failed.append(letter)
-
-
 def _log_retry(retry_state) -> None:
     DB_RETRIES.inc()
     exc = retry_state.outcome.exception() if retry_state.outcome else None
@@ -278,21 +244,6 @@ def _log_retry(retry_state) -> None:
         retry_state.next_action.sleep if retry_state.next_action else 0,
         extra={"event": "streams.db_retry", "attempt": retry_state.attempt_number},
     )
-
-
-def _reason_label(reason: str) -> str:
-    for prefix in (
-        "value is not JSON",
-        "invalid job_id",
-        "missing workflow",
-        "record is",
-        "database rejected",
-        "params must",
-        "unsupported envelope",
-    ):
-        if reason.startswith(prefix):
-            return prefix.replace(" ", "_")
-    return "invalid_envelope"
 
 
 def _parse_failpoint(spec: str, name: str) -> int | None:

@@ -16,7 +16,17 @@ MISMATCHES = Counter(
     "Duplicate deliveries whose params differ from the first delivery's",
 )
 DEAD_LETTERED = Counter(
-    "onceflow_streams_dead_lettered_total", "Records sent to the dead-letter topic", ["reason"]
+    "onceflow_streams_dead_lettered_total",
+    "Records sent to the dead-letter topic, by reason code (DeadLetterReason)",
+    ["reason"],
+)
+DEAD_LETTERS_TRUNCATED = Counter(
+    "onceflow_streams_dead_letters_truncated_total",
+    "Dead letters that keep only a prefix of a record too large for the dead-letter topic",
+)
+DLQ_RETRIES = Counter(
+    "onceflow_streams_dlq_retries_total",
+    "Dead-letter writes retried (smaller after a size refusal, or after a broker error)",
 )
 BATCH_SIZE = Histogram(
     "onceflow_streams_batch_size",

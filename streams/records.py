@@ -9,8 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from onceflow.core.envelope import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, JobEnvelope, KafkaHeaders
+from onceflow.core.envelope import JobEnvelope, KafkaHeaders
 from onceflow.core.errors import InvalidEnvelope
+from onceflow.core.ids import is_valid_job_id
+from onceflow.core.vocabulary import DeadLetterReason
 from workflow_engine.definitions import get_task, get_workflow
 from workflow_engine.store.instances import Delivery
 
@@ -25,19 +27,26 @@ class RawRecord:
     headers: KafkaHeaders
     timestamp: float | None = None  # the Kafka record's timestamp (seconds)
 
+    @property
+    def source(self) -> str:
+        """Where it came from: ``topic/partition@offset``."""
+        return f"{self.topic}/{self.partition}@{self.offset}"
+
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    record: RawRecord
-    reason: str
+    """A record bound for the dead-letter topic: the code, and the text saying why."""
 
-    def headers(self) -> KafkaHeaders:
-        source = f"{self.record.topic}/{self.record.partition}@{self.record.offset}"
-        return [
-            *self.record.headers,
-            (HEADER_DLQ_REASON, self.reason.encode()),
-            (HEADER_DLQ_SOURCE, source.encode()),
-        ]
+    record: RawRecord
+    reason: DeadLetterReason
+    detail: str
+    job_id: str | None = None  # the job id the record named, when it named a valid one
+
+    @classmethod
+    def of(
+        cls, record: RawRecord, reason: DeadLetterReason, detail: str, job_id: str | None = None
+    ) -> DeadLetter:
+        return cls(record, reason, detail, job_id or _key_job_id(record.key))
 
 
 def classify(
@@ -54,18 +63,18 @@ def classify(
     dead: list[DeadLetter] = []
     for rec in records:
         if rec.value is not None and len(rec.value) > max_value_bytes:
-            dead.append(
-                DeadLetter(rec, f"record is {len(rec.value)} bytes, limit {max_value_bytes}")
-            )
+            detail = f"record value is {len(rec.value)} bytes, the limit is {max_value_bytes}"
+            dead.append(DeadLetter.of(rec, DeadLetterReason.TOO_LARGE, detail))
             continue
         try:
-            env = JobEnvelope.decode(rec.key, rec.value)
+            env = JobEnvelope.decode(rec.key, rec.value, rec.headers, rec.timestamp)
         except InvalidEnvelope as exc:
-            dead.append(DeadLetter(rec, str(exc)))
+            dead.append(DeadLetter.of(rec, exc.reason, exc.detail))
             continue
         kind = kind_of(env.workflow)
         if kind is None:
-            dead.append(DeadLetter(rec, f"unknown workflow or task type {env.workflow!r}"))
+            detail = f"unknown workflow or task type {env.workflow!r}"
+            dead.append(DeadLetter.of(rec, DeadLetterReason.UNKNOWN_TYPE, detail, env.job_id))
             continue
         enqueued = datetime.fromtimestamp(rec.timestamp, UTC) if rec.timestamp else None
         deliveries.append(Delivery(env, rec.topic, rec.partition, rec.offset, kind, enqueued))
@@ -76,7 +85,8 @@ def split_by_partition(deliveries: list[Delivery], groups: int) -> list[list[Del
     """At most ``groups`` chunks; all records of one partition stay in one chunk, in order.
 
     Each chunk is one transaction. Keeping a partition together means the same job id
-    (always on one partition) is never written by two concurrent transactions.
+    (always on one partition when keyed) is never written by two of our transactions
+    at once.
     """
     by_partition: dict[tuple[str, int], list[Delivery]] = {}
     for d in deliveries:
@@ -94,3 +104,13 @@ def registered_kind(name: str) -> str | None:
     if get_workflow(name) is not None:
         return "workflow"
     return None
+
+
+def _key_job_id(key: bytes | None) -> str | None:
+    if key is None or len(key) > 100:
+        return None
+    try:
+        text = key.decode()
+    except UnicodeDecodeError:
+        return None
+    return text if is_valid_job_id(text) else None

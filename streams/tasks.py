@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from sqlalchemy.engine import Engine
 
-from onceflow.core.vocabulary import TaskRunStatus
+from onceflow.core.vocabulary import DeadLetterReason, TaskRunStatus
 from streams.metrics import TASKS
 from workflow_engine.definitions import TaskDef, get_task
 from workflow_engine.errors import NonRetryableError
@@ -30,15 +30,14 @@ log = logging.getLogger(__name__)
 def run_task(
     engine: Engine,
     pending: PendingTask,
-    dead_letter: Callable[[str, str], None],
+    dead_letter: Callable[[str, DeadLetterReason, str], None],
     with_db_retry: Callable[..., Any],
 ) -> str:
     """Run one task to success or the dead-letter topic; return the outcome."""
     definition: TaskDef | None = get_task(pending.task)
     if definition is None:  # unregistered since it was accepted: nothing can run it here
-        return _give_up(
-            engine, pending, f"unknown task {pending.task!r}", dead_letter, with_db_retry
-        )
+        unknown = (DeadLetterReason.UNKNOWN_TYPE, f"unknown task {pending.task!r}")
+        return _give_up(engine, pending, unknown, dead_letter, with_db_retry)
     attempt = pending.attempts
     while True:
         attempt += 1
@@ -50,8 +49,9 @@ def run_task(
                 attempt > definition.max_retries
             )
             if final:
-                reason = f"task {pending.task!r} failed after {attempt} attempt(s): {error}"
-                return _give_up(engine, pending, reason, dead_letter, with_db_retry)
+                detail = f"task {pending.task!r} failed after {attempt} attempt(s): {error}"
+                failed = (DeadLetterReason.TASK_FAILED, detail)
+                return _give_up(engine, pending, failed, dead_letter, with_db_retry)
             with_db_retry(record_attempt, engine, pending.job_id, RETRY, None, error)
             _report(pending, attempt, RETRY, error)
             time.sleep(definition.delay)
@@ -76,15 +76,21 @@ def _report(pending: PendingTask, attempt: int, outcome: str, error: str | None 
         log.warning("task attempt %d failed: %s", attempt, error, extra=extra)
 
 
-def _give_up(engine, pending, reason, dead_letter, with_db_retry) -> str:
-    dead_letter(pending.job_id, reason)
+def _give_up(engine, pending, why: tuple[DeadLetterReason, str], dead_letter, with_db_retry) -> str:
+    reason, detail = why
+    dead_letter(pending.job_id, reason, detail)
     dead = TaskRunStatus.DEAD_LETTERED
-    with_db_retry(record_attempt, engine, pending.job_id, dead, None, reason)
+    with_db_retry(record_attempt, engine, pending.job_id, dead, None, detail)
     TASKS.labels(pending.task, dead).inc()
     log.warning(
         "task dead-lettered: %s",
-        reason,
-        extra={"event": "task.dead_lettered", "job_id": pending.job_id, "task": pending.task},
+        detail,
+        extra={
+            "event": "task.dead_lettered",
+            "job_id": pending.job_id,
+            "task": pending.task,
+            "reason": str(reason),
+        },
     )
     return dead
 

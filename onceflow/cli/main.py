@@ -176,12 +176,15 @@ def instances() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def instances_describe(workflow: str, job_id: str, as_json: bool) -> None:
     """Show one instance's status and each step's state."""
-    from onceflow.cli.render import render_instance
+    from onceflow.cli.render import describe_elsewhere, render_instance
     from workflow_engine.store.instances import describe_instance
 
-    view = describe_instance(_db(), job_id)
+    engine = _db()
+    view = describe_instance(engine, job_id)
     if view is None or view.workflow != workflow:
-        raise OnceflowError(f"no instance of {workflow!r} with job id {job_id!r}")
+        # Say what the id *is* (another workflow's instance, a task run, a dead letter)
+        # rather than "no instance": a wrong guess at the type is the usual mistake.
+        raise OnceflowError(describe_elsewhere(engine, workflow, job_id, view))
     if as_json:
         click.echo(orjson.dumps(view.to_dict(), option=orjson.OPT_INDENT_2, default=str))
     else:

@@ -3,8 +3,11 @@ and a job's timeline (``onceflow trace``)."""
 
 from __future__ import annotations
 
+from sqlalchemy.engine import Engine
+
 from onceflow.core.vocabulary import StepKind, StepStatus
-from workflow_engine.store.instances import InstanceView
+from workflow_engine.store.dead_letters import DeadLetterView, dead_letters_for
+from workflow_engine.store.instances import InstanceView, job_status
 from workflow_engine.store.trace import TraceEvent
 
 _STEP_LABELS = {StepKind.STEP: "step", StepKind.SLEEP: "sleep", StepKind.EVENT: "wait"}
@@ -16,11 +19,14 @@ def render_instance(view: InstanceView) -> str:
         f"workflow: {view.workflow}",
         f"status: {view.status}",
         f"submitted: {view.submitted_at.isoformat() if view.submitted_at else '-'}"
-        f" (request {view.request_id or '-'})",
+        f" ({view.provenance})",
         f"created from: {view.source} at {view.created_at.isoformat()}",
         f"duplicates collapsed: {view.duplicates}"
-        f" ({view.redeliveries} redeliveries, {view.mismatches} with different params)",
+        f" ({view.redeliveries} redeliveries, {view.mismatches} with different params,"
+        f" {view.workflow_mismatches} naming another workflow)",
     ]
+    if view.dead_letters:
+        lines.append(f"records of this id dead-lettered: {view.dead_letters}")
     for step in view.steps:
         state = str(step.status)
         if step.kind == StepKind.STEP and (step.status == StepStatus.RUNNING or step.attempts > 1):
@@ -45,3 +51,31 @@ def render_trace(job_id: str, events: list[TraceEvent]) -> str:
         at = e.at.isoformat(timespec="milliseconds") if e.at else "-"
         lines.append(f"  {at:<29}  {e.layer:<8}  {e.event:<22}  {e.detail}")
     return "\n".join(lines)
+
+
+def describe_elsewhere(
+    engine: Engine, workflow: str, job_id: str, view: InstanceView | None
+) -> str:
+    """Why ``instances describe <workflow> <job_id>`` found no such instance: the id
+    belongs to another workflow, is a task run, was dead-lettered, or is unknown."""
+    if view is not None:
+        return (
+            f"job id {job_id!r} belongs to workflow {view.workflow!r}"
+            f" (status {view.status}), not {workflow!r}"
+        )
+    status = job_status(engine, job_id)
+    if status is not None:
+        return (
+            f"job id {job_id!r} is a task run of {status['task']!r}"
+            f" (status {status['status']}), not an instance of {workflow!r}"
+        )
+    dead = dead_letters_for(engine, job_id)
+    if dead:
+        return f"job id {job_id!r} has no instance: it was " + render_dead_letter(dead[-1])
+    return f"no instance of {workflow!r} with job id {job_id!r}"
+
+
+def render_dead_letter(dead: DeadLetterView) -> str:
+    """One dead letter in words: why, and where it was and went."""
+    detail = f" ({dead.detail})" if dead.detail else ""
+    return f"dead-lettered: {dead.reason}{detail}; record {dead.source}, dead letter {dead.dlq}"

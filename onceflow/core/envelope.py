@@ -6,20 +6,35 @@ a consumer, a DLQ reader or ``kcat`` can see them without parsing the value.
     {"v": 1, "job_id": "job_01J…", "workflow": "order-workflow", "params": {…},
      "request_id": "req_01J…", "submitted_at": "2026-11-29T16:00:00.123+00:00",
      "traceparent": "00-…-…-01"}
+
+Only ``job_id``, ``workflow`` and ``params`` are required: a producer writing the topic
+directly (kcat, a Java or Go client) may leave out ``v`` (1) and ``submitted_at`` (the
+Kafka record's timestamp), and may send the record without a key. The README's "The
+record format" section is the documentation of this module, including the rule for
+evolving ``v``.
+
+Provenance: ingest stamps every record with the ``onceflow-request-id`` header. A
+record without it was produced directly to Kafka: its envelope has ``request_id``
+None and ``origin`` :attr:`Origin.KAFKA`.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 import orjson
 
 from onceflow.core.errors import InvalidEnvelope
 from onceflow.core.ids import is_valid_job_id
+from onceflow.core.vocabulary import DeadLetterReason
 
+#: The newest record format this code reads and the one it writes. Records without
+#: ``v`` are version 1; a higher version is dead-lettered (``unsupported_version``).
 ENVELOPE_VERSION = 1
 
 # Kafka record headers as confluent-kafka takes them.
@@ -30,8 +45,22 @@ HEADER_REQUEST_ID = "onceflow-request-id"
 HEADER_SUBMITTED_AT = "onceflow-submitted-at"
 HEADER_WORKFLOW = "onceflow-workflow"
 HEADER_TRACEPARENT = "traceparent"
+# On dead letters (the DLQ topic): the reason code, the human text, where it came from.
 HEADER_DLQ_REASON = "onceflow-dlq-reason"
+HEADER_DLQ_DETAIL = "onceflow-dlq-detail"
 HEADER_DLQ_SOURCE = "onceflow-dlq-source"
+# ... and the original value's size and sha256, and whether only a prefix was kept.
+HEADER_DLQ_ORIGINAL_SIZE = "onceflow-dlq-original-size"
+HEADER_DLQ_SHA256 = "onceflow-dlq-sha256"
+HEADER_DLQ_TRUNCATED = "onceflow-dlq-truncated"
+
+
+class Origin(StrEnum):
+    """Where a record came from: ingest (``http``), or a producer writing the topic
+    directly (``kafka``)."""
+
+    HTTP = "http"
+    KAFKA = "kafka"
 
 
 def params_digest(params: Any) -> str:
@@ -52,70 +81,125 @@ class JobEnvelope:
     job_id: str
     workflow: str
     params: dict[str, Any]
-    request_id: str = ""
+    request_id: str | None = None  # None: not through ingest (produced directly to Kafka)
     submitted_at: datetime = field(default_factory=_now)
     traceparent: str = ""
+
+    @property
+    def origin(self) -> Origin:
+        """``http`` for a record ingest wrote (it has a request id), else ``kafka``."""
+        return Origin.HTTP if self.request_id else Origin.KAFKA
 
     def key(self) -> bytes:
         return self.job_id.encode()
 
     def encode(self) -> bytes:
-        return orjson.dumps(
-            {
-                "v": ENVELOPE_VERSION,
-                "job_id": self.job_id,
-                "workflow": self.workflow,
-                "params": self.params,
-                "request_id": self.request_id,
-                "submitted_at": self.submitted_at.isoformat(timespec="microseconds"),
-                "traceparent": self.traceparent,
-            }
-        )
+        doc: dict[str, Any] = {
+            "v": ENVELOPE_VERSION,
+            "job_id": self.job_id,
+            "workflow": self.workflow,
+            "params": self.params,
+        }
+        if self.request_id:
+            doc["request_id"] = self.request_id
+        doc["submitted_at"] = self.submitted_at.isoformat(timespec="microseconds")
+        if self.traceparent:
+            doc["traceparent"] = self.traceparent
+        return orjson.dumps(doc)
 
     def headers(self) -> KafkaHeaders:
         headers: KafkaHeaders = [
             (HEADER_JOB_ID, self.job_id.encode()),
             (HEADER_WORKFLOW, self.workflow.encode()),
-            (HEADER_REQUEST_ID, self.request_id.encode()),
-            (HEADER_SUBMITTED_AT, self.submitted_at.isoformat(timespec="microseconds").encode()),
         ]
+        if self.request_id:
+            headers.append((HEADER_REQUEST_ID, self.request_id.encode()))
+        at = self.submitted_at.isoformat(timespec="microseconds")
+        headers.append((HEADER_SUBMITTED_AT, at.encode()))
         if self.traceparent:
             headers.append((HEADER_TRACEPARENT, self.traceparent.encode()))
         return headers
 
     @classmethod
-    def decode(cls, key: bytes | None, value: bytes | None) -> JobEnvelope:
-        """Parse and validate a record; raise :class:`InvalidEnvelope` saying why not."""
-        if value is None:
-            raise InvalidEnvelope("record has no value")
-        try:
-            doc = orjson.loads(value)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidEnvelope(f"value is not JSON: {exc}") from None
-        if not isinstance(doc, dict):
-            raise InvalidEnvelope("value is not a JSON object")
-        if doc.get("v") != ENVELOPE_VERSION:
-            raise InvalidEnvelope(f"unsupported envelope version {doc.get('v')!r}")
+    def decode(
+        cls,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, Any]] | None = None,
+        timestamp: float | None = None,
+    ) -> JobEnvelope:
+        """Parse and validate a record; raise :class:`InvalidEnvelope` saying why not.
+
+        ``headers`` are the record's headers: the request id (and so the origin) is
+        read from ``onceflow-request-id``; when they are not given at all, from the
+        body. ``timestamp`` (seconds) is the Kafka record's timestamp, the default of
+        ``submitted_at``.
+        """
+        doc = _json_object(value)
+        _check_version(doc.get("v", ENVELOPE_VERSION))
         job_id = doc.get("job_id")
         if not isinstance(job_id, str) or not is_valid_job_id(job_id):
-            raise InvalidEnvelope(f"invalid job_id {job_id!r}")
+            raise InvalidEnvelope(DeadLetterReason.INVALID_JOB_ID, f"invalid job_id {job_id!r}")
         if key is not None and key != job_id.encode():
-            raise InvalidEnvelope("record key does not match job_id")
+            raise InvalidEnvelope(
+                DeadLetterReason.KEY_MISMATCH,
+                f"record key {key[:200]!r} does not match job_id {job_id!r}",
+            )
         workflow = doc.get("workflow")
         if not isinstance(workflow, str) or not workflow:
-            raise InvalidEnvelope("missing workflow")
+            raise InvalidEnvelope(DeadLetterReason.MISSING_WORKFLOW, "missing workflow")
         params = doc.get("params")
         if not isinstance(params, dict):
-            raise InvalidEnvelope("params must be a JSON object")
-        try:
-            submitted_at = datetime.fromisoformat(doc["submitted_at"])
-        except (KeyError, TypeError, ValueError):
-            raise InvalidEnvelope("missing or invalid submitted_at") from None
+            raise InvalidEnvelope(DeadLetterReason.INVALID_PARAMS, "params must be a JSON object")
         return cls(
             job_id=job_id,
             workflow=workflow,
             params=params,
-            request_id=str(doc.get("request_id") or ""),
-            submitted_at=submitted_at,
+            request_id=_request_id(doc, headers),
+            submitted_at=_submitted_at(doc.get("submitted_at"), timestamp),
             traceparent=str(doc.get("traceparent") or ""),
         )
+
+
+def _json_object(value: bytes | None) -> dict[str, Any]:
+    if value is None:
+        raise InvalidEnvelope(DeadLetterReason.NO_VALUE, "record has no value")
+    try:
+        doc = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidEnvelope(DeadLetterReason.NOT_JSON, f"value is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidEnvelope(DeadLetterReason.NOT_AN_OBJECT, "value is not a JSON object")
+    return doc
+
+
+def _check_version(v: Any) -> None:
+    # bool is an int in Python: `"v": true` is not version 1.
+    if type(v) is not int or not 1 <= v <= ENVELOPE_VERSION:
+        raise InvalidEnvelope(
+            DeadLetterReason.UNSUPPORTED_VERSION,
+            f"unsupported envelope version {v!r} (this worker reads 1..{ENVELOPE_VERSION})",
+        )
+
+
+def _request_id(doc: dict[str, Any], headers: Sequence[tuple[str, Any]] | None) -> str | None:
+    if headers is None:
+        return str(doc.get("request_id") or "") or None
+    for name, raw in headers:
+        if name == HEADER_REQUEST_ID and raw:
+            text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+            return text or None
+    return None
+
+
+def _submitted_at(raw: Any, timestamp: float | None) -> datetime:
+    if raw is None:
+        return datetime.fromtimestamp(timestamp, UTC) if timestamp else _now()
+    try:
+        at = datetime.fromisoformat(raw)
+    except (TypeError, ValueError):
+        raise InvalidEnvelope(
+            DeadLetterReason.INVALID_SUBMITTED_AT,
+            f"invalid submitted_at {str(raw)[:100]!r} (ISO 8601 expected)",
+        ) from None
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)

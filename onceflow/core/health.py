@@ -1,12 +1,22 @@
 """One small HTTP server per process, on its metrics port: ``/metrics`` (Prometheus),
-``/healthz`` (the process is alive) and ``/readyz`` (its dependencies answer).
+``/healthz`` (the process is alive), ``/readyz`` (the dependencies it needs to do its
+job answer) and ``/readyz/details`` (every dependency it talks to, with its state and
+whether readiness depends on it).
+
+Readiness means "can do my job", so each process names only what it cannot work
+without (docs/operations.md): ingest Kafka (not PostgreSQL: the queue exists for the
+database's outages), the streams worker Kafka and PostgreSQL, the engine PostgreSQL.
+Other dependencies are ``informational``: listed in the details, never failing a probe.
 
 Kept apart from the ingest API port, so that probes and scrapes are never throttled or
-authenticated like job submissions, and never compete with them.
+authenticated like job submissions, and never compete with them. Errors (404, 503)
+have the API's one error shape: ``error``, ``message``, ``fields``, ``accepted``,
+``rejected``, ``details``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -42,25 +52,78 @@ class _Readiness:
             return dict(self._value)
 
 
+def _error(error: str, message: str, details: dict[str, str] | None = None) -> bytes:
+    """The API's one error shape (producers.models.ErrorBody), spelled out here: the
+    core layer does not import the ingest package."""
+    body = {
+        "error": error,
+        "message": message,
+        "fields": [],
+        "accepted": [],
+        "rejected": [],
+        "details": details or {},
+    }
+    return json.dumps(body).encode()
+
+
+def _word(ok: bool) -> str:
+    return "ok" if ok else "unavailable"
+
+
 def serve_metrics_and_health(
-    port: int, ready: ReadinessCheck, host: str = "0.0.0.0"
+    port: int,
+    ready: ReadinessCheck,
+    host: str = "0.0.0.0",
+    *,
+    informational: ReadinessCheck | None = None,
+    on_state: Callable[[dict[str, bool]], None] | None = None,
 ) -> ThreadingHTTPServer:
+    """Serve the probes and ``/metrics``. ``ready`` checks what the process needs;
+    ``informational`` what it only reports. ``on_state`` sees every fresh answer of
+    both (e.g. to set gauges); when given, a scrape refreshes them first (cached)."""
     readiness = _Readiness(ready)
+    info = _Readiness(informational or dict)
+
+    def state() -> tuple[dict[str, bool], dict[str, bool]]:
+        required, optional = readiness.get(), info.get()
+        if on_state is not None:
+            on_state({**optional, **required})
+        return required, optional
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?")[0]
             if path == "/metrics":
+                if on_state is not None:
+                    state()
                 self._send(200, generate_latest(), CONTENT_TYPE_LATEST)
             elif path == "/healthz":
                 self._send(200, b'{"status":"ok"}')
             elif path == "/readyz":
-                state = readiness.get()
-                ok = bool(state) and all(state.values())
-                body = ",".join(f'"{k}":"{"ok" if v else "unavailable"}"' for k, v in state.items())
-                self._send(200 if ok else 503, ("{" + body + "}").encode())
+                self._readyz(state()[0])
+            elif path == "/readyz/details":
+                required, optional = state()
+                deps = {k: {"state": _word(v), "required": False} for k, v in optional.items()}
+                deps.update({k: {"state": _word(v), "required": True} for k, v in required.items()})
+                ok = bool(required) and all(required.values())
+                self._send(200, json.dumps({"ready": ok, "dependencies": deps}).encode())
             else:
-                self._send(404, b'{"error":"not_found"}')
+                message = "no such path: /metrics, /healthz, /readyz, /readyz/details"
+                self._send(404, _error("not_found", message))
+
+        def _readyz(self, required: dict[str, bool]) -> None:
+            if required and all(required.values()):
+                self._send(200, json.dumps(dict.fromkeys(required, "ok")).encode())
+                return
+            down = sorted(k for k, v in required.items() if not v) or ["readiness check"]
+            self._send(
+                503,
+                _error(
+                    "not_ready",
+                    f"not ready: {', '.join(down)} unavailable",
+                    {k: _word(v) for k, v in required.items()},
+                ),
+            )
 
         def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
             self.send_response(status)

@@ -48,6 +48,11 @@ class Settings(BaseSettings):
     dlq_topic: str = "onceflow.jobs.dlq"
     topic_partitions: int = Field(default=4, ge=1)
     topic_replication_factor: int = Field(default=1, ge=1)
+    # The largest record batch the topics take (their `max.message.bytes`), the largest
+    # record the dead-letter producer sends (`message.max.bytes`), and what the worker
+    # fetches per partition at least. Keep the broker's `message.max.bytes` the same
+    # (tools/onceflow_tools/dev/server.properties); README, "The record format".
+    kafka_max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024)
 
     # --- ingest (producers/) ------------------------------------------------------
     ingest_host: str = "127.0.0.1"
@@ -84,6 +89,11 @@ class Settings(BaseSettings):
     streams_shutdown_grace_seconds: float = Field(default=30.0, gt=0)
     # How soon a dead worker's partitions move to the others (Kafka session timeout).
     streams_session_timeout_seconds: float = Field(default=10.0, ge=6)
+
+    # --- audit (onceflow audit) ---------------------------------------------------------
+    # With lag > 0, the committed offsets are read twice this far apart: if none moved,
+    # the consumer group is not making progress and the audit fails.
+    audit_progress_seconds: float = Field(default=5.0, ge=0)
 
     # --- workflow engine (workflow_engine/) ---------------------------------------
     # Instances are coroutines whose checkpoints share a group commit: more in flight

@@ -1,12 +1,30 @@
-"""Creating the topics (once, before the processes start)."""
+"""Creating the topics (once, before the processes start).
+
+Both topics get ``max.message.bytes = ONCEFLOW_KAFKA_MAX_MESSAGE_BYTES``, the same
+figure as the dead-letter producer's ``message.max.bytes`` and the broker's own
+``message.max.bytes``, so whatever the jobs topic took, the dead-letter topic takes a
+copy of (or, for a record that decompressed past it, a bounded prefix). Existing topics
+are brought to that limit too.
+"""
 
 from __future__ import annotations
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 
 from onceflow.core.errors import ServiceUnavailable
 from onceflow.core.settings import Settings
+
+
+def topic_config(settings: Settings) -> dict[str, str]:
+    """The per-topic settings both topics are created (or altered) with."""
+    return {"max.message.bytes": str(settings.kafka_max_message_bytes)}
 
 
 def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
@@ -18,10 +36,17 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
         raise ServiceUnavailable(
             f"Kafka unreachable at {settings.kafka_bootstrap_servers}: {exc}"
         ) from None
+    config = topic_config(settings)
     wanted = [
-        NewTopic(settings.jobs_topic, settings.topic_partitions, settings.topic_replication_factor),
-        NewTopic(settings.dlq_topic, settings.topic_partitions, settings.topic_replication_factor),
+        NewTopic(
+            name,
+            settings.topic_partitions,
+            settings.topic_replication_factor,
+            config=config,
+        )
+        for name in (settings.jobs_topic, settings.dlq_topic)
     ]
+    _align_limits(admin, [t.topic for t in wanted if t.topic in existing], config, timeout)
     missing = [t for t in wanted if t.topic not in existing]
     if not missing:
         return []
@@ -34,3 +59,24 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
     return created
+
+
+def _align_limits(
+    admin: AdminClient, topics: list[str], config: dict[str, str], timeout: float
+) -> None:
+    """Set the size limit on topics that already exist (an upgrade, or another tool)."""
+    if not topics:
+        return
+    resources = [
+        ConfigResource(
+            ConfigResource.Type.TOPIC,
+            name,
+            incremental_configs=[
+                ConfigEntry(name=k, value=v, incremental_operation=AlterConfigOpType.SET)
+                for k, v in config.items()
+            ],
+        )
+        for name in topics
+    ]
+    for future in admin.incremental_alter_configs(resources, request_timeout=timeout).values():
+        future.result()

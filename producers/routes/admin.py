@@ -16,18 +16,24 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Depends, HTTPException
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 
 from onceflow.core.vocabulary import InstanceStatus
 from producers.deps import DbDep, require
+from producers.errors import error_responses
+from producers.models import FieldError, RequestError
 from workflow_engine.store import control
 from workflow_engine.store.instances import describe_instance
 
 T = TypeVar("T")
 
-router = APIRouter(prefix="/v1/instances", tags=["instances"])
+router = APIRouter(
+    prefix="/v1/instances",
+    tags=["instances"],
+    responses=error_responses(400, 401, 403, 404, 409, 422),
+)
 _READ = [Depends(require("jobs:read"))]
 _CONTROL = [Depends(require("instances:control"))]
 
@@ -48,9 +54,9 @@ def _guarded(op: Callable[[], T]) -> T:
     try:
         return op()
     except control.InstanceNotFound as exc:
-        raise HTTPException(404, {"error": "not_found", "message": str(exc)}) from None
+        raise RequestError(404, "not_found", str(exc)) from None
     except control.ControlError as exc:
-        raise HTTPException(409, {"error": "conflict", "message": str(exc)}) from None
+        raise RequestError(409, "conflict", str(exc)) from None
 
 
 @router.get("", dependencies=_READ)
@@ -73,8 +79,11 @@ def _utc(moment: datetime) -> datetime:
     try:  # PostgreSQL takes offsets up to ±15:59 only: hand it UTC
         return moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)
     except OverflowError:
-        raise HTTPException(
-            422, {"error": "invalid_request", "message": "since is out of range"}
+        raise RequestError(
+            422,
+            "invalid_request",
+            "since is out of range",
+            [FieldError(field="query.since", reason="out of range")],
         ) from None
 
 
@@ -82,13 +91,7 @@ def _utc(moment: datetime) -> datetime:
 def describe(workflow: str, job_id: str, engine: DbDep) -> dict[str, Any]:
     view = describe_instance(engine, job_id)
     if view is None or view.workflow != workflow:
-        raise HTTPException(
-            404,
-            {
-                "error": "not_found",
-                "message": f"no instance of {workflow!r} with job id {job_id!r}",
-            },
-        )
+        raise RequestError(404, "not_found", f"no instance of {workflow!r} with job id {job_id!r}")
     return view.to_dict()
 
 

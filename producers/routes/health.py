@@ -10,7 +10,8 @@ import asyncio
 from fastapi import APIRouter, Response
 
 from producers.deps import IngestDep
-from producers.responses import json_response
+from producers.models import ErrorBody
+from producers.responses import error_response, json_response
 
 router = APIRouter(include_in_schema=False)
 
@@ -22,5 +23,12 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(ingest: IngestDep) -> Response:
-    ok = await asyncio.to_thread(ingest.sender().ready)
-    return json_response({"kafka": "ok" if ok else "unavailable"}, 200 if ok else 503)
+    """Ready when Kafka is: PostgreSQL is not asked (the queue exists for its outages)."""
+    if await asyncio.to_thread(ingest.sender().ready):
+        return json_response({"kafka": "ok"}, 200)
+    body = ErrorBody(
+        error="not_ready",
+        message="Kafka is unavailable",
+        details={"kafka": "unavailable"},
+    )
+    return error_response(503, body, count=False)

@@ -19,7 +19,9 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from onceflow.core.envelope import JobEnvelope
 from onceflow.core.ids import new_job_id, new_request_id, new_traceparent
 from onceflow.core.settings import Settings
+from producers.broker_link import KafkaUnreachable
 from producers.deps import DbDep, Ingest, IngestDep, require
+from producers.errors import error_responses
 from producers.kafka import Ack
 from producers.metrics import JOBS_ACCEPTED, JOBS_REJECTED, REQUESTS
 from producers.models import (
@@ -32,6 +34,7 @@ from producers.models import (
     parse_jobs,
 )
 from producers.responses import error_response, json_response
+from workflow_engine.store.dead_letters import DeadLetterView, dead_letters_for
 from workflow_engine.store.instances import job_status
 
 log = logging.getLogger(__name__)
@@ -54,13 +57,13 @@ _BODY_SCHEMA = {
         },
     }
 }
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody} for status in (400, 401, 403, 413, 429, 415, 422, 503)
-}
+_ERRORS = error_responses(400, 401, 403, 413, 415, 422, 429, 503)
 
 router = APIRouter(tags=["jobs"])
 #: Mounted with the admin API only (it reads the database).
-status_router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+status_router = APIRouter(
+    prefix="/v1/jobs", tags=["jobs"], responses=error_responses(400, 401, 403, 404, 410, 422)
+)
 
 
 @router.post(
@@ -142,7 +145,10 @@ async def _accept(request: Request, ingest: Ingest, jobs: list[JobIn]) -> Respon
     given = request.headers.get("x-request-id", "")
     request_id = given if _REQUEST_ID_RE.fullmatch(given) else new_request_id()
     envelopes, duplicates = _envelopes(jobs, request_id)
-    acks = await ingest.sender().send(envelopes)
+    try:
+        acks = await ingest.sender().send(envelopes)
+    except KafkaUnreachable as exc:
+        return _kafka_unreachable(exc, envelopes, request_id)
     accepted = [  # an acknowledged record always has its partition and offset
         JobAccepted(job_id=a.job_id, partition=a.partition, offset=a.offset)
         for a in acks
@@ -217,12 +223,33 @@ def _kafka_refused(
     return error_response(503, body, headers)
 
 
+def _kafka_unreachable(
+    exc: KafkaUnreachable, envelopes: list[JobEnvelope], request_id: str
+) -> Response:
+    """The 503 given at once while no broker is connected: nothing was written."""
+    rejected = [JobRejected(job_id=e.job_id, reason="kafka_unreachable") for e in envelopes]
+    JOBS_REJECTED.labels("kafka_unreachable").inc(len(rejected))
+    body = ErrorBody(
+        error="kafka_unreachable",
+        message=f"no connection to Kafka for {exc.down_for:.1f}s, nothing was written;"
+        f" retry after {exc.retry_after}s (duplicates are safe)",
+        rejected=rejected,
+        details={"kafka": exc.reason},
+    )
+    headers = {"Retry-After": str(exc.retry_after), "X-Request-Id": request_id}
+    return error_response(503, body, headers)
+
+
 @status_router.get("/{job_id}", dependencies=[Depends(require("jobs:read"))])
 def get_job(job_id: str, ingest: IngestDep, engine: DbDep) -> Any:
-    """What became of a job, or how far the queue is behind (404 with the lag)."""
+    """What became of a job: its instance or task run; 410 when its record was
+    dead-lettered (why and where); else how far the queue is behind (404 with the lag)."""
     found = job_status(engine, job_id)
     if found is not None:
         return found
+    dead = dead_letters_for(engine, job_id)
+    if dead:
+        raise HTTPException(410, _dead_lettered(job_id, dead))
     try:
         lag: dict[str, Any] = queue_lag(ingest.settings, job_id)
     except Exception as exc:  # Kafka down: still answer the question we can
@@ -237,6 +264,20 @@ def get_job(job_id: str, ingest: IngestDep, engine: DbDep) -> Any:
             "consumer_lag": lag,
         },
     )
+
+
+def _dead_lettered(job_id: str, dead: list[DeadLetterView]) -> dict[str, Any]:
+    """The 410 body: the same shape as the 404's, with every dead letter of the id
+    (reason code, detail, source position, dead-letter topic position)."""
+    last = dead[-1]
+    return {
+        "error": "dead_lettered",
+        "job_id": job_id,
+        "message": f"the record of this job id was dead-lettered ({last.reason}:"
+        f" {last.detail}) from {last.source} to {last.dlq}; it has no instance and will"
+        " not get one from that record: fix it and resubmit",
+        "dead_letters": [d.to_dict() for d in dead],
+    }
 
 
 def queue_lag(settings: Settings, job_id: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
+from onceflow.core.envelope import JobEnvelope
 from onceflow.core.vocabulary import InstanceStatus, JobKind
 from onceflow_tools.stack import Stack
 from tests.acceptance.test_demo import run_cli
@@ -25,6 +26,12 @@ def stack(base_settings, tmp_path):
     s.start_engine()
     yield s
     s.close()
+
+
+def error_details(body):
+    """The route-specific facts of an error answer: under ``details`` in the unified
+    error body, under FastAPI's ``detail`` before it (error and message included)."""
+    return body["details"] if "details" in body else body["detail"]
 
 
 def log_events(stack, name, job_id):
@@ -96,7 +103,7 @@ def test_sql_cli_http_and_logs_tell_the_same_story(stack):
     assert [s["status"] for s in got["steps"]] == ["complete"] * 3
     unknown = httpx.get(f"{stack.ingest_url}/v1/jobs/never_submitted", headers=stack.auth_headers)
     assert unknown.status_code == 404
-    lag = unknown.json()["detail"]["consumer_lag"]
+    lag = error_details(unknown.json())["consumer_lag"]
     assert set(lag) == {"total", "partition", "partition_lag"}
     assert 0 <= lag["total"] <= 26  # everything consumed; offsets commit every few seconds
 
@@ -104,7 +111,7 @@ def test_sql_cli_http_and_logs_tell_the_same_story(stack):
         body = httpx.get(
             f"{stack.ingest_url}/v1/jobs/never_submitted", headers=stack.auth_headers
         ).json()
-        return body["detail"]["consumer_lag"]["total"] == 0
+        return error_details(body)["consumer_lag"]["total"] == 0
 
     stack.wait_for(drained, 30, "the committed offsets to catch up")
 
@@ -159,3 +166,48 @@ def test_audit_clean_then_names_what_was_broken(stack):
     assert report["missing"] == ["audit_007"]
     assert report["doubled"] == ["audit_012"]
     assert report["clean"] is False
+
+
+@pytest.mark.timeout(240)
+def test_a_dead_lettered_record_is_explained_and_the_audit_settles(stack):
+    """Issue 17 defects 5 and 9: a record of an unknown type, produced straight to
+    Kafka, is dead-lettered; the audit counts it as consumed (by reason) and settles,
+    and HTTP, the CLI and SQL say why and where instead of "still in the queue"."""
+    from tests.integration.kafka_helpers import produce_envelopes
+
+    settings = stack.settings
+    stray = JobEnvelope("dl_stray_01", "no-such-workflow", {"n": 1})
+    produce_envelopes(settings.kafka_bootstrap_servers, settings.jobs_topic, [stray])
+    with stack.client() as client:
+        client.submit([{"job_id": "dl_fine_01", "workflow": "order-workflow", "params": {}}])
+
+    def settled():
+        result = run_cli("audit", "--json", env=stack.env)
+        report = orjson.loads(result.stdout)
+        return (
+            result.returncode == 0
+            and report["lag"] == 0
+            and report["pending_job_ids"] == 0
+            and report["dead_lettered_job_ids"] == 1
+        )
+
+    stack.wait_for(settled, 60, "the audit to settle with the dead letter counted")
+    report = orjson.loads(run_cli("audit", "--json", env=stack.env).stdout)
+    assert report["dead_lettered_by_reason"] == {"unknown_type": 1}
+    assert "1 dead-lettered (by reason)" in run_cli("audit", env=stack.env).stdout
+
+    got = httpx.get(f"{stack.ingest_url}/v1/jobs/dl_stray_01", headers=stack.auth_headers)
+    assert got.status_code == 410, got.text
+    body = got.json()
+    assert (body.get("error") or body["detail"]["error"]) == "dead_lettered"
+    (letter,) = error_details(got.json())["dead_letters"]
+    assert letter["reason"] == "unknown_type"
+    assert letter["source_topic"] == settings.jobs_topic
+    assert letter["dlq_topic"] == settings.dlq_topic
+
+    described = run_cli("instances", "describe", "order-workflow", "dl_stray_01", env=stack.env)
+    assert described.returncode != 0
+    assert "dead-lettered: unknown_type" in described.stderr
+    trace = run_cli("trace", "dl_stray_01", env=stack.env)
+    assert trace.returncode == 0, trace.stderr
+    assert "dead-lettered" in trace.stdout

@@ -6,6 +6,7 @@ from fastapi.testclient import TestClient
 
 from onceflow.core.envelope import JobEnvelope
 from producers.api import create_app
+from producers.models import ErrorBody
 from workflow_engine.store.instances import Delivery, create_instances
 
 
@@ -43,7 +44,8 @@ def test_list_describe_control_and_events(settings, db):
             == "terminated"
         )
         conflict = client.post("/v1/instances/approval-workflow/adm_1/pause")
-        assert conflict.status_code == 409 and "terminated" in conflict.json()["detail"]["message"]
+        assert conflict.status_code == 409 and "terminated" in conflict.json()["message"]
+        assert conflict.json()["error"] == "conflict"
 
         sent = client.post(
             "/v1/instances/approval-workflow/adm_2/events",
@@ -55,4 +57,20 @@ def test_list_describe_control_and_events(settings, db):
 
         missing = client.get("/v1/instances/approval-workflow/nope")
         assert missing.status_code == 404
-        assert client.post("/v1/instances/order-workflow/adm_2/pause").status_code == 404
+        wrong_type = client.post("/v1/instances/order-workflow/adm_2/pause")
+        assert wrong_type.status_code == 404
+        # one error shape on every refusal, the database's answers included
+        for r in (conflict, bad, missing, wrong_type):
+            assert set(r.json()) == set(ErrorBody.model_fields), r.json()
+        assert bad.json()["fields"][0]["field"] == "body.type"
+
+
+def test_job_status_404_carries_the_lag_in_details(settings):
+    admin = settings.model_copy(update={"admin_api_enabled": True})
+    with TestClient(create_app(admin, NoKafka())) as client:
+        unknown = client.get("/v1/jobs/never_submitted")
+    assert unknown.status_code == 404
+    body = unknown.json()
+    assert set(body) == set(ErrorBody.model_fields)
+    assert body["error"] == "not_found" and body["details"]["job_id"] == "never_submitted"
+    assert "total" in body["details"]["consumer_lag"]

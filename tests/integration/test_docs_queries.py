@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from onceflow.core.envelope import JobEnvelope
+from onceflow.core.vocabulary import DeadLetterReason
+from workflow_engine.store.dead_letters import DeadLetterRow, record_dead_letters
 from workflow_engine.store.instances import Delivery, create_instances
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "queries.md"
@@ -25,10 +27,28 @@ def test_query_runs(db, sql):
         [
             Delivery(JobEnvelope("order_1001", "order-workflow", {}), "t", 0, 0),
             Delivery(JobEnvelope("order_1001", "order-workflow", {"x": 1}), "t", 0, 1),
+            Delivery(JobEnvelope("order_1001", "refund-workflow", {}), "t", 0, 2),
         ],
     )
+    dead = DeadLetterRow(
+        "t",
+        0,
+        3,
+        "order_1001",
+        DeadLetterReason.UNKNOWN_TYPE,
+        "unknown type 'x'",
+        10,
+        "0" * 64,
+        False,
+        "t.dlq",
+        0,
+        0,
+        {},
+    )
+    record_dead_letters(db, [dead])
     with db.connect() as conn:
         rows = conn.exec_driver_sql(sql.strip().rstrip(";")).all()
     # Running without an error is the main check; where the example data must show, it does.
-    if "'order_1001'" in sql or "NOT d.params_match" in sql or "Duplicates" in sql:
+    shows_example = ("'order_1001'", "NOT d.params_match", "workflow_match IS FALSE", "reason")
+    if any(marker in sql for marker in shows_example) or "Duplicates" in sql:
         assert rows

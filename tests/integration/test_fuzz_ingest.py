@@ -1,5 +1,6 @@
 """The ingest API fuzzed from its own OpenAPI spec (schemathesis + hypothesis), with the
-real producer on real Kafka: no 5xx, and every error is a JSON 4xx with a reason."""
+real producer on real Kafka: no 5xx, and every error is a JSON 4xx in the one
+``ErrorBody`` shape (a code and a message)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from hypothesis import settings as hypothesis_settings
 from onceflow.core.settings import ApiKey
 from producers.api import create_app
 from producers.auth import SCOPES, hash_key, new_key
+from producers.models import ErrorBody
+
+ERROR_SHAPE = set(ErrorBody.model_fields)
 
 # CI runs 100 derandomized examples per operation; a manual run can ask for more, with
 # fresh randomness: FUZZ_EXAMPLES=2000 FUZZ_RANDOM=1 pytest -k fuzz -s
@@ -57,7 +61,8 @@ def test_no_server_errors_and_clear_4xx(settings, capsys):
                     content_type = content_type[0]
                 assert content_type.startswith("application/json"), response.text[:200]
                 body = response.json()
-                assert body.get("message") or body.get("detail"), body
+                assert set(body) == ERROR_SHAPE, body
+                assert body["error"] and body["message"], body
 
         fuzz()
     with capsys.disabled():

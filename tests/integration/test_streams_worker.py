@@ -8,7 +8,12 @@ import time
 import orjson
 import sqlalchemy as sa
 
-from onceflow.core.envelope import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, JobEnvelope
+from onceflow.core.envelope import (
+    HEADER_DLQ_DETAIL,
+    HEADER_DLQ_REASON,
+    HEADER_DLQ_SOURCE,
+    JobEnvelope,
+)
 from onceflow_tools.processes import ProcessGroup, free_port
 from tests.conftest import settings_env
 from tests.integration.kafka_helpers import (
@@ -83,10 +88,12 @@ def test_worker_creates_one_instance_per_id_and_dead_letters_bad_records(setting
     )
     assert scalar(db, "SELECT params->>'i' FROM onceflow_instances WHERE job_id = 'job_0'") == "0"
 
-    reasons = sorted(dict(m.headers())[HEADER_DLQ_REASON].decode() for m in dead)
+    reasons = sorted(
+        (dict(m.headers())[HEADER_DLQ_REASON], dict(m.headers())[HEADER_DLQ_DETAIL]) for m in dead
+    )
     assert len(reasons) == 2
-    assert reasons[0] == "missing workflow"
-    assert reasons[1].startswith("value is not JSON")
+    assert reasons[0] == (b"missing_workflow", b"missing workflow")
+    assert reasons[1][0] == b"not_json" and reasons[1][1].startswith(b"value is not JSON")
     assert all(
         dict(m.headers())[HEADER_DLQ_SOURCE].startswith(settings.jobs_topic.encode()) for m in dead
     )
@@ -176,5 +183,6 @@ def test_a_record_the_database_refuses_is_dead_lettered_and_the_rest_kept(settin
         )
     assert len(dead) == 1
     assert dead[0].key() == b"job_nul"
-    assert dict(dead[0].headers())[HEADER_DLQ_REASON].startswith(b"database rejected:")
+    assert dict(dead[0].headers())[HEADER_DLQ_REASON] == b"database_refused"
+    assert dict(dead[0].headers())[HEADER_DLQ_DETAIL].startswith(b"database rejected:")
     assert scalar(db, "SELECT count(*) FROM onceflow_jobs WHERE job_id = 'job_nul'") == 0

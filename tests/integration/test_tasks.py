@@ -6,7 +6,12 @@ import signal
 
 import sqlalchemy as sa
 
-from onceflow.core.envelope import HEADER_DLQ_REASON, HEADER_JOB_ID, JobEnvelope
+from onceflow.core.envelope import (
+    HEADER_DLQ_DETAIL,
+    HEADER_DLQ_REASON,
+    HEADER_JOB_ID,
+    JobEnvelope,
+)
 from onceflow_tools.processes import ProcessGroup
 from tests.conftest import settings_env
 from tests.integration.kafka_helpers import consume_all, produce_envelopes
@@ -56,8 +61,15 @@ def test_tasks_run_once_retry_and_dead_letter(settings, db, tmp_path):
     assert "mail server refused" in error
 
     reasons = {
-        dict(m.headers())[HEADER_JOB_ID].decode(): dict(m.headers())[HEADER_DLQ_REASON].decode()
+        dict(m.headers())[HEADER_JOB_ID].decode(): (
+            dict(m.headers())[HEADER_DLQ_REASON].decode(),
+            dict(m.headers())[HEADER_DLQ_DETAIL].decode(),
+        )
         for m in dead
     }
-    assert reasons["mail_broken"].startswith("task 'send-welcome-email' failed after 3")
-    assert reasons["mystery_1"] == "unknown workflow or task type 'no-such-type'"
+    assert reasons["mail_broken"][0] == "task_failed"
+    assert reasons["mail_broken"][1].startswith("task 'send-welcome-email' failed after 3")
+    assert reasons["mystery_1"] == (
+        "unknown_type",
+        "unknown workflow or task type 'no-such-type'",
+    )

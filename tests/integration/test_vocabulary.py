@@ -8,10 +8,12 @@ import re
 import pytest
 import sqlalchemy as sa
 
+from onceflow.core.envelope import Origin
 from onceflow.core.vocabulary import (
     RUNNABLE_STATUSES,
     AttemptOutcome,
     ControlAction,
+    DeadLetterReason,
     InstanceStatus,
     JobKind,
     StepKind,
@@ -37,6 +39,8 @@ def _quoted_values(definition: str) -> set[str]:
         ("onceflow_instances_requested_action_check", ControlAction),
         ("onceflow_jobs_kind_check", JobKind),
         ("onceflow_task_runs_status_check", TaskRunStatus),
+        ("onceflow_dead_letters_reason_check", DeadLetterReason),
+        ("onceflow_jobs_origin_check", Origin),
     ],
 )
 def test_check_constraint_allows_exactly_the_vocabulary(db, constraint, vocabulary):

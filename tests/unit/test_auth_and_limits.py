@@ -10,6 +10,7 @@ from onceflow.core.settings import ApiKey, Settings
 from producers.api import create_app
 from producers.auth import hash_key, new_key
 from producers.limits import ClientLimiter
+from producers.models import ErrorBody
 from tests.unit.test_ingest_http import ScriptedProducer
 
 SUBMIT, READ = new_key(), new_key()
@@ -41,7 +42,15 @@ def test_missing_unknown_and_wrong_scope():
         control = client.post("/v1/instances/w/a/pause", headers={"X-API-Key": SUBMIT})
     assert (missing.status_code, unknown.status_code, wrong.status_code) == (401, 401, 403)
     assert missing.headers["www-authenticate"] == "Bearer"
-    assert "lacks scope 'jobs:submit'" in wrong.json()["detail"]["message"]
+    assert "lacks scope 'jobs:submit'" in wrong.json()["message"]
+    # the one error shape, as on every other refusal
+    assert [r.json()["error"] for r in (missing, unknown, wrong, control)] == [
+        "unauthorized",
+        "unauthorized",
+        "forbidden",
+        "forbidden",
+    ]
+    assert all(set(r.json()) == set(ErrorBody.model_fields) for r in (missing, wrong, control))
     assert ok.status_code == 202
     assert control.status_code == 403  # a submit key cannot pause instances
     assert [e.job_id for e in producer.sent] == ["a"]  # refused requests changed nothing

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -168,4 +170,100 @@ def test_health_and_readiness(client_for):
     with client_for(NotReady()) as client:
         assert client.get("/healthz").json() == {"status": "ok"}
         ready = client.get("/readyz")
-    assert (ready.status_code, ready.json()) == (503, {"kafka": "unavailable"})
+    assert ready.status_code == 503
+    assert (ready.json()["error"], ready.json()["details"]) == (
+        "not_ready",
+        {"kafka": "unavailable"},
+    )
+
+
+class Unreachable(ScriptedProducer):
+    """A producer whose link to Kafka is down: it refuses before producing anything."""
+
+    async def send(self, envelopes):
+        from producers.broker_link import KafkaUnreachable
+
+        raise KafkaUnreachable(3.0, "1/1 brokers are down")
+
+
+def test_kafka_unreachable_is_an_immediate_503_that_wrote_nothing(client_for):
+    with client_for(Unreachable()) as client:
+        r = client.post(
+            "/v1/jobs",
+            json={"jobs": [{"job_id": "a", "workflow": "w"}, {"job_id": "b", "workflow": "w"}]},
+        )
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    body = r.json()
+    assert body["error"] == "kafka_unreachable" and body["accepted"] == []
+    assert [(j["job_id"], j["reason"]) for j in body["rejected"]] == [
+        ("a", "kafka_unreachable"),
+        ("b", "kafka_unreachable"),
+    ]
+
+
+def _admin_client():
+    app = create_app(
+        Settings(auth_disabled=True, admin_api_enabled=True, ingest_validate_types=False),
+        ScriptedProducer(),
+    )
+    return TestClient(app, raise_server_exceptions=False)
+
+
+def test_every_error_has_the_one_shape():
+    from producers.models import ErrorBody
+
+    shape = set(ErrorBody.model_fields)
+    with _admin_client() as client:
+        answers = {
+            "unknown path": client.get("/nope"),
+            "wrong method": client.delete("/v1/jobs"),
+            "query validation": client.get("/v1/instances", params={"status": "sleepy"}),
+            "body validation": client.post(
+                "/v1/instances/w/j/events",
+                content=b"{",
+                headers={"content-type": "application/json"},
+            ),
+            "NUL in the URL": client.get("/v1/instances", params={"workflow": "a\x00b"}),
+            "media type": client.post("/v1/jobs", content=b"{}"),
+            "duplicate key": client.post(
+                "/v1/jobs",
+                content=b'{"workflow":"w","workflow":"x"}',
+                headers={"content-type": "application/json"},
+            ),
+            "missing asset": client.get("/static-offline-docs/nope.js"),
+        }
+    for what, r in answers.items():
+        assert 400 <= r.status_code < 500, what
+        assert r.headers["content-type"] == "application/json", what
+        body = r.json()
+        assert set(body) == shape and body["error"] and body["message"], (what, body)
+    assert answers["unknown path"].json()["error"] == "not_found"
+    assert answers["wrong method"].status_code == 405
+    fields = answers["query validation"].json()["fields"]
+    assert fields[0]["field"] == "query.status"
+
+
+def test_openapi_declares_the_one_error_shape_on_every_route():
+    with _admin_client() as client:
+        spec = client.get("/openapi.json").json()
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
+    for path, operations in spec["paths"].items():
+        for method, op in operations.items():
+            errors = {s: r for s, r in op["responses"].items() if s[0] in "45"}
+            assert "401" in errors and "422" in errors, (method, path)
+            for status, response in errors.items():
+                schema = response["content"]["application/json"]["schema"]
+                assert schema == {"$ref": "#/components/schemas/ErrorBody"}, (path, status)
+
+
+def test_docs_are_served_from_assets_in_the_package(client_for):
+    with client_for(ScriptedProducer()) as client:
+        assert client.get("/redoc").status_code == 404  # ReDoc 2 pulls its logo from a CDN
+        for page in [client.get("/docs")]:
+            assert page.status_code == 200
+            urls = re.findall(r'(?:src|href|url)\s*[:=]\s*["\']([^"\']+)', page.text)
+            assert urls, page.text[:500]
+            assert all(u.startswith("/") for u in urls), urls  # nothing from a CDN
+        for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
+            r = client.get(f"/static-offline-docs/{asset}")
+            assert r.status_code == 200 and len(r.content) > 10_000, asset

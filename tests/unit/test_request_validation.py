@@ -107,3 +107,61 @@ def test_unknown_types_are_refused_when_types_are_known():
     assert (info.value.status, info.value.body.error) == (422, "unknown_type")
     assert info.value.body.fields[0].field == "jobs[1].workflow"
     assert parse_jobs(orjson.dumps({"workflow": "order-workflow"}), 10, 1000, known)
+
+
+# A payload is stored exactly or refused with a reason (issue 17, item 8).
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b'{"workflow":"w","workflow":"x"}', "workflow"),
+        (b'{"workflow":"w","params":{"a":1,"a":2}}', "params.a"),
+        (
+            b'{"jobs":[{"workflow":"w"},{"workflow":"w","params":{"x":[{"k":1,"k":1}]}}]}',
+            "jobs[1].params.x[0].k",
+        ),
+        (b'{"workflow":"w","params":{"a" :1,\n "a"\t: 2}}', "params.a"),  # spaced keys
+        (b'{"jobs":[{"workflow":"w"}],"jobs":[{"workflow":"w"}]}', "jobs"),
+    ],
+)
+def test_duplicate_keys_at_any_depth_are_refused_naming_the_path(body, field):
+    err = _error(body)
+    assert (err.status, err.body.error, err.body.fields[0].field) == (422, "duplicate_key", field)
+
+
+@pytest.mark.parametrize(
+    ("number", "field"),
+    [
+        (b"123456789012345678901234567890", "params.n"),
+        (b"18446744073709551616", "params.n"),  # 2**64
+        (b"-9223372036854775809", "params.n"),  # -2**63 - 1
+    ],
+)
+def test_integers_beyond_64_bits_are_refused_not_rounded(number, field):
+    err = _error(b'{"workflow":"w","params":{"n":' + number + b"}}")
+    assert (err.status, err.body.error, err.body.fields[0].field) == (
+        422,
+        "number_out_of_range",
+        field,
+    )
+
+
+def test_64_bit_integers_and_large_floats_are_kept_exactly():
+    body = (
+        b'{"workflow":"w","params":{"u":18446744073709551615,"i":-9223372036854775808,'
+        b'"f":1e300,"g":-2.5e19}}'
+    )
+    params = parse(body)[0].params
+    assert params == {"u": 2**64 - 1, "i": -(2**63), "f": 1e300, "g": -2.5e19}
+    assert type(params["u"]) is int and type(params["f"]) is float
+
+
+@pytest.mark.parametrize("number", [b"1e400", b"-1e400", b"NaN", b"Infinity"])
+def test_numbers_that_are_not_finite_are_refused(number):
+    assert _error(b'{"workflow":"w","params":{"n":' + number + b"}}").status == 400
+
+
+def test_keys_and_colons_inside_strings_are_not_mistaken_for_duplicates():
+    body = b'{"workflow":"w","params":{"a":"x\\":y","b":"at 10:30 :","c":{"a":"a"}}}'
+    assert parse(body)[0].params == {"a": 'x":y', "b": "at 10:30 :", "c": {"a": "a"}}

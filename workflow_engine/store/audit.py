@@ -37,3 +37,16 @@ def stored_job_ids(engine: Engine) -> StoredJobIds:
         tasks = conn.execute(sa.text("SELECT job_id FROM onceflow_task_runs")).scalars()
         task_ids = frozenset(tasks)
     return StoredJobIds(instance_ids, task_ids)
+
+
+def workflow_mismatch_job_ids(engine: Engine) -> frozenset[str]:
+    """Job ids delivered again under another workflow (or task) type: the first type
+    won and the other delivery started nothing - reported, not a violation."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT DISTINCT job_id FROM onceflow_duplicate_deliveries"
+                " WHERE workflow_match IS FALSE"
+            )
+        )
+        return frozenset(rows.scalars())

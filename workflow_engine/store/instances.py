@@ -46,14 +46,24 @@ class Delivery:
 
 @dataclass(slots=True)
 class CreateResult:
+    """What one batch did. Every delivery is exactly one of: ``created`` (or
+    ``tasks_created``), a new ``duplicates`` row, or ``already_recorded`` (its Kafka
+    position already has a row: a redelivery seen before, nothing written)."""
+
     created: int = 0
-    duplicates: int = 0
-    mismatches: int = 0
-    redeliveries: int = 0
+    duplicates: int = 0  # new duplicate rows (redeliveries + resubmissions)
+    mismatches: int = 0  # new duplicate rows whose params differ from the winner's
+    redeliveries: int = 0  # new duplicate rows that are the same Kafka record again
     created_ids: list[str] = field(default_factory=list)
     duplicate_ids: list[str] = field(default_factory=list)
     mismatch_ids: list[str] = field(default_factory=list)
     tasks_created: int = 0
+    # New duplicate rows whose workflow (or task) type differs from the winner's.
+    workflow_mismatches: int = 0
+    workflow_mismatch_ids: list[str] = field(default_factory=list)
+    # Deliveries whose Kafka position was already recorded (as the creating record's
+    # redelivery or as a duplicate): a redelivery again, which never counts twice.
+    already_recorded: int = 0
 
     def add(self, other: CreateResult) -> None:
         self.created += other.created
@@ -64,14 +74,23 @@ class CreateResult:
         self.created_ids += other.created_ids
         self.duplicate_ids += other.duplicate_ids
         self.mismatch_ids += other.mismatch_ids
+        self.workflow_mismatches += other.workflow_mismatches
+        self.workflow_mismatch_ids += other.workflow_mismatch_ids
+        self.already_recorded += other.already_recorded
 
 
+# Duplicate rows are idempotent per Kafka position: the named unique constraint
+# onceflow_duplicate_deliveries_position_key turns a record redelivered again (the
+# worker died between the database commit and the offset commit, twice) into a no-op.
+# A delivery is a redelivery when its position is the creating record's; one whose
+# position already has a duplicate row is skipped before the insert (``known``) and
+# by the constraint (a concurrent batch), so it never counts twice.
 _CREATE_SQL = sa.text(
     """
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
         ord integer, job_id text, kind text, workflow text, params jsonb, params_digest text,
-        request_id text, submitted_at timestamptz, traceparent text,
+        request_id text, submitted_at timestamptz, traceparent text, origin text,
         topic text, part integer, off bigint, enqueued_at timestamptz)
 ),
 firsts AS (
@@ -80,29 +99,46 @@ firsts AS (
 upsert AS (
     INSERT INTO onceflow_jobs AS j (
         job_id, kind, type_name, params_digest, request_id, submitted_at, traceparent,
-        source_topic, source_partition, source_offset, enqueued_at)
+        origin, source_topic, source_partition, source_offset, enqueued_at)
     SELECT job_id, kind, workflow, params_digest, request_id, submitted_at,
-           traceparent, topic, part, off, enqueued_at
+           traceparent, origin, topic, part, off, enqueued_at
     FROM firsts
     ORDER BY job_id
     ON CONFLICT ON CONSTRAINT onceflow_jobs_job_id_key
         DO UPDATE SET last_seen_at = now()
-    RETURNING j.job_id, j.params_digest AS winner_digest, j.source_topic, j.source_partition,
-              j.source_offset, (j.xmax = 0) AS inserted
+    RETURNING j.job_id, j.params_digest AS winner_digest, j.type_name AS winner_type,
+              j.source_topic, j.source_partition, j.source_offset, (j.xmax = 0) AS inserted
 ),
-dups AS (
-    INSERT INTO onceflow_duplicate_deliveries (
-        job_id, source_topic, source_partition, source_offset, params_digest, params_match,
-        redelivery, request_id, submitted_at, enqueued_at)
-    SELECT i.job_id, i.topic, i.part, i.off, i.params_digest,
-           i.params_digest = u.winner_digest,
-           (i.topic, i.part, i.off) = (u.source_topic, u.source_partition, u.source_offset),
-           i.request_id, i.submitted_at, i.enqueued_at
+known AS (
+    SELECT DISTINCT d.source_topic, d.source_partition, d.source_offset
+    FROM onceflow_duplicate_deliveries d
+    JOIN input i ON (d.source_topic, d.source_partition, d.source_offset)
+                    = (i.topic, i.part, i.off)
+),
+candidates AS (
+    SELECT DISTINCT ON (i.topic, i.part, i.off) i.*, u.winner_digest, u.winner_type,
+           (i.topic, i.part, i.off)
+             = (u.source_topic, u.source_partition, u.source_offset) AS redelivery
     FROM input i
     JOIN upsert u USING (job_id)
     JOIN firsts f USING (job_id)
     WHERE NOT (u.inserted AND i.ord = f.ord)
-    RETURNING job_id, params_match, redelivery
+      AND NOT EXISTS (
+          SELECT 1 FROM known k
+          WHERE (k.source_topic, k.source_partition, k.source_offset) = (i.topic, i.part, i.off))
+    ORDER BY i.topic, i.part, i.off, i.ord
+),
+dups AS (
+    INSERT INTO onceflow_duplicate_deliveries (
+        job_id, source_topic, source_partition, source_offset, params_digest, params_match,
+        workflow, workflow_match, redelivery, request_id, submitted_at, enqueued_at)
+    SELECT c.job_id, c.topic, c.part, c.off, c.params_digest,
+           c.params_digest = c.winner_digest, c.workflow, c.workflow = c.winner_type,
+           c.redelivery, c.request_id, c.submitted_at, c.enqueued_at
+    FROM candidates c
+    ORDER BY c.topic, c.part, c.off
+    ON CONFLICT ON CONSTRAINT onceflow_duplicate_deliveries_position_key DO NOTHING
+    RETURNING job_id, params_match, workflow_match, redelivery
 ),
 inst AS (
     INSERT INTO onceflow_instances (job_id, workflow, params)
@@ -121,13 +157,14 @@ task_runs AS (
 notified AS (
     SELECT pg_notify(:channel, '') FROM (SELECT 1 FROM inst LIMIT 1) AS any_created
 )
-SELECT 'created' AS kind, job_id, true AS params_match, false AS redelivery FROM inst
+SELECT 'created' AS kind, job_id, true AS params_match, true AS workflow_match,
+       false AS redelivery FROM inst
 UNION ALL
-SELECT 'task', job_id, true, false FROM task_runs
+SELECT 'task', job_id, true, true, false FROM task_runs
 UNION ALL
-SELECT 'duplicate', job_id, params_match, redelivery FROM dups
+SELECT 'duplicate', job_id, params_match, workflow_match, redelivery FROM dups
 UNION ALL
-SELECT 'notify', NULL, true, false FROM notified
+SELECT 'notify', NULL, true, true, false FROM notified
 """
 )
 
@@ -144,6 +181,7 @@ def _row(ord_: int, d: Delivery) -> dict[str, Any]:
         "request_id": env.request_id or None,
         "submitted_at": env.submitted_at.isoformat(),
         "traceparent": env.traceparent or None,
+        "origin": str(env.origin),
         "topic": d.topic,
         "part": d.partition,
         "off": d.offset,
@@ -161,7 +199,7 @@ def create_instances_in(conn: Connection, deliveries: Sequence[Delivery]) -> Cre
     if not deliveries:
         return result
     rows = orjson.dumps([_row(i, d) for i, d in enumerate(deliveries)]).decode()
-    for kind, job_id, params_match, redelivery in conn.execute(
+    for kind, job_id, params_match, workflow_match, redelivery in conn.execute(
         _CREATE_SQL,
         {
             "rows": rows,
@@ -184,6 +222,12 @@ def create_instances_in(conn: Connection, deliveries: Sequence[Delivery]) -> Cre
             if not params_match:
                 result.mismatches += 1
                 result.mismatch_ids.append(job_id)
+            if not workflow_match:
+                result.workflow_mismatches += 1
+                result.workflow_mismatch_ids.append(job_id)
+    result.already_recorded = (
+        len(deliveries) - result.created - result.tasks_created - result.duplicates
+    )
     return result
 
 
@@ -229,10 +273,20 @@ class InstanceView:
     mismatches: int
     restart_count: int
     steps: list[StepView]
+    workflow_mismatches: int = 0  # duplicates that named another workflow (or task) type
+    origin: str = "http"  # "http": through ingest; "kafka": produced straight to the topic
+    dead_letters: int = 0  # records of this id that were dead-lettered
+
+    @property
+    def provenance(self) -> str:
+        if self.origin == "kafka":
+            return "produced directly to Kafka"
+        return f"HTTP request {self.request_id or '-'}"
 
     def to_dict(self) -> dict[str, Any]:
         doc = {k: v for k, v in self.__dict__.items() if k != "steps"}
         doc["steps"] = [s.__dict__ for s in self.steps]
+        doc["provenance"] = self.provenance
         return doc
 
 
@@ -247,7 +301,12 @@ SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
          WHERE d.job_id = i.job_id AND d.redelivery) AS redeliveries,
        (SELECT count(*) FROM onceflow_duplicate_deliveries d
          WHERE d.job_id = i.job_id AND NOT d.params_match) AS mismatches,
-       i.restart_count
+       i.restart_count,
+       (SELECT count(*) FROM onceflow_duplicate_deliveries d
+         WHERE d.job_id = i.job_id AND d.workflow_match IS FALSE) AS workflow_mismatches,
+       j.origin,
+       (SELECT count(*) FROM onceflow_dead_letters dl
+         WHERE dl.job_id = i.job_id) AS dead_letters
 FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
 WHERE i.job_id = :job_id
 """

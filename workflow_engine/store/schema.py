@@ -60,6 +60,7 @@ PRODUCT = MigrationSet(
         "onceflow_step_attempts",
         "onceflow_events",
         "onceflow_task_runs",
+        "onceflow_dead_letters",
     ),
 )
 

@@ -8,9 +8,12 @@ CREATE FUNCTION public.job_trace(p_job_id text) RETURNS TABLE(at timestamp with 
     AS $$
 SELECT t.at, t.event, t.detail, t.layer FROM (
     SELECT j.submitted_at AS at, 1 AS ord, 'received' AS event,
-           'HTTP request ' || coalesce(j.request_id, '-')
+           CASE j.origin
+               WHEN 'http' THEN 'HTTP request ' || coalesce(j.request_id, '-')
+               ELSE 'produced directly to Kafka'
+                    || coalesce(' (request ' || j.request_id || ')', '') END
              || coalesce(', traceparent ' || j.traceparent, '') AS detail,
-           'ingest' AS layer
+           CASE j.origin WHEN 'http' THEN 'ingest' ELSE 'kafka' END AS layer
     FROM onceflow_jobs j WHERE j.job_id = p_job_id
     UNION ALL
     SELECT coalesce(j.enqueued_at, j.submitted_at), 2, 'enqueued',
@@ -29,9 +32,21 @@ SELECT t.at, t.event, t.detail, t.layer FROM (
            CASE WHEN d.redelivery THEN 'redelivery collapsed' ELSE 'duplicate collapsed' END,
            d.source_topic || '/' || d.source_partition || '@' || d.source_offset
              || coalesce(', request ' || d.request_id, '')
-             || CASE WHEN d.params_match THEN '' ELSE ', PAYLOAD MISMATCH (params differ)' END,
+             || CASE WHEN d.params_match THEN '' ELSE ', PAYLOAD MISMATCH (params differ)' END
+             || CASE WHEN d.workflow_match IS FALSE
+                     THEN ', WORKFLOW MISMATCH (' || d.workflow || ', not ' || j.type_name || ')'
+                     ELSE '' END,
            'streams'
-    FROM onceflow_duplicate_deliveries d WHERE d.job_id = p_job_id
+    FROM onceflow_duplicate_deliveries d JOIN onceflow_jobs j USING (job_id)
+    WHERE d.job_id = p_job_id
+    UNION ALL
+    SELECT dl.created_at, 3, 'dead-lettered',
+           dl.reason || ': ' || dl.detail
+             || ' (from ' || dl.source_topic || '/' || dl.source_partition
+             || '@' || dl.source_offset || ' to ' || dl.dlq_topic
+             || coalesce('/' || dl.dlq_partition || '@' || dl.dlq_offset, '') || ')',
+           'streams'
+    FROM onceflow_dead_letters dl WHERE dl.job_id = p_job_id
     UNION ALL
     SELECT a.started_at, 5, 'step started',
            '"' || s.name || '" attempt ' || a.attempt || ' on ' || a.engine_id, 'engine'
@@ -72,6 +87,35 @@ SELECT t.at, t.event, t.detail, t.layer FROM (
 ORDER BY date_trunc('milliseconds', t.at), t.ord, t.at
 $$;
 
+CREATE TABLE public.onceflow_dead_letters (
+    id bigint NOT NULL,
+    source_topic text NOT NULL,
+    source_partition integer NOT NULL,
+    source_offset bigint NOT NULL,
+    job_id text,
+    reason text NOT NULL,
+    detail text DEFAULT ''::text NOT NULL,
+    original_size integer NOT NULL,
+    sha256 text NOT NULL,
+    truncated boolean DEFAULT false NOT NULL,
+    dlq_topic text NOT NULL,
+    dlq_partition integer,
+    dlq_offset bigint,
+    headers jsonb DEFAULT '{}'::jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT onceflow_dead_letters_dlq_position_check CHECK (((dlq_partition IS NULL) = (dlq_offset IS NULL))),
+    CONSTRAINT onceflow_dead_letters_reason_check CHECK ((reason = ANY (ARRAY['no_value'::text, 'not_json'::text, 'not_an_object'::text, 'unsupported_version'::text, 'invalid_job_id'::text, 'key_mismatch'::text, 'missing_workflow'::text, 'invalid_params'::text, 'invalid_submitted_at'::text, 'too_large'::text, 'unknown_type'::text, 'task_failed'::text, 'database_refused'::text])))
+);
+
+ALTER TABLE public.onceflow_dead_letters ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.onceflow_dead_letters_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
 CREATE TABLE public.onceflow_duplicate_deliveries (
     id bigint NOT NULL,
     job_id text NOT NULL,
@@ -84,7 +128,10 @@ CREATE TABLE public.onceflow_duplicate_deliveries (
     request_id text,
     submitted_at timestamp with time zone,
     received_at timestamp with time zone DEFAULT now() NOT NULL,
-    enqueued_at timestamp with time zone
+    enqueued_at timestamp with time zone,
+    workflow text,
+    workflow_match boolean,
+    CONSTRAINT onceflow_duplicate_deliveries_workflow_check CHECK (((workflow IS NULL) = (workflow_match IS NULL)))
 );
 
 ALTER TABLE public.onceflow_duplicate_deliveries ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
@@ -153,7 +200,9 @@ CREATE TABLE public.onceflow_jobs (
     received_at timestamp with time zone DEFAULT now() NOT NULL,
     last_seen_at timestamp with time zone DEFAULT now() NOT NULL,
     enqueued_at timestamp with time zone,
-    CONSTRAINT onceflow_jobs_kind_check CHECK ((kind = ANY (ARRAY['workflow'::text, 'task'::text])))
+    origin text DEFAULT 'http'::text NOT NULL,
+    CONSTRAINT onceflow_jobs_kind_check CHECK ((kind = ANY (ARRAY['workflow'::text, 'task'::text]))),
+    CONSTRAINT onceflow_jobs_origin_check CHECK ((origin = ANY (ARRAY['http'::text, 'kafka'::text])))
 );
 
 CREATE TABLE public.onceflow_migrations (
@@ -208,8 +257,17 @@ CREATE TABLE public.onceflow_task_runs (
     CONSTRAINT onceflow_task_runs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'succeeded'::text, 'dead_lettered'::text])))
 );
 
+ALTER TABLE ONLY public.onceflow_dead_letters
+    ADD CONSTRAINT onceflow_dead_letters_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.onceflow_dead_letters
+    ADD CONSTRAINT onceflow_dead_letters_source_key UNIQUE (source_topic, source_partition, source_offset);
+
 ALTER TABLE ONLY public.onceflow_duplicate_deliveries
     ADD CONSTRAINT onceflow_duplicate_deliveries_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.onceflow_duplicate_deliveries
+    ADD CONSTRAINT onceflow_duplicate_deliveries_position_key UNIQUE (source_topic, source_partition, source_offset);
 
 ALTER TABLE ONLY public.onceflow_events
     ADD CONSTRAINT onceflow_events_pkey PRIMARY KEY (id);
@@ -234,6 +292,8 @@ ALTER TABLE ONLY public.onceflow_steps
 
 ALTER TABLE ONLY public.onceflow_task_runs
     ADD CONSTRAINT onceflow_task_runs_job_id_key PRIMARY KEY (job_id);
+
+CREATE INDEX onceflow_dead_letters_job_idx ON public.onceflow_dead_letters USING btree (job_id);
 
 CREATE INDEX onceflow_duplicate_deliveries_job_idx ON public.onceflow_duplicate_deliveries USING btree (job_id);
 
