@@ -19,6 +19,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY onceflow ./onceflow
+COPY onceflow_cli ./onceflow_cli
 COPY producers ./producers
 COPY streams ./streams
 COPY workflow_engine ./workflow_engine

@@ -22,8 +22,8 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from onceflow.core.errors import ConfigurationError
-from onceflow.core.settings import Settings
+from onceflow.errors import ConfigurationError
+from onceflow.settings import Settings
 from producers.deps import Ingest
 from producers.errors import install_error_handlers
 from producers.kafka import JobProducer, JobSender

@@ -14,7 +14,7 @@ import secrets
 
 from fastapi import Request
 
-from onceflow.core.settings import SCOPES, ApiKey, Settings
+from onceflow.settings import SCOPES, ApiKey, Settings
 from producers.models import RequestError
 
 __all__ = ["SCOPES", "Authenticator", "hash_key", "new_key"]

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from onceflow.core.errors import OnceflowError
+from onceflow.errors import OnceflowError
 
 
 class SubmitError(OnceflowError):
@@ -41,7 +41,7 @@ class IngestClient:
         self.retries = retries
 
     def submit(self, jobs: Iterable[dict[str, Any]]) -> dict[str, Any]:
-        from onceflow.core.ids import new_job_id
+        from onceflow.ids import new_job_id
 
         batch = [{**job, "job_id": job.get("job_id") or new_job_id()} for job in jobs]
         for attempt in range(self.retries + 1):

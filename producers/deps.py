@@ -15,7 +15,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.engine import Engine
 
-from onceflow.core.settings import SCOPES, Settings
+from onceflow.settings import SCOPES, Settings
 from producers.auth import Authenticator
 from producers.kafka import JobSender
 from producers.limits import ClientLimiter

@@ -18,8 +18,8 @@ from typing import Protocol
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from onceflow.core.envelope import JobEnvelope
-from onceflow.core.settings import Settings
+from onceflow.envelope import JobEnvelope
+from onceflow.settings import Settings
 from producers.broker_link import RECONNECT_BACKOFF_MAX_MS, BrokerLink
 from producers.metrics import KAFKA_ERRORS, PRODUCE_LATENCY, QUEUE_DEPTH
 

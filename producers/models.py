@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from onceflow.core.ids import JOB_ID_PATTERN
+from onceflow.ids import JOB_ID_PATTERN
 
 WORKFLOW_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 

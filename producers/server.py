@@ -8,10 +8,10 @@ from http.server import ThreadingHTTPServer
 
 import uvicorn
 
-from onceflow.core.health import serve_metrics_and_health
-from onceflow.core.logs import setup_logging
-from onceflow.core.settings import Settings
-from onceflow.core.vocabulary import Process
+from onceflow.health import serve_metrics_and_health
+from onceflow.logs import setup_logging
+from onceflow.settings import Settings
+from onceflow.vocabulary import Process
 from producers.api import create_app
 from producers.kafka import JobProducer, JobSender
 from producers.metrics import DEPENDENCY_UP

@@ -16,8 +16,8 @@ import faust
 from confluent_kafka import Producer
 from faust.types import AgentT, EventT, StreamT
 
-from onceflow.core.envelope import KafkaHeaders
-from onceflow.core.settings import Settings
+from onceflow.envelope import KafkaHeaders
+from onceflow.settings import Settings
 from streams.batch import BatchHandler
 from streams.records import RawRecord
 from streams.topics import jobs_topic

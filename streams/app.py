@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import faust
 
-from onceflow.core.settings import Settings
+from onceflow.settings import Settings
 
 
 def create_app(settings: Settings) -> faust.App:

@@ -28,8 +28,8 @@ from confluent_kafka import Producer
 from sqlalchemy.engine import Engine
 from tenacity import Retrying, retry_if_exception_type, stop_never, wait_exponential_jitter
 
-from onceflow.core.settings import Settings
-from onceflow.core.vocabulary import DeadLetterReason, JobKind
+from onceflow.settings import Settings
+from onceflow.vocabulary import DeadLetterReason, JobKind
 from streams.dead_letters import DeadLetterWriter
 from streams.metrics import (
     BATCH_SIZE,

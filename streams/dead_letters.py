@@ -31,7 +31,7 @@ import sqlalchemy.exc as sa_exc
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from sqlalchemy.engine import Engine
 
-from onceflow.core.envelope import (
+from onceflow.envelope import (
     HEADER_DLQ_DETAIL,
     HEADER_DLQ_ORIGINAL_SIZE,
     HEADER_DLQ_REASON,
@@ -40,7 +40,7 @@ from onceflow.core.envelope import (
     HEADER_DLQ_TRUNCATED,
     KafkaHeaders,
 )
-from onceflow.core.settings import Settings
+from onceflow.settings import Settings
 from streams.metrics import DEAD_LETTERED, DEAD_LETTERS_TRUNCATED, DLQ_RETRIES
 from streams.records import DeadLetter
 from workflow_engine.store.dead_letters import DeadLetterRow, record_dead_letters

@@ -11,8 +11,8 @@ import logging
 import threading
 import time
 
-from onceflow.core.lag import consumer_lag
-from onceflow.core.settings import Settings
+from onceflow.lag import consumer_lag
+from onceflow.settings import Settings
 from streams.metrics import COMMITTED_OFFSET, END_OFFSET, LAG, LAG_TOTAL
 
 log = logging.getLogger(__name__)

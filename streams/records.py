@@ -9,10 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from onceflow.core.envelope import JobEnvelope, KafkaHeaders
-from onceflow.core.errors import InvalidEnvelope
-from onceflow.core.ids import is_valid_job_id
-from onceflow.core.vocabulary import DeadLetterReason
+from onceflow.envelope import JobEnvelope, KafkaHeaders
+from onceflow.errors import InvalidEnvelope
+from onceflow.ids import is_valid_job_id
+from onceflow.vocabulary import DeadLetterReason
 from workflow_engine.definitions import get_task, get_workflow
 from workflow_engine.store.instances import Delivery
 

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from sqlalchemy.engine import Engine
 
-from onceflow.core.vocabulary import DeadLetterReason, TaskRunStatus
+from onceflow.vocabulary import DeadLetterReason, TaskRunStatus
 from streams.metrics import TASKS
 from workflow_engine.definitions import TaskDef, get_task
 from workflow_engine.errors import NonRetryableError

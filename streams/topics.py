@@ -7,7 +7,7 @@ from __future__ import annotations
 import faust
 from faust.types import TopicT
 
-from onceflow.core.settings import Settings
+from onceflow.settings import Settings
 
 
 def jobs_topic(app: faust.App, settings: Settings) -> TopicT:

@@ -9,9 +9,9 @@ from typing import Any
 
 import faust
 
-from onceflow.core.health import serve_metrics_and_health
-from onceflow.core.settings import Settings
-from onceflow.core.vocabulary import Process
+from onceflow.health import serve_metrics_and_health
+from onceflow.settings import Settings
+from onceflow.vocabulary import Process
 from streams import agents
 from streams.app import create_app
 from streams.metrics import ASSIGNED_PARTITIONS, REBALANCES
@@ -25,7 +25,7 @@ def _logging_config(settings: Settings) -> dict[str, Any]:
         "disable_existing_loggers": False,
         "formatters": {
             "json": {
-                "()": "onceflow.core.logs.JsonFormatter",
+                "()": "onceflow.logs.JsonFormatter",
                 "process_name": Process.WORKER.value,
             },
             "text": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from onceflow.core.settings import settings_env  # noqa: F401  (tests import it from here)
+from onceflow.settings import settings_env  # noqa: F401  (tests import it from here)
 
 # Tests control the settings they use: scrub the app's own variables first.
 for _name in [n for n in os.environ if n.startswith("ONCEFLOW_")]:
@@ -33,7 +33,7 @@ def services() -> Iterator:
 
 @pytest.fixture(scope="session")
 def base_settings(services):
-    from onceflow.core.settings import Settings
+    from onceflow.settings import Settings
 
     return Settings(
         kafka_bootstrap_servers=services.kafka,
@@ -90,7 +90,7 @@ def db(db_url):
 @pytest.fixture
 def settings(base_settings, db_url, tmp_path):
     """Settings for one test: its own database, topics and consumer group."""
-    from onceflow.core.topics import ensure_topics
+    from onceflow.topics import ensure_topics
 
     run = uuid.uuid4().hex[:8]
     s = base_settings.model_copy(

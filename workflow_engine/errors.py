@@ -1,6 +1,6 @@
 """Exceptions of the workflow engine."""
 
-from onceflow.core.errors import OnceflowError
+from onceflow.errors import OnceflowError
 
 
 class WorkflowError(OnceflowError):

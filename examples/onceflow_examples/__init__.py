@@ -21,7 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from onceflow.core.settings import get_settings
+from onceflow.settings import get_settings
 from workflow_engine.definitions import Context, RetryPolicy, task, workflow
 from workflow_engine.errors import EventTimeout
 from workflow_engine.steps import current_step

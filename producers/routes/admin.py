@@ -20,7 +20,7 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 
-from onceflow.core.vocabulary import InstanceStatus
+from onceflow.vocabulary import InstanceStatus
 from producers.deps import DbDep, require
 from producers.errors import error_responses
 from producers.models import FieldError, RequestError

@@ -1,6 +1,6 @@
 """``/healthz`` (the process answers) and ``/readyz`` (Kafka answers), on the API port.
 
-The metrics port serves its own pair (``onceflow.core.health``) for orchestrators.
+The metrics port serves its own pair (``onceflow.health``) for orchestrators.
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 
-from onceflow.core.envelope import JobEnvelope
-from onceflow.core.ids import new_job_id, new_request_id, new_traceparent
-from onceflow.core.settings import Settings
+from onceflow.envelope import JobEnvelope
+from onceflow.ids import new_job_id, new_request_id, new_traceparent
+from onceflow.settings import Settings
 from producers.broker_link import KafkaUnreachable
 from producers.deps import DbDep, Ingest, IngestDep, require
 from producers.errors import error_responses
@@ -282,8 +282,8 @@ def _dead_lettered(job_id: str, dead: list[DeadLetterView]) -> dict[str, Any]:
 
 def queue_lag(settings: Settings, job_id: str) -> dict[str, Any]:
     """The streams workers' lag in total and on the partition this job id lands on."""
-    from onceflow.core.lag import consumer_lag
-    from onceflow.core.partitioning import partition_for
+    from onceflow.lag import consumer_lag
+    from onceflow.partitioning import partition_for
 
     lags = consumer_lag(
         settings.kafka_bootstrap_servers, settings.consumer_group, settings.jobs_topic, timeout=5.0

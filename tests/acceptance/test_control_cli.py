@@ -8,8 +8,8 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
-from onceflow.core.envelope import JobEnvelope
-from onceflow.core.vocabulary import InstanceStatus
+from onceflow.envelope import JobEnvelope
+from onceflow.vocabulary import InstanceStatus
 from onceflow_tools.processes import ProcessGroup, free_port
 from tests.acceptance.test_demo import run_cli
 from tests.conftest import settings_env

@@ -11,8 +11,8 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
-from onceflow.core.envelope import JobEnvelope
-from onceflow.core.vocabulary import InstanceStatus, JobKind
+from onceflow.envelope import JobEnvelope
+from onceflow.vocabulary import InstanceStatus, JobKind
 from onceflow_tools.stack import Stack
 from tests.acceptance.test_demo import run_cli
 from workflow_engine.store.stats import count_instances, duplicate_counts

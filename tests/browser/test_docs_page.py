@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 import uvicorn
 
-from onceflow.core.settings import Settings
+from onceflow.settings import Settings
 from onceflow_tools.processes import free_port
 from producers.api import create_app
 

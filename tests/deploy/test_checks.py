@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from onceflow.cli import cli
-from onceflow.core.settings import Settings
+from onceflow.settings import Settings
+from onceflow_cli import cli
 
 ALIASES = {"KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL"}
 

@@ -35,9 +35,10 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
 def test_wheel_holds_the_runtime_packages_and_no_tooling(wheel):
     names = wheel.namelist()
     tops = {n.split("/")[0] for n in names if not n.startswith("onceflow-")}
-    assert tops == {"onceflow", "producers", "streams", "workflow_engine"}
+    assert tops == {"onceflow", "onceflow_cli", "producers", "streams", "workflow_engine"}
     assert "workflow_engine/store/migrations/0001_initial.sql" in names
     assert "workflow_engine/store/schema.sql" in names
+    assert "producers/third_party/swagger-ui/LICENSE" in names  # Swagger UI is Apache-2.0
     modules = {Path(n).stem for n in names if n.endswith(".py")}
     assert not modules & set(TOOLING), modules & set(TOOLING)
     assert not [n for n in names if "onceflow_examples" in n or "baselines" in n]
@@ -61,6 +62,7 @@ def test_dockerfile_copies_no_tools_and_only_the_examples_target_has_samples():
     assert copied["base"] == [
         "pyproject.toml",
         "onceflow",
+        "onceflow_cli",
         "producers",
         "streams",
         "workflow_engine",

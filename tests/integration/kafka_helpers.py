@@ -5,7 +5,7 @@ import uuid
 
 from confluent_kafka import Consumer, Message, Producer
 
-from onceflow.core.envelope import JobEnvelope
+from onceflow.envelope import JobEnvelope
 
 
 def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes | None, list]]):

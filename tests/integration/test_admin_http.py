@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from onceflow.core.envelope import JobEnvelope
+from onceflow.envelope import JobEnvelope
 from producers.api import create_app
 from producers.models import ErrorBody
 from workflow_engine.store.instances import Delivery, create_instances

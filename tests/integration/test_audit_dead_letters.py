@@ -12,9 +12,9 @@ import hashlib
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from onceflow.cli.audit import run_audit
-from onceflow.core.envelope import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, JobEnvelope
-from onceflow.core.vocabulary import DeadLetterReason
+from onceflow.envelope import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, JobEnvelope
+from onceflow.vocabulary import DeadLetterReason
+from onceflow_cli.audit import run_audit
 from workflow_engine.store.dead_letters import DeadLetterRow, record_dead_letters
 from workflow_engine.store.instances import Delivery, create_instances
 

@@ -6,7 +6,7 @@ import threading
 
 import sqlalchemy as sa
 
-from onceflow.core.envelope import JobEnvelope
+from onceflow.envelope import JobEnvelope
 from workflow_engine.store.instances import Delivery, create_instances, describe_instance
 
 

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 import onceflow_examples
-from onceflow.core.envelope import JobEnvelope
+from onceflow.envelope import JobEnvelope
 from workflow_engine.store.db import make_engine, sqlalchemy_url
 from workflow_engine.store.instances import Delivery, create_instances, describe_instance
 from workflow_engine.store.schema import PRODUCT, grant_app_role

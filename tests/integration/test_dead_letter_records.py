@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from onceflow.core.envelope import JobEnvelope
-from onceflow.core.vocabulary import DeadLetterReason
+from onceflow.envelope import JobEnvelope
+from onceflow.vocabulary import DeadLetterReason
 from producers.api import create_app
 from workflow_engine.store.dead_letters import (
     DeadLetterRow,
@@ -101,7 +101,7 @@ def test_job_trace_shows_the_dead_letter(db):
 def describe(settings, monkeypatch):
     import importlib
 
-    main = importlib.import_module("onceflow.cli.main")  # the package exports main()
+    main = importlib.import_module("onceflow_cli.main")  # the package exports main()
     monkeypatch.setattr(main, "_settings", lambda: settings)
 
     def run(*args):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.core.envelope import JobEnvelope
-from onceflow.core.vocabulary import DeadLetterReason
+from onceflow.envelope import JobEnvelope
+from onceflow.vocabulary import DeadLetterReason
 from workflow_engine.store.dead_letters import DeadLetterRow, record_dead_letters
 from workflow_engine.store.instances import Delivery, create_instances
 

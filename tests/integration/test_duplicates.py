@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from onceflow.core.envelope import JobEnvelope
-from onceflow.core.vocabulary import JobKind
+from onceflow.envelope import JobEnvelope
+from onceflow.vocabulary import JobKind
 from workflow_engine.store.instances import Delivery, create_instances, describe_instance
 from workflow_engine.store.trace import job_trace
 

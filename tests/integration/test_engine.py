@@ -10,7 +10,7 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
-from onceflow.core.envelope import JobEnvelope
+from onceflow.envelope import JobEnvelope
 from onceflow_tools.processes import ProcessGroup, free_port
 from tests.conftest import settings_env
 from workflow_engine import NonRetryableError, RetryPolicy, current_step, workflow

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import sqlalchemy as sa
 
-from onceflow.core.envelope import JobEnvelope
+from onceflow.envelope import JobEnvelope
 from workflow_engine import RetryPolicy, current_step, workflow
 from workflow_engine.clock import FakeClock
 from workflow_engine.engine.runner import EngineRunner

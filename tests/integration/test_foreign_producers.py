@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import orjson
 import sqlalchemy as sa
 
-from onceflow.core.envelope import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, JobEnvelope
+from onceflow.envelope import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, JobEnvelope
 from onceflow_tools.processes import ProcessGroup
 from tests.conftest import settings_env
 from tests.integration.kafka_helpers import consume_all, produce, produce_envelopes

@@ -11,7 +11,7 @@ import schemathesis
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 
-from onceflow.core.settings import ApiKey
+from onceflow.settings import ApiKey
 from producers.api import create_app
 from producers.auth import SCOPES, hash_key, new_key
 from producers.models import ErrorBody

@@ -18,8 +18,8 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from fastapi.testclient import TestClient
 
-from onceflow.core.envelope import JobEnvelope
-from onceflow.core.topics import ensure_topics
+from onceflow.envelope import JobEnvelope
+from onceflow.topics import ensure_topics
 from onceflow_tools.dev.services import KafkaService
 from onceflow_tools.processes import free_port
 from producers.api import create_app

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from onceflow.core.envelope import HEADER_JOB_ID, HEADER_TRACEPARENT, JobEnvelope
-from onceflow.core.partitioning import partition_for
+from onceflow.envelope import HEADER_JOB_ID, HEADER_TRACEPARENT, JobEnvelope
+from onceflow.partitioning import partition_for
 from onceflow_tools.processes import free_port
 from producers.api import create_app
 from tests.integration.kafka_helpers import consume_all

@@ -19,7 +19,7 @@ import urllib.request
 import sqlalchemy as sa
 from confluent_kafka import Producer
 
-from onceflow.core.envelope import (
+from onceflow.envelope import (
     HEADER_DLQ_DETAIL,
     HEADER_DLQ_ORIGINAL_SIZE,
     HEADER_DLQ_REASON,

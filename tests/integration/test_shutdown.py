@@ -8,7 +8,7 @@ import time
 import orjson
 import sqlalchemy as sa
 
-from onceflow.core.envelope import JobEnvelope
+from onceflow.envelope import JobEnvelope
 from onceflow_tools.processes import ProcessGroup, free_port
 from tests.conftest import settings_env
 from workflow_engine.store.instances import Delivery, create_instances
@@ -46,7 +46,7 @@ def test_engine_releases_unfinished_instances_on_sigterm(settings, db, tmp_path)
 
 
 def test_ingest_flushes_and_exits_cleanly_on_sigterm(settings, tmp_path):
-    from onceflow.core.settings import ApiKey
+    from onceflow.settings import ApiKey
     from producers.auth import SCOPES, hash_key, new_key
     from producers.client import IngestClient
 

@@ -8,7 +8,7 @@ import time
 import orjson
 import sqlalchemy as sa
 
-from onceflow.core.envelope import (
+from onceflow.envelope import (
     HEADER_DLQ_DETAIL,
     HEADER_DLQ_REASON,
     HEADER_DLQ_SOURCE,

@@ -6,7 +6,7 @@ import signal
 
 import sqlalchemy as sa
 
-from onceflow.core.envelope import (
+from onceflow.envelope import (
     HEADER_DLQ_DETAIL,
     HEADER_DLQ_REASON,
     HEADER_JOB_ID,

@@ -1,4 +1,4 @@
-"""The StrEnums of ``onceflow.core.vocabulary`` allow exactly what the database's CHECK
+"""The StrEnums of ``onceflow.vocabulary`` allow exactly what the database's CHECK
 constraints allow, read back from a migrated database."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ import re
 import pytest
 import sqlalchemy as sa
 
-from onceflow.core.envelope import Origin
-from onceflow.core.vocabulary import (
+from onceflow.vocabulary import (
     RUNNABLE_STATUSES,
     AttemptOutcome,
     ControlAction,
     DeadLetterReason,
     InstanceStatus,
     JobKind,
+    Origin,
     StepKind,
     StepStatus,
     TaskRunStatus,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from onceflow.core.envelope import JobEnvelope
-from onceflow.core.vocabulary import InstanceStatus
+from onceflow.envelope import JobEnvelope
+from onceflow.vocabulary import InstanceStatus
 from onceflow_examples import ORDER_STEPS, applied_effect_counts, side_effect_counts
 from onceflow_tools.demo import PROOF_SQL, _figures
 from onceflow_tools.stack import Stack

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from onceflow.core.errors import ConfigurationError
-from onceflow.core.settings import ApiKey, Settings
+from onceflow.errors import ConfigurationError
+from onceflow.settings import ApiKey, Settings
 from producers.api import create_app
 from producers.auth import hash_key, new_key
 from producers.limits import ClientLimiter

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from onceflow.core.vocabulary import AttemptOutcome
+from onceflow.vocabulary import AttemptOutcome
 from workflow_engine.engine.batcher import WriteBatcher
 from workflow_engine.errors import NonDeterminismError
 from workflow_engine.store.writes import Answer, FinishStep, Heartbeat, StartStep, Write

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from onceflow.core.settings import Settings
+from onceflow.settings import Settings
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 

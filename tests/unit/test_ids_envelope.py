@@ -3,17 +3,16 @@ from datetime import UTC, datetime
 import orjson
 import pytest
 
-from onceflow.core.envelope import (
+from onceflow.envelope import (
     HEADER_JOB_ID,
     HEADER_REQUEST_ID,
     HEADER_TRACEPARENT,
     JobEnvelope,
-    Origin,
     params_digest,
 )
-from onceflow.core.errors import InvalidEnvelope
-from onceflow.core.ids import is_valid_job_id, new_job_id, new_traceparent
-from onceflow.core.vocabulary import DeadLetterReason
+from onceflow.errors import InvalidEnvelope
+from onceflow.ids import is_valid_job_id, new_job_id, new_traceparent
+from onceflow.vocabulary import DeadLetterReason, Origin
 
 
 @pytest.mark.parametrize("job_id", ["a", "job_01J2AB3CD4", "_x", "A-b_c-9", "x" * 100])

@@ -10,8 +10,8 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from onceflow.core.envelope import JobEnvelope
-from onceflow.core.settings import Settings
+from onceflow.envelope import JobEnvelope
+from onceflow.settings import Settings
 from producers.api import create_app
 from producers.kafka import Ack
 
@@ -133,7 +133,7 @@ def test_a_sane_client_request_id_is_kept_and_an_odd_one_replaced(client_for):
 
 
 def test_admin_status_filter_is_the_instance_status_vocabulary():
-    from onceflow.core.vocabulary import InstanceStatus
+    from onceflow.vocabulary import InstanceStatus
 
     app = create_app(
         Settings(auth_disabled=True, admin_api_enabled=True, ingest_validate_types=False),

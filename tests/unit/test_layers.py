@@ -17,6 +17,7 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 # Where each root package of the contract lives in the checkout.
 PACKAGES = {
     "onceflow": REPO / "onceflow",
+    "onceflow_cli": REPO / "onceflow_cli",
     "producers": REPO / "producers",
     "streams": REPO / "streams",
     "workflow_engine": REPO / "workflow_engine",
@@ -54,7 +55,7 @@ def test_the_tree_keeps_its_layers():
 
 def test_the_core_importing_the_engine_breaks_the_contract(tmp_path):
     _copy_tree(tmp_path)
-    with open(tmp_path / "onceflow" / "core" / "ids.py", "a") as ids:
+    with open(tmp_path / "onceflow" / "ids.py", "a") as ids:
         ids.write("\nimport workflow_engine.engine.runner  # noqa\n")
 
     # The packages must resolve to the copies only (PYTHONPATH comes before the editable
@@ -80,4 +81,4 @@ def test_the_core_importing_the_engine_breaks_the_contract(tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     assert "BROKEN" in output
-    assert "onceflow.core.ids -> workflow_engine.engine.runner" in output, output
+    assert "onceflow.ids -> workflow_engine.engine.runner" in output, output

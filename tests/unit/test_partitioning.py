@@ -1,6 +1,6 @@
 import pytest
 
-from onceflow.core.partitioning import murmur2, partition_for
+from onceflow.partitioning import murmur2, partition_for
 
 # Vectors from Apache Kafka's own UtilsTest.testMurmur2.
 JAVA_MURMUR2 = [

@@ -3,7 +3,7 @@ import hashlib
 
 import pytest
 
-from onceflow.core.envelope import (
+from onceflow.envelope import (
     HEADER_DLQ_DETAIL,
     HEADER_DLQ_ORIGINAL_SIZE,
     HEADER_DLQ_REASON,
@@ -12,7 +12,7 @@ from onceflow.core.envelope import (
     HEADER_DLQ_TRUNCATED,
     JobEnvelope,
 )
-from onceflow.core.vocabulary import DeadLetterReason
+from onceflow.vocabulary import DeadLetterReason
 from streams.batch import _parse_failpoint
 from streams.dead_letters import dlq_message
 from streams.records import DeadLetter, RawRecord, classify, split_by_partition
@@ -124,7 +124,7 @@ def test_failpoint_parsing():
 
 
 def test_register_builds_the_agent_from_the_given_settings(tmp_path):
-    from onceflow.core.settings import Settings
+    from onceflow.settings import Settings
     from streams.agents import AGENT_NAME, register
     from streams.app import create_app
 
@@ -149,7 +149,7 @@ def test_worker_command_passes_its_flag_as_settings_not_environment(monkeypatch)
     from click.testing import CliRunner
 
     import streams.worker
-    from onceflow.cli.main import cli
+    from onceflow_cli.main import cli
 
     got = []
     monkeypatch.setattr(streams.worker, "run_worker", got.append)
@@ -172,7 +172,7 @@ class _Handler:
 
 
 def _creator(grace=5.0):
-    from onceflow.core.settings import Settings
+    from onceflow.settings import Settings
     from streams.agents import InstanceCreator
 
     return InstanceCreator(Settings(streams_shutdown_grace_seconds=grace))
@@ -280,7 +280,7 @@ class _FakeDlq:
 
 def _writer(monkeypatch, dlq):
     import streams.dead_letters as module
-    from onceflow.core.settings import Settings
+    from onceflow.settings import Settings
 
     slept, recorded = [], []
     monkeypatch.setattr(module.time, "sleep", slept.append)

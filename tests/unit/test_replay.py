@@ -9,7 +9,7 @@ from typing import Any, TypeVar, cast
 
 import pytest
 
-from onceflow.core.vocabulary import AttemptOutcome, InstanceStatus, StepKind, StepStatus
+from onceflow.vocabulary import AttemptOutcome, InstanceStatus, StepKind, StepStatus
 from workflow_engine.clock import FakeClock
 from workflow_engine.definitions import RetryPolicy
 from workflow_engine.engine.context import WorkflowContext

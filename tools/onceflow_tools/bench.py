@@ -40,9 +40,9 @@ from typing import Any
 import click
 import orjson
 
-from onceflow.core.lag import consumer_lag
-from onceflow.core.settings import Settings
-from onceflow.core.vocabulary import InstanceStatus
+from onceflow.lag import consumer_lag
+from onceflow.settings import Settings
+from onceflow.vocabulary import InstanceStatus
 from onceflow_tools.processes import free_port
 from onceflow_tools.stack import Stack
 from workflow_engine.store.stats import (
@@ -318,7 +318,7 @@ def ingest(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
 
 def _prefill(stack: Stack, jobs: int, workflow: str, prefix: str) -> None:
     """Create ``jobs`` queued instances directly (as the streams worker would)."""
-    from onceflow.core.envelope import JobEnvelope
+    from onceflow.envelope import JobEnvelope
     from workflow_engine.store.instances import Delivery, create_instances
 
     assert stack.db is not None
@@ -383,7 +383,7 @@ def _fill_topic(settings: Settings, jobs: int, dup_fraction: float) -> None:
     re-sends of earlier ids."""
     from confluent_kafka import Producer
 
-    from onceflow.core.envelope import JobEnvelope
+    from onceflow.envelope import JobEnvelope
     from producers.kafka import producer_config
 
     # Ingest's own producer settings (idempotent, acks=all, murmur2), batched harder.

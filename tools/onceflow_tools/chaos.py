@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 import click
 import httpx
 
-from onceflow.cli.audit import run_audit
-from onceflow.core.lag import consumer_lag
-from onceflow.core.partitioning import partition_for
-from onceflow.core.settings import Settings
-from onceflow.core.vocabulary import InstanceStatus
+from onceflow.lag import consumer_lag
+from onceflow.partitioning import partition_for
+from onceflow.settings import Settings
+from onceflow.vocabulary import InstanceStatus
+from onceflow_cli.audit import run_audit
 from onceflow_examples import applied_effect_counts
 from onceflow_tools.stack import Stack
 from producers.client import SubmitError

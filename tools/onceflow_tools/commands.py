@@ -11,8 +11,8 @@ from pathlib import Path
 import click
 import orjson
 
-from onceflow.cli.main import settings_from_env as _settings
-from onceflow.core.errors import OnceflowError
+from onceflow.errors import OnceflowError
+from onceflow_cli.main import settings_from_env as _settings
 
 # `onceflow bench` scenarios (onceflow_tools.bench.SCENARIOS; kept here so the CLI starts
 # without importing the harness — a unit test keeps the two equal).

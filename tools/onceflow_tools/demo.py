@@ -24,8 +24,8 @@ from typing import Any
 import click
 import orjson
 
-from onceflow.core.settings import Settings
-from onceflow.core.vocabulary import TERMINAL_STATUSES
+from onceflow.settings import Settings
+from onceflow.vocabulary import TERMINAL_STATUSES
 from onceflow_examples import ORDER_STEPS, side_effect_counts
 from onceflow_tools.processes import onceflow_command
 from onceflow_tools.stack import Stack, topic_record_count

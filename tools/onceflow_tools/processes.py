@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from onceflow.core.errors import ServiceUnavailable
+from onceflow.errors import ServiceUnavailable
 
 
 def free_port() -> int:
@@ -23,7 +23,7 @@ def free_port() -> int:
 
 def onceflow_command() -> list[str]:
     """The ``onceflow`` entry point of the running interpreter's environment."""
-    return [sys.executable, "-m", "onceflow.cli"]
+    return [sys.executable, "-m", "onceflow_cli"]
 
 
 class ProcessGroup:

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 import workflow_engine.store
-from onceflow.core.errors import OnceflowError
+from onceflow.errors import OnceflowError
 from onceflow_tools.stack import database_url_for, recreate_database
 from workflow_engine.store.db import make_engine, sqlalchemy_url
 from workflow_engine.store.schema import PRODUCT, migrate

@@ -19,8 +19,8 @@ from confluent_kafka import Consumer, TopicPartition
 from sqlalchemy.engine import Engine, make_url
 
 import onceflow_examples
-from onceflow.core.settings import Settings, settings_env
-from onceflow.core.topics import ensure_topics
+from onceflow.settings import Settings, settings_env
+from onceflow.topics import ensure_topics
 from onceflow_tools.processes import ProcessGroup, free_port
 from producers.client import IngestClient
 from workflow_engine.store.db import check_connection, make_engine, sqlalchemy_url

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from onceflow.core.vocabulary import AttemptOutcome, InstanceStatus, StepKind, StepStatus
+from onceflow.vocabulary import AttemptOutcome, InstanceStatus, StepKind, StepStatus
 from workflow_engine.definitions import DEFAULT_RETRY, RetryPolicy
 from workflow_engine.engine.metrics import STEP_DURATION, STEPS, STEPS_STARTED
 from workflow_engine.engine.runtime import Runtime

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from onceflow.core.vocabulary import ControlAction, InstanceStatus
+from onceflow.vocabulary import ControlAction, InstanceStatus
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,10 +32,10 @@ from typing import Concatenate, ParamSpec, TypeVar, cast
 from sqlalchemy.engine import Engine
 from ulid import ULID
 
-from onceflow.core.health import serve_metrics_and_health
-from onceflow.core.logs import setup_logging
-from onceflow.core.settings import Settings
-from onceflow.core.vocabulary import ControlAction, InstanceStatus
+from onceflow.health import serve_metrics_and_health
+from onceflow.logs import setup_logging
+from onceflow.settings import Settings
+from onceflow.vocabulary import ControlAction, InstanceStatus
 from workflow_engine.clock import FakeClock, SystemClock
 from workflow_engine.definitions import (
     RetryPolicy,

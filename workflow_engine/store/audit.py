@@ -1,6 +1,6 @@
 """The database side of ``onceflow audit``: which job ids became what.
 
-The audit (``onceflow.cli.audit``) reads the topics itself and compares them with
+The audit (``onceflow_cli.audit``) reads the topics itself and compares them with
 these sets; a job id in both sets is one job that became two things.
 """
 

@@ -15,8 +15,8 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from onceflow.core.errors import OnceflowError
-from onceflow.core.vocabulary import TERMINAL_STATUSES, ControlAction, InstanceStatus
+from onceflow.errors import OnceflowError
+from onceflow.vocabulary import TERMINAL_STATUSES, ControlAction, InstanceStatus
 from workflow_engine.store.instances import notify_runnable as _notify
 
 #: What :func:`apply_requested` answers when this engine no longer holds the instance.

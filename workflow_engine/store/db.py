@@ -7,7 +7,7 @@ from functools import lru_cache
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from onceflow.core.errors import ServiceUnavailable
+from onceflow.errors import ServiceUnavailable
 
 
 def sqlalchemy_url(database_url: str) -> str:

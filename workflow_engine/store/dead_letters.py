@@ -23,7 +23,7 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from onceflow.core.vocabulary import DeadLetterReason
+from onceflow.vocabulary import DeadLetterReason
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
-from onceflow.core.vocabulary import (
+from onceflow.vocabulary import (
     RUNNABLE_STATUSES,
     AttemptOutcome,
     InstanceStatus,

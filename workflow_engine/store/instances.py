@@ -21,8 +21,8 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from onceflow.core.envelope import JobEnvelope, params_digest
-from onceflow.core.vocabulary import InstanceStatus, JobKind, StepKind, StepStatus
+from onceflow.envelope import JobEnvelope, params_digest
+from onceflow.vocabulary import InstanceStatus, JobKind, StepKind, StepStatus
 
 RUNNABLE_CHANNEL = "onceflow_runnable"
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from onceflow.core.vocabulary import (
+from onceflow.vocabulary import (
     RUNNABLE_STATUSES,
     TERMINAL_STATUSES,
     InstanceStatus,

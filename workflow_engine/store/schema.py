@@ -22,7 +22,7 @@ from importlib import resources
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from onceflow.core.errors import OnceflowError
+from onceflow.errors import OnceflowError
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from onceflow.core.vocabulary import TERMINAL_STATUSES, AttemptOutcome, InstanceStatus
+from onceflow.vocabulary import TERMINAL_STATUSES, AttemptOutcome, InstanceStatus
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from onceflow.core.vocabulary import TaskRunStatus
+from onceflow.vocabulary import TaskRunStatus
 
 #: The outcome :func:`record_attempt` takes for a failed attempt that will be retried.
 RETRY = "retry"

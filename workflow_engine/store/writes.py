@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Generic, TypeVar
 
-from onceflow.core.vocabulary import AttemptOutcome, InstanceStatus
+from onceflow.vocabulary import AttemptOutcome, InstanceStatus
 
 T = TypeVar("T", covariant=True)
 

@@ -30,7 +30,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.concurrency import run_in_threadpool
 
-from onceflow.core.ids import new_job_id
+from onceflow.ids import new_job_id
 from producers.models import JobIn, RequestError, parse_jobs
 from workflow_engine.store.db import sqlalchemy_url
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from onceflow.core.errors import OnceflowError, ServiceUnavailable
-from onceflow.core.settings import Settings
+from onceflow.errors import OnceflowError, ServiceUnavailable
+from onceflow.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 from sqlalchemy.engine import Engine
 
-from onceflow.core.envelope import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, JobEnvelope
-from onceflow.core.errors import InvalidEnvelope
-from onceflow.core.lag import PartitionLag, consumer_lag
-from onceflow.core.settings import Settings
+from onceflow.envelope import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, JobEnvelope
+from onceflow.errors import InvalidEnvelope
+from onceflow.lag import PartitionLag, consumer_lag
+from onceflow.settings import Settings
 from workflow_engine.store.audit import stored_job_ids, workflow_mismatch_job_ids
 from workflow_engine.store.dead_letters import dead_letter_sources
 

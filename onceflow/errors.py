@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from onceflow.core.vocabulary import DeadLetterReason
+from onceflow.vocabulary import DeadLetterReason
 
 
 class OnceflowError(Exception):

@@ -128,3 +128,11 @@ class MismatchKind(StrEnum):
 
     PARAMS = "params_mismatch"
     WORKFLOW = "workflow_mismatch"
+
+
+class Origin(StrEnum):
+    """``onceflow_jobs.origin``: where a record came from: ingest (``http``), or a
+    producer writing the topic directly (``kafka``)."""
+
+    HTTP = "http"
+    KAFKA = "kafka"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Engine
 
-from onceflow.core.vocabulary import StepKind, StepStatus
+from onceflow.vocabulary import StepKind, StepStatus
 from workflow_engine.store.dead_letters import DeadLetterView, dead_letters_for
 from workflow_engine.store.instances import InstanceView, job_status
 from workflow_engine.store.trace import TraceEvent

@@ -18,9 +18,9 @@ from typing import Any
 import click
 import orjson
 
-from onceflow.core.errors import OnceflowError
-from onceflow.core.settings import SCOPES, Settings, get_settings
-from onceflow.core.vocabulary import InstanceStatus
+from onceflow.errors import OnceflowError
+from onceflow.settings import SCOPES, Settings, get_settings
+from onceflow.vocabulary import InstanceStatus
 
 
 def settings_from_env() -> Settings:
@@ -112,7 +112,7 @@ def topics() -> None:
 @topics.command("create")
 def topics_create() -> None:
     """Create the jobs topic and its dead-letter topic if they do not exist."""
-    from onceflow.core.topics import ensure_topics
+    from onceflow.topics import ensure_topics
 
     settings = _settings()
     created = ensure_topics(settings)
@@ -176,7 +176,7 @@ def instances() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def instances_describe(workflow: str, job_id: str, as_json: bool) -> None:
     """Show one instance's status and each step's state."""
-    from onceflow.cli.render import describe_elsewhere, render_instance
+    from onceflow_cli.render import describe_elsewhere, render_instance
     from workflow_engine.store.instances import describe_instance
 
     engine = _db()
@@ -282,7 +282,7 @@ def instances_send_event(workflow: str, job_id: str, event_type: str, payload: s
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of a table.")
 def trace(job_id: str, as_json: bool) -> None:
     """Print one job's whole timeline, from HTTP to its last step."""
-    from onceflow.cli.render import render_trace
+    from onceflow_cli.render import render_trace
     from workflow_engine.store.trace import job_trace
 
     events = job_trace(_db(), job_id)
@@ -299,7 +299,7 @@ def trace(job_id: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def audit(as_json: bool) -> None:
     """Check that every accepted job id has exactly one instance or task run."""
-    from onceflow.cli.audit import run_audit
+    from onceflow_cli.audit import run_audit
 
     report = run_audit(_settings(), _db())
     if as_json:

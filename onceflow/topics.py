@@ -18,8 +18,8 @@ from confluent_kafka.admin import (
     NewTopic,
 )
 
-from onceflow.core.errors import ServiceUnavailable
-from onceflow.core.settings import Settings
+from onceflow.errors import ServiceUnavailable
+from onceflow.settings import Settings
 
 
 def topic_config(settings: Settings) -> dict[str, str]:

@@ -5,6 +5,6 @@ trace, audit) and, when the ``onceflow-tools`` distribution is installed, the
 commands it registers (``dev``, ``demo``, ``bench``, ``chaos``, ``dashboard``).
 """
 
-from onceflow.cli.main import cli, main
+from onceflow_cli.main import cli, main
 
 __all__ = ["cli", "main"]

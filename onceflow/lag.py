@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from onceflow.core.errors import ServiceUnavailable
+from onceflow.errors import ServiceUnavailable
 
 
 @dataclass(frozen=True, slots=True)

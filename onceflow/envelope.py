@@ -24,14 +24,13 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
 import orjson
 
-from onceflow.core.errors import InvalidEnvelope
-from onceflow.core.ids import is_valid_job_id
-from onceflow.core.vocabulary import DeadLetterReason
+from onceflow.errors import InvalidEnvelope
+from onceflow.ids import is_valid_job_id
+from onceflow.vocabulary import DeadLetterReason, Origin
 
 #: The newest record format this code reads and the one it writes. Records without
 #: ``v`` are version 1; a higher version is dead-lettered (``unsupported_version``).
@@ -53,14 +52,6 @@ HEADER_DLQ_SOURCE = "onceflow-dlq-source"
 HEADER_DLQ_ORIGINAL_SIZE = "onceflow-dlq-original-size"
 HEADER_DLQ_SHA256 = "onceflow-dlq-sha256"
 HEADER_DLQ_TRUNCATED = "onceflow-dlq-truncated"
-
-
-class Origin(StrEnum):
-    """Where a record came from: ingest (``http``), or a producer writing the topic
-    directly (``kafka``)."""
-
-    HTTP = "http"
-    KAFKA = "kafka"
 
 
 def params_digest(params: Any) -> str:
