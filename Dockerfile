@@ -23,8 +23,9 @@ COPY onceflow_cli ./onceflow_cli
 COPY producers ./producers
 COPY streams ./streams
 COPY workflow_engine ./workflow_engine
+COPY console ./console
 RUN pip install . && useradd --system --uid 10001 --home-dir /tmp onceflow
-EXPOSE 8080 9101 9102 9103
+EXPOSE 8080 8090 9101 9102 9103 9104
 ENTRYPOINT ["onceflow"]
 CMD ["--help"]
 

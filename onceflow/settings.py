@@ -90,6 +90,12 @@ class Settings(BaseSettings):
     # How soon a dead worker's partitions move to the others (Kafka session timeout).
     streams_session_timeout_seconds: float = Field(default=10.0, ge=6)
 
+    # --- console (console/) ------------------------------------------------------
+    # The operator's web console (`onceflow console`): its page port and its probes.
+    console_host: str = "127.0.0.1"
+    console_port: int = 8090
+    console_metrics_port: int = 9104
+
     # --- audit (onceflow audit) ---------------------------------------------------------
     # With lag > 0, the committed offsets are read twice this far apart: if none moved,
     # the consumer group is not making progress and the audit fails.
@@ -114,6 +120,20 @@ class Settings(BaseSettings):
     # The database role the services use, granted read/write by `onceflow migrate`.
     app_db_role: str = ""
 
+    # --- traces (OpenTelemetry; README, "Tracing") ------------------------------------
+    # The OTLP/HTTP endpoint (e.g. http://127.0.0.1:4318): set, it turns tracing on.
+    # The standard OTEL_EXPORTER_OTLP_ENDPOINT is read too (and _TRACES_ENDPOINT).
+    otel_exporter_otlp_endpoint: str = Field(
+        default="",
+        validation_alias=AliasChoices(
+            "ONCEFLOW_OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"
+        ),
+    )
+    # The share of new traces kept (parent-based: a job's spans follow its root's choice).
+    otel_sampling_ratio: float = Field(default=1.0, ge=0, le=1)
+    # service.name is "<prefix>-<process>" (onceflow-ingest, …) unless OTEL_SERVICE_NAME.
+    otel_service_name_prefix: str = Field(default="onceflow", min_length=1)
+
     # --- process-wide ---------------------------------------------------------------
     state_dir: Path = Path(".onceflow")
     log_level: str = "INFO"
@@ -135,6 +155,14 @@ def settings_env(s: Settings) -> dict[str, str]:
         "ONCEFLOW_STATE_DIR": str(s.state_dir),
         "ONCEFLOW_LOG_FORMAT": "json",
         "ONCEFLOW_WORKFLOW_MODULES": json.dumps(s.workflow_modules),
+        "ONCEFLOW_OTEL_SAMPLING_RATIO": str(s.otel_sampling_ratio),
+        "ONCEFLOW_OTEL_SERVICE_NAME_PREFIX": s.otel_service_name_prefix,
+        # Only when set: an empty value would hide OTEL_EXPORTER_OTLP_ENDPOINT.
+        **(
+            {"ONCEFLOW_OTEL_EXPORTER_OTLP_ENDPOINT": s.otel_exporter_otlp_endpoint}
+            if s.otel_exporter_otlp_endpoint
+            else {}
+        ),
     }
 
 

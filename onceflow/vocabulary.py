@@ -59,6 +59,7 @@ class StepKind(StrEnum):
     STEP = "step"
     SLEEP = "sleep"
     EVENT = "event"
+    PATCH = "patch"  # a ctx.patched() marker: this instance took the patched code
 
 
 class AttemptOutcome(StrEnum):
@@ -94,13 +95,14 @@ class TaskRunStatus(StrEnum):
 
 
 class Process(StrEnum):
-    """The three runtime processes: one name each in the CLI (``onceflow ingest``),
-    the settings (``ONCEFLOW_INGEST_*``), the metrics (``process`` label, log field)
-    and the Helm chart (``ingest:``, ``worker:``, ``engine:``)."""
+    """The runtime processes: one name each in the CLI (``onceflow ingest``), the
+    settings (``ONCEFLOW_INGEST_*``), the metrics (``process`` label, log field) and
+    the Helm chart (``ingest:``, ``worker:``, ``engine:``, ``console:``)."""
 
     INGEST = "ingest"
     WORKER = "worker"
     ENGINE = "engine"
+    CONSOLE = "console"  # the operator's web console (optional)
 
 
 class DeadLetterReason(StrEnum):
@@ -136,3 +138,21 @@ class Origin(StrEnum):
 
     HTTP = "http"
     KAFKA = "kafka"
+
+
+class BulkAction(StrEnum):
+    """``onceflow_bulk_operations.action``: a control operation applied to every
+    instance a filter matches (``onceflow instances pause --filter …``)."""
+
+    PAUSE = "pause"
+    RESUME = "resume"
+    TERMINATE = "terminate"
+    RESTART = "restart"
+
+
+class BulkStatus(StrEnum):
+    """``onceflow_bulk_operations.status``."""
+
+    RUNNING = "running"
+    COMPLETE = "complete"
+    FAILED = "failed"

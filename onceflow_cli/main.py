@@ -13,14 +13,17 @@ entry point group: the tools (``onceflow-tools``) add ``dev``, ``demo``, ``bench
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import orjson
 
 from onceflow.errors import OnceflowError
 from onceflow.settings import SCOPES, Settings, get_settings
-from onceflow.vocabulary import InstanceStatus
+from onceflow.vocabulary import DeadLetterReason, InstanceStatus
+
+if TYPE_CHECKING:
+    from onceflow.redrive import DeadLetterRecord
 
 
 def settings_from_env() -> Settings:
@@ -162,6 +165,16 @@ def engine(concurrency: int | None) -> None:
     run_engine(_with_overrides(engine_concurrency=concurrency))
 
 
+@cli.command()
+@click.option("--host", envvar="ONCEFLOW_CONSOLE_HOST", default=None, help="Listen address.")
+@click.option("--port", envvar="ONCEFLOW_CONSOLE_PORT", type=int, default=None, help="HTTP port.")
+def console(host: str | None, port: int | None) -> None:
+    """Run the operator's web console (overview, instances, actions, dead letters)."""
+    from console.server import serve
+
+    serve(_with_overrides(console_host=host, console_port=port))
+
+
 # --- instances -----------------------------------------------------------------------------
 
 
@@ -213,23 +226,47 @@ def _db():
     help="Created at or after (UTC).",
 )
 @click.option("--prefix", "id_prefix", default=None, help="Job ids starting with this.")
+@click.option(
+    "--version", "version", default=None, help="Only instances created with this version."
+)
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10000))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of a table.")
-def instances_list(workflow, status, created_since, id_prefix, limit, as_json) -> None:
-    """List instances, newest first."""
+@click.option(
+    "--filter",
+    "filter_text",
+    default=None,
+    help="An instance filter instead of the options above, e.g."
+    " 'workflow=order-workflow,status=errored,created_before=2026-11-30T10:00:00Z,prefix=ord_'"
+    " (keys: workflow, status, created_from, created_to, job_id, prefix, has_duplicates,"
+    " payload_mismatch, error_contains).",
+)
+@click.option(
+    "--sort", default="created", type=click.Choice(["created", "updated"]), help="Newest first by."
+)
+def instances_list(
+    workflow, status, created_since, id_prefix, version, limit, as_json, filter_text, sort
+) -> None:
+    """List instances, newest first (with the version each was created with)."""
     from datetime import UTC
 
     from workflow_engine.store.control import list_instances
 
+    if filter_text is not None:
+        if any(v is not None for v in (workflow, status, created_since, id_prefix, version)):
+            raise OnceflowError("give either --filter or --workflow/--status/--since/--prefix")
+        _list_filtered(filter_text, sort, limit, as_json)
+        return
+
     since = created_since.replace(tzinfo=UTC) if created_since else None
     wanted = InstanceStatus(status) if status else None
-    rows = list_instances(_db(), workflow, wanted, since, id_prefix, limit)
+    rows = list_instances(_db(), workflow, wanted, since, id_prefix, limit, version)
     for row in rows:
         if as_json:
             click.echo(orjson.dumps(row.__dict__, default=str))
         else:
             click.echo(
                 f"{row.job_id}\t{row.workflow}\t{row.status}\t{row.created_at:%Y-%m-%d %H:%M:%S}"
+                f"\t{row.version or '-'}"
             )
 
 
@@ -248,11 +285,100 @@ _CONTROL_OPERATIONS = {
 }
 
 
+def _list_filtered(filter_text: str, sort: str, limit: int, as_json: bool) -> None:
+    from dataclasses import asdict
+
+    from workflow_engine.store.listing import InstanceFilter, list_page
+
+    f = InstanceFilter.parse(filter_text)
+    db, cursor, shown = _db(), None, 0
+    while shown < limit:
+        page = list_page(db, f, sort, cursor, min(500, limit - shown))  # type: ignore[arg-type]
+        for row in page.rows:
+            if as_json:
+                click.echo(orjson.dumps(asdict(row), default=str))
+            else:
+                click.echo(
+                    f"{row.job_id}\t{row.workflow}\t{row.status}"
+                    f"\t{row.created_at:%Y-%m-%d %H:%M:%S}\t{row.duplicates} dup"
+                    f"\t{row.mismatches} mismatch\t{row.error or '-'}"
+                )
+        shown += len(page.rows)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+
+
+def _bulk(op: str, filter_text: str, dry_run: bool, yes: bool, batch: int) -> None:
+    """``instances <op> --filter …``: count, confirm, then apply in batches with a
+    progress line per batch."""
+    from onceflow.vocabulary import BulkAction
+    from workflow_engine.store import bulk
+    from workflow_engine.store.listing import InstanceFilter, count_matching
+
+    f = InstanceFilter.parse(filter_text)
+    if f.empty:
+        raise OnceflowError("--filter matches every instance; narrow it (e.g. workflow=...)")
+    db = _db()
+    n = count_matching(db, f)
+    what = f"{op} {n} instance(s) matching {f.describe()!r}"
+    if dry_run:
+        click.echo(f"dry run: would {what}")
+        return
+    if n == 0:
+        click.echo(f"nothing to {op}: no instance matches {f.describe()!r}")
+        return
+    if not yes:
+        click.confirm(f"{what.capitalize()}?", abort=True, err=True)
+    started = bulk.start_bulk(db, BulkAction(op), f)
+    click.echo(f"bulk {op} #{started.id} started on {started.total} instance(s)")
+
+    def progress(o: bulk.BulkOperation) -> None:
+        click.echo(f"  {o.done + o.skipped}/{o.total} ({o.done} done, {o.skipped} skipped)")
+
+    finished = bulk.run_bulk(db, started.id, batch=batch, on_progress=progress)
+    click.echo(finished.describe())
+
+
 def _control_command(op: str, help_text: str) -> None:
-    @instances.command(op, help=help_text)
-    @click.argument("workflow")
-    @click.argument("job_id")
-    def command(workflow: str, job_id: str) -> None:
+    @instances.command(
+        op,
+        help=help_text + " With --filter instead of WORKFLOW JOB_ID: every instance it matches.",
+    )
+    @click.argument("workflow", required=False)
+    @click.argument("job_id", required=False)
+    @click.option(
+        "--filter",
+        "filter_text",
+        default=None,
+        help="Act on every instance this filter matches (see `instances list --filter`).",
+    )
+    @click.option("--dry-run", is_flag=True, help="With --filter: only count the instances.")
+    @click.option("--yes", is_flag=True, help="With --filter: do not ask for confirmation.")
+    @click.option(
+        "--batch",
+        default=500,
+        envvar="ONCEFLOW_BULK_BATCH",
+        type=click.IntRange(1, 10000),
+        help="With --filter: instances per transaction.",
+    )
+    def command(
+        workflow: str | None,
+        job_id: str | None,
+        filter_text: str | None,
+        dry_run: bool,
+        yes: bool,
+        batch: int,
+    ) -> None:
+        if filter_text is not None:
+            if workflow or job_id:
+                raise OnceflowError("give either WORKFLOW JOB_ID or --filter, not both")
+            _bulk(op, filter_text, dry_run, yes, batch)
+            return
+        if not (workflow and job_id):
+            raise OnceflowError(f"{op} needs WORKFLOW JOB_ID, or --filter")
+        if dry_run:
+            raise OnceflowError("--dry-run goes with --filter")
         _control(op, workflow, job_id)
 
 
@@ -275,6 +401,143 @@ def instances_send_event(workflow: str, job_id: str, event_type: str, payload: s
         raise OnceflowError(f"payload is not valid JSON: {exc}") from None
     event_id = send_event(_db(), workflow, job_id, event_type, value)
     click.echo(f"{job_id}: event {event_type!r} stored (id {event_id})")
+
+
+# --- dead letters ---------------------------------------------------------------------------
+
+
+@cli.group("dead-letters")
+def dead_letters() -> None:
+    """Read the dead-letter topic and send letters back to the jobs topic."""
+
+
+_REASONS = click.Choice([r.value for r in DeadLetterReason])
+
+
+@dead_letters.command("list")
+@click.option("--reason", type=_REASONS, default=None, help="Only letters of this reason.")
+@click.option("--limit", default=100, type=click.IntRange(1, 100000), help="At most this many.")
+@click.option("--after", default=None, help="Start after this position (PARTITION@OFFSET).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of a table.")
+def dead_letters_list(reason: str | None, limit: int, after: str | None, as_json: bool) -> None:
+    """List dead letters, oldest first (partition by partition)."""
+    from onceflow.redrive import parse_position, read_dead_letters
+
+    start = parse_position(after) if after else None
+    for letter in read_dead_letters(_settings(), limit, reason, start):
+        if as_json:
+            click.echo(
+                orjson.dumps(
+                    {
+                        "position": letter.position,
+                        "key": _text(letter.key),
+                        "reason": letter.reason,
+                        "detail": letter.detail,
+                        "source": letter.source,
+                        "truncated": letter.truncated,
+                        "timestamp_ms": letter.timestamp_ms,
+                        "size": len(letter.value or b""),
+                    }
+                )
+            )
+        else:
+            cut = " (truncated)" if letter.truncated else ""
+            click.echo(
+                f"{letter.position}\t{_text(letter.key) or '-'}\t{letter.reason}"
+                f"\t{letter.source}\t{letter.detail[:120]}{cut}"
+            )
+
+
+def _text(raw: bytes | None) -> str:
+    return raw.decode(errors="replace") if raw is not None else ""
+
+
+@dead_letters.command("redrive")
+@click.option("--all", "everything", is_flag=True, help="Every letter in the topic.")
+@click.option("--reason", type=_REASONS, default=None, help="Every letter of this reason.")
+@click.option(
+    "--offset",
+    "positions",
+    multiple=True,
+    help="The letter at PARTITION@OFFSET of the dead-letter topic (repeatable).",
+)
+@click.option("--dry-run", is_flag=True, help="Only say what would be sent back.")
+def dead_letters_redrive(
+    everything: bool, reason: str | None, positions: tuple[str, ...], dry_run: bool
+) -> None:
+    """Send dead letters' originals back to the jobs topic (truncated ones are refused).
+
+    A letter of a job id that already has an instance collapses as a duplicate."""
+    from onceflow.redrive import parse_position, read_dead_letters, redrive
+
+    if sum((everything, reason is not None, bool(positions))) != 1:
+        raise OnceflowError("give exactly one of --all, --reason R or --offset P@O")
+    settings = _settings()
+    if positions:
+        letters = []
+        for text in positions:
+            p, o = parse_position(text)
+            found = read_dead_letters(settings, 1, None, (p, o - 1))
+            if not found or (found[0].dlq_partition, found[0].dlq_offset) != (p, o):
+                raise OnceflowError(f"no dead letter at {text}")
+            letters.append(found[0])
+    else:
+        letters = _all_letters(settings, reason)
+    truncated = [x for x in letters if x.truncated]
+    if dry_run:
+        click.echo(
+            f"dry run: would send back {len(letters) - len(truncated)} letter(s);"
+            f" {len(truncated)} truncated would be refused"
+            + "".join(f"\n  refused {x.position}" for x in truncated)
+        )
+        return
+    result = redrive(settings, letters)
+    for r in result.redriven:
+        click.echo(
+            f"{r.dlq_partition}@{r.dlq_offset} -> {settings.jobs_topic}/{r.partition}@{r.offset}"
+        )
+    for x in result.refused:
+        click.echo(f"{x.dlq_partition}@{x.dlq_offset} refused: {x.why}")
+    for x in result.failed:
+        click.echo(f"{x.dlq_partition}@{x.dlq_offset} FAILED: {x.why}", err=True)
+    click.echo(
+        f"sent back {result.produced}, refused {result.refused_count}, failed {len(result.failed)}"
+    )
+    if result.failed:
+        raise OnceflowError(f"{len(result.failed)} letter(s) not acknowledged; run it again")
+
+
+def _all_letters(settings: Settings, reason: str | None) -> list[DeadLetterRecord]:
+    from onceflow.redrive import read_dead_letters
+
+    letters: list[DeadLetterRecord] = []
+    after = None
+    while True:
+        page = read_dead_letters(settings, 1000, reason, after)
+        letters += page
+        if len(page) < 1000:
+            return letters
+        after = (page[-1].dlq_partition, page[-1].dlq_offset)
+
+
+@cli.command("workflows")
+def workflows_command() -> None:
+    """Which workflow versions the live engines run, and the runnable instances whose
+    version none of them has (they wait for an engine with it)."""
+    from workflow_engine.store.engines import instances_without_engine, live_engines
+    from workflow_engine.store.instances import ENGINE_STALE_SECONDS
+
+    db = _db()
+    engines = live_engines(db, ENGINE_STALE_SECONDS)
+    click.echo(f"live engines: {len(engines)}")
+    for e in engines:
+        versions = ", ".join(f"{w}@{v}" for w, v in sorted(e.workflows.items()))
+        click.echo(f"  {e.engine_id}\t{versions}")
+    for s in instances_without_engine(db, ENGINE_STALE_SECONDS):
+        click.echo(
+            f"{s.count} runnable instances of {s.workflow} version {s.version or '(none)'}:"
+            " waiting for an engine with that version"
+        )
 
 
 @cli.command()

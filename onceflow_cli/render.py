@@ -10,7 +10,12 @@ from workflow_engine.store.dead_letters import DeadLetterView, dead_letters_for
 from workflow_engine.store.instances import InstanceView, job_status
 from workflow_engine.store.trace import TraceEvent
 
-_STEP_LABELS = {StepKind.STEP: "step", StepKind.SLEEP: "sleep", StepKind.EVENT: "wait"}
+_STEP_LABELS = {
+    StepKind.STEP: "step",
+    StepKind.SLEEP: "sleep",
+    StepKind.EVENT: "wait",
+    StepKind.PATCH: "patch",
+}
 
 
 def render_instance(view: InstanceView) -> str:
@@ -18,6 +23,7 @@ def render_instance(view: InstanceView) -> str:
         f"job id: {view.job_id}",
         f"workflow: {view.workflow}",
         f"status: {view.status}",
+        f"version: {view.version or '(none: created before versioning)'}",
         f"submitted: {view.submitted_at.isoformat() if view.submitted_at else '-'}"
         f" ({view.provenance})",
         f"created from: {view.source} at {view.created_at.isoformat()}",
@@ -25,6 +31,8 @@ def render_instance(view: InstanceView) -> str:
         f" ({view.redeliveries} redeliveries, {view.mismatches} with different params,"
         f" {view.workflow_mismatches} naming another workflow)",
     ]
+    if view.waiting_for_engine:
+        lines.append(view.waiting_for_engine)
     if view.dead_letters:
         lines.append(f"records of this id dead-lettered: {view.dead_letters}")
     for step in view.steps:

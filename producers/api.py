@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from onceflow import tracing
 from onceflow.errors import ConfigurationError
 from onceflow.settings import Settings
 from producers.deps import Ingest
@@ -30,6 +31,7 @@ from producers.kafka import JobProducer, JobSender
 from producers.models import BatchIn, ErrorBody, JobIn
 from producers.responses import error_response
 from producers.routes import admin, health, jobs
+from producers.tracing import TracedSender, TraceRequests
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,10 @@ def create_app(settings: Settings, producer: JobSender | None = None) -> FastAPI
     install_error_handlers(app)
     app.state.ingest = ingest
     app.add_middleware(RefuseNul)
+    if tracing.enabled():  # decided once here: with tracing off, no per-request hook
+        app.add_middleware(TraceRequests)
+        if ingest.producer is not None:
+            ingest.producer = TracedSender(ingest.producer, settings.jobs_topic)
     app.include_router(jobs.router)
     if settings.admin_api_enabled:
         app.include_router(admin.router)
@@ -71,7 +77,10 @@ def create_app(settings: Settings, producer: JobSender | None = None) -> FastAPI
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     ingest: Ingest = app.state.ingest
     if ingest.producer is None:
-        ingest.producer = JobProducer(ingest.settings)
+        producer: JobSender = JobProducer(ingest.settings)
+        if tracing.enabled():
+            producer = TracedSender(producer, ingest.settings.jobs_topic)
+        ingest.producer = producer
     yield
     remaining = ingest.producer.close()
     log.info("producer flushed", extra={"event": "ingest.stopped", "undelivered": remaining})

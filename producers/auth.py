@@ -1,45 +1,30 @@
 """API keys with scopes, for the ingest and admin endpoints.
 
 Keys are configured only as SHA-256 hashes (``ONCEFLOW_API_KEYS``; ``onceflow keys new``
-makes one); a presented key is hashed and compared with every stored hash in constant
-time. A missing or unknown key gets 401; a key without the endpoint's scope gets 403.
+makes one); a presented key is matched by ``onceflow.keys.KeyRing`` (constant time,
+shared with the console). A missing or unknown key gets 401; a key without the
+endpoint's scope gets 403.
 Keys never appear in logs or error messages, only their names.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import secrets
-
 from fastapi import Request
 
+from onceflow.keys import KeyRing, hash_key, new_key
 from onceflow.settings import SCOPES, ApiKey, Settings
 from producers.models import RequestError
 
 __all__ = ["SCOPES", "Authenticator", "hash_key", "new_key"]
 
 
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def new_key() -> str:
-    return "ofk_" + secrets.token_urlsafe(32)
-
-
 class Authenticator:
     def __init__(self, settings: Settings) -> None:
         self.disabled = settings.auth_disabled
-        self._keys = [(bytes.fromhex(k.sha256), k) for k in settings.api_keys]
+        self._ring = KeyRing(settings.api_keys)
 
     def identify(self, presented: str) -> ApiKey | None:
-        digest = hashlib.sha256(presented.encode()).digest()
-        found = None
-        for stored, key in self._keys:  # no early exit: the time does not depend on which
-            if hmac.compare_digest(digest, stored):
-                found = key
-        return found
+        return self._ring.identify(presented)
 
     def authenticate(self, request: Request, scope: str) -> str:
         """The caller's identity if its key holds ``scope``; else RequestError 401/403."""

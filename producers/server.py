@@ -8,6 +8,7 @@ from http.server import ThreadingHTTPServer
 
 import uvicorn
 
+from onceflow import tracing
 from onceflow.health import serve_metrics_and_health
 from onceflow.logs import setup_logging
 from onceflow.settings import Settings
@@ -20,6 +21,7 @@ from workflow_engine.store.db import database_ready
 
 def serve(settings: Settings) -> None:
     setup_logging(settings.log_level, settings.log_format, Process.INGEST)
+    tracing.setup(settings, Process.INGEST)
 
     producer = JobProducer(settings)
     start_probe_server(settings, producer)

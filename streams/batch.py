@@ -28,6 +28,7 @@ from confluent_kafka import Producer
 from sqlalchemy.engine import Engine
 from tenacity import Retrying, retry_if_exception_type, stop_never, wait_exponential_jitter
 
+from onceflow import tracing
 from onceflow.settings import Settings
 from onceflow.vocabulary import DeadLetterReason, JobKind
 from streams.dead_letters import DeadLetterWriter
@@ -49,6 +50,7 @@ from streams.records import (
     split_by_partition,
 )
 from streams.tasks import run_task
+from streams.tracing import record_spans
 from workflow_engine.store import task_runs
 from workflow_engine.store.instances import CreateResult, Delivery, create_instances
 
@@ -81,6 +83,7 @@ class BatchHandler:
         self._commits = 0
         self._lock = threading.Lock()
         self._failpoint_after = _parse_failpoint(settings.failpoint, "streams.after_db_commit")
+        self._traced = tracing.enabled()
 
     async def handle(self, records: list[RawRecord]) -> CreateResult:
         IN_FLIGHT.set(len(records))
@@ -139,6 +142,7 @@ class BatchHandler:
     def _create(self, chunk: list[Delivery]) -> CreateResult:
         try:
             started = time.perf_counter()
+            started_ns = time.time_ns()
             result = self.with_db_retry(create_instances, self.engine, chunk)
             DB_LATENCY.observe(time.perf_counter() - started)
         except sa_exc.DBAPIError as exc:
@@ -152,6 +156,8 @@ class BatchHandler:
             result = self._create_one_by_one(chunk)
         self._after_commit()
         self._report(chunk, result)
+        if self._traced:
+            record_spans(chunk, result, started_ns, time.time_ns())
         return result
 
     def _create_one_by_one(self, chunk: list[Delivery]) -> CreateResult:

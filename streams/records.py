@@ -13,7 +13,7 @@ from onceflow.envelope import JobEnvelope, KafkaHeaders
 from onceflow.errors import InvalidEnvelope
 from onceflow.ids import is_valid_job_id
 from onceflow.vocabulary import DeadLetterReason
-from workflow_engine.definitions import get_task, get_workflow
+from workflow_engine.definitions import get_task, get_workflow, workflow_version
 from workflow_engine.store.instances import Delivery
 
 
@@ -53,11 +53,13 @@ def classify(
     records: list[RawRecord],
     max_value_bytes: int,
     kind_of: Callable[[str], str | None] = lambda name: "workflow",
+    version_of: Callable[[str], str | None] = workflow_version,
 ) -> tuple[list[Delivery], list[DeadLetter]]:
     """Split records into valid deliveries (in order) and dead letters with a reason.
 
     ``kind_of`` maps a type name to "workflow", "task", or None when nothing is
-    registered under that name (the record is dead-lettered).
+    registered under that name (the record is dead-lettered). ``version_of`` gives the
+    version a new instance of a workflow records: this process's definition of it.
     """
     deliveries: list[Delivery] = []
     dead: list[DeadLetter] = []
@@ -77,7 +79,10 @@ def classify(
             dead.append(DeadLetter.of(rec, DeadLetterReason.UNKNOWN_TYPE, detail, env.job_id))
             continue
         enqueued = datetime.fromtimestamp(rec.timestamp, UTC) if rec.timestamp else None
-        deliveries.append(Delivery(env, rec.topic, rec.partition, rec.offset, kind, enqueued))
+        version = version_of(env.workflow) if kind == "workflow" else None
+        deliveries.append(
+            Delivery(env, rec.topic, rec.partition, rec.offset, kind, enqueued, version)
+        )
     return deliveries, dead
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import faust
 
+from onceflow import tracing
 from onceflow.health import serve_metrics_and_health
 from onceflow.settings import Settings
 from onceflow.vocabulary import Process
@@ -40,6 +41,7 @@ def _logging_config(settings: Settings) -> dict[str, Any]:
 
 def run_worker(settings: Settings) -> None:
     """Build the app, its topic and agent from ``settings``, and run until stopped."""
+    tracing.setup(settings, Process.WORKER)
     app = create_app(settings)
     agents.register(app, settings)
     _count_rebalances(app, settings)

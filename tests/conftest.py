@@ -9,7 +9,10 @@ import pytest
 from onceflow.settings import settings_env  # noqa: F401  (tests import it from here)
 
 # Tests control the settings they use: scrub the app's own variables first.
-for _name in [n for n in os.environ if n.startswith("ONCEFLOW_")]:
+# ONCEFLOW_TEST_* are the tests' own switches (e.g. ONCEFLOW_TEST_SCREENSHOTS_DIR), kept.
+for _name in [
+    n for n in os.environ if n.startswith("ONCEFLOW_") and not n.startswith("ONCEFLOW_TEST_")
+]:
     del os.environ[_name]
 
 

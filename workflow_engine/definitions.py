@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
+from workflow_engine.versions import check_version, fingerprint
+
 
 class Context(Protocol):
     """What a workflow function may ask of its ``ctx`` (the engine's
@@ -47,25 +49,38 @@ class Context(Protocol):
         self, name: str, type: str, timeout: float | timedelta | None = None
     ) -> Any: ...
 
+    async def patched(self, patch_id: str) -> bool: ...
+
+    async def deprecate_patch(self, patch_id: str) -> None: ...
+
 
 WorkflowFn = Callable[[Context, dict[str, Any]], Awaitable[Any]]
 
 _REGISTRY: dict[str, WorkflowFn] = {}
 _LIMITS: dict[str, int] = {}
+_VERSIONS: dict[str, str] = {}
 _TASKS: dict[str, TaskDef] = {}
 
 
-def workflow(name: str, concurrency: int | None = None) -> Callable[[WorkflowFn], WorkflowFn]:
+def workflow(
+    name: str, concurrency: int | None = None, version: str | None = None
+) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register an async function ``(ctx, params)`` as the workflow called ``name``.
 
     ``concurrency`` caps how many of its instances run at once across all engines;
     the rest stay queued. Sleeping and waiting instances do not count.
+
+    ``version`` names this definition (``"2026-11-30"``); without it, the version is a
+    fingerprint of the function's source (:mod:`workflow_engine.versions`). Every
+    instance records the version it was created with and runs only on engines that
+    have that version.
     """
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         existing = _REGISTRY.get(name)
         if (existing is not None and existing is not fn) or name in _TASKS:
             raise ValueError(f"{name!r} is registered twice")
+        _VERSIONS[name] = check_version(version) if version is not None else fingerprint(fn)
         _REGISTRY[name] = fn
         if concurrency is not None:
             if concurrency < 1:
@@ -120,6 +135,16 @@ def get_workflow(name: str) -> WorkflowFn | None:
 
 def registered_workflows() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def workflow_version(name: str) -> str | None:
+    """The version new instances of ``name`` are created with (None: not registered)."""
+    return _VERSIONS.get(name)
+
+
+def registered_versions() -> dict[str, str]:
+    """The version of every registered workflow: what this process can run."""
+    return dict(_VERSIONS)
 
 
 def load_workflow_modules(modules: Iterable[str]) -> list[str]:

@@ -1,31 +1,46 @@
 """The HTTP admin API: inspect and control instances (mounted when
 ``ONCEFLOW_ADMIN_API_ENABLED``).
 
-    GET  /v1/instances?workflow=&status=&since=&prefix=&limit=
+    GET  /v1/instances?workflow=&status=&created_from=&created_to=&job_id=&prefix=
+                      &has_duplicates=&payload_mismatch=&error_contains=
+                      &sort=created|updated&cursor=&limit=&count=true
+         -> {"instances": [...], "next_cursor": "..." | null, "count": n | null}
+    POST /v1/instances/bulk/{pause|resume|terminate|restart}   {"filter": "...", "dry_run": false}
+         -> 202 the operation (it runs in a background thread); dry run: 200 the count
+    GET  /v1/instances/bulk              the latest bulk operations
+    GET  /v1/instances/bulk/{id}         one bulk operation's progress
     GET  /v1/instances/{workflow}/{job_id}
     POST /v1/instances/{workflow}/{job_id}/{pause|resume|terminate|restart}
     POST /v1/instances/{workflow}/{job_id}/events      {"type": "...", "payload": ...}
 
 Endpoints are plain functions: FastAPI runs them in its thread pool, so the blocking
-database calls never stall the event loop that answers job submissions.
+database calls never stall the event loop that answers job submissions. The bulk
+routes are declared before ``/{workflow}/{job_id}``, so ``bulk`` is not a workflow name
+here.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable
+from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 
-from onceflow.vocabulary import InstanceStatus
+from onceflow.vocabulary import BulkAction, InstanceStatus
 from producers.deps import DbDep, require
 from producers.errors import error_responses
 from producers.models import FieldError, RequestError
-from workflow_engine.store import control
+from workflow_engine.store import bulk, control, listing
 from workflow_engine.store.instances import describe_instance
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -64,27 +79,124 @@ def list_instances(
     engine: DbDep,
     workflow: str | None = None,
     status: InstanceStatus | None = None,
-    since: datetime | None = None,
+    created_from: datetime | None = None,
+    created_to: datetime | None = None,
+    since: datetime | None = None,  # the older name of created_from
+    job_id: str | None = None,
     prefix: str | None = None,
+    has_duplicates: bool | None = None,
+    payload_mismatch: bool | None = None,
+    error_contains: str | None = None,
+    sort: Literal["created", "updated"] = "created",
+    cursor: str | None = None,
     limit: int = 100,
-) -> list[dict[str, Any]]:
-    limit = max(1, min(limit, 1000))
-    if since is not None:
-        since = _utc(since)
-    rows = control.list_instances(engine, workflow, status, since, prefix, limit)
-    return [row.__dict__ for row in rows]
+    count: bool = False,
+) -> dict[str, Any]:
+    """A page of instances, newest first; ``next_cursor`` fetches the next one, and
+    ``count=true`` adds how many match in all."""
+    f = listing.InstanceFilter(
+        workflow=workflow or None,
+        status=status,
+        created_from=_utc(created_from or since, "created_from"),
+        created_to=_utc(created_to, "created_to"),
+        job_id=job_id or None,
+        job_id_prefix=prefix or None,
+        has_duplicates=has_duplicates,
+        payload_mismatch=payload_mismatch,
+        error_contains=error_contains or None,
+    )
+    limit = max(1, min(limit, listing.MAX_LIMIT))
+    page = _filtered(lambda: listing.list_page(engine, f, sort, cursor or None, limit))
+    return {
+        "instances": [asdict(row) for row in page.rows],
+        "next_cursor": page.next_cursor,
+        "count": listing.count_matching(engine, f) if count else None,
+    }
 
 
-def _utc(moment: datetime) -> datetime:
+def _filtered(op: Callable[[], T]) -> T:
+    """Run a listing or bulk call, a bad filter or cursor becoming a 400."""
+    try:
+        return op()
+    except listing.InvalidFilter as exc:
+        raise RequestError(400, "invalid_filter", str(exc)) from None
+
+
+def _utc(moment: datetime | None, name: str) -> datetime | None:
+    if moment is None:
+        return None
     try:  # PostgreSQL takes offsets up to ±15:59 only: hand it UTC
         return moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)
     except OverflowError:
         raise RequestError(
             422,
             "invalid_request",
-            "since is out of range",
-            [FieldError(field="query.since", reason="out of range")],
+            f"{name} is out of range",
+            [FieldError(field=f"query.{name}", reason="out of range")],
         ) from None
+
+
+class BulkIn(BaseModel):
+    filter: str = Field(
+        min_length=1,
+        max_length=2000,
+        description="An instance filter, e.g. workflow=order-workflow,status=errored.",
+    )
+    dry_run: bool = False
+
+
+def _op_body(op: bulk.BulkOperation) -> dict[str, Any]:
+    body = asdict(op)
+    body["created_at"] = op.created_at.isoformat()
+    body["finished_at"] = op.finished_at.isoformat() if op.finished_at else None
+    return body
+
+
+def _run_in_background(engine: Engine, op_id: int) -> None:
+    def run() -> None:
+        try:
+            bulk.run_bulk(engine, op_id)
+        except Exception:
+            log.exception(
+                "bulk operation #%d failed",
+                op_id,
+                extra={"event": "ingest.bulk.failed", "bulk_id": op_id},
+            )
+
+    threading.Thread(target=run, name=f"onceflow-bulk-{op_id}", daemon=True).start()
+
+
+@router.post("/bulk/{action}", dependencies=_CONTROL, status_code=202)
+def start_bulk(action: BulkAction, body: BulkIn, engine: DbDep) -> Any:
+    """Apply ``action`` to every instance the filter matches, in the background; poll
+    ``GET /v1/instances/bulk/{id}``. With ``dry_run``, only count them (200)."""
+    f = _filtered(lambda: listing.InstanceFilter.parse(body.filter))
+    if f.empty:
+        raise RequestError(
+            400, "invalid_filter", "a bulk operation needs a filter that narrows something"
+        )
+    if body.dry_run:
+        n = listing.count_matching(engine, f)
+        return JSONResponse(
+            {"action": str(action), "filter": f.describe(), "dry_run": True, "count": n}
+        )
+    op = bulk.start_bulk(engine, action, f)
+    if not op.finished:
+        _run_in_background(engine, op.id)
+    return _op_body(op)
+
+
+@router.get("/bulk", dependencies=_READ)
+def recent_bulk(engine: DbDep, limit: int = 20) -> list[dict[str, Any]]:
+    return [_op_body(op) for op in bulk.recent_bulk(engine, max(1, min(limit, 200)))]
+
+
+@router.get("/bulk/{op_id}", dependencies=_READ)
+def bulk_progress(op_id: int, engine: DbDep) -> dict[str, Any]:
+    op = bulk.bulk_status(engine, op_id)
+    if op is None:
+        raise RequestError(404, "not_found", f"no bulk operation #{op_id}")
+    return _op_body(op)
 
 
 @router.get("/{workflow}/{job_id}", dependencies=_READ)

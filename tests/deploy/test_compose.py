@@ -38,11 +38,13 @@ def test_compose_is_valid_and_complete():
         "ingest",
         "streams",
         "engine",
+        "console",
         "prometheus",
         "grafana",
+        "jaeger",  # traces (README, "Tracing")
     }
     assert services["kafka"]["image"].startswith("apache/kafka:4.")
-    for name in ("ingest", "streams", "engine"):
+    for name in ("ingest", "streams", "engine", "console"):
         assert "healthcheck" in services[name]
         assert (
             services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
@@ -52,7 +54,7 @@ def test_compose_is_valid_and_complete():
 def test_every_app_command_and_setting_is_real():
     services = _config()["services"]
     app = {n: s for n, s in services.items() if s.get("image") == "onceflow:local"}
-    assert set(app) == {"migrate", "topics", "ingest", "streams", "engine"}
+    assert set(app) == {"migrate", "topics", "ingest", "streams", "engine", "console"}
     for name, service in app.items():
         assert is_onceflow_command(service["command"]), (name, service["command"])
         for key in service["environment"]:

@@ -27,6 +27,7 @@ ALL_ON = [
     "dashboard.enabled=true",
     "database.migrationSecret=onceflow-migrator",
     "settings.ONCEFLOW_LOG_LEVEL=DEBUG",
+    "console.enabled=true",
 ]
 CRDS = {"ServiceMonitor", "PrometheusRule", "ScaledObject"}
 
@@ -100,6 +101,30 @@ def test_objects_per_configuration():
     hpa_docs = render("streams.autoscaling.mode=hpa")
     assert sum(d["kind"] == "HorizontalPodAutoscaler" for d in hpa_docs) == 1
     assert not any(d["kind"] == "ScaledObject" for d in hpa_docs)
+
+
+def test_console_is_off_by_default_and_its_own_deployment_when_on():
+    def named(docs: list[dict]) -> set[tuple[str, str]]:
+        return {(d["kind"], d["metadata"]["name"]) for d in docs}
+
+    assert not {n for n in named(render()) if "console" in n[1]}
+    docs = render("console.enabled=true")
+    assert {n for n in named(docs) if "console" in n[1]} == {
+        ("Deployment", "t-onceflow-console"),
+        ("Service", "t-onceflow-console"),
+    }
+    (deployment,) = [
+        d
+        for d in docs
+        if d["metadata"]["name"] == "t-onceflow-console" and d["kind"] == "Deployment"
+    ]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["console"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["ONCEFLOW_CONSOLE_PORT"] == "8090"
+    assert env["ONCEFLOW_CONSOLE_METRICS_PORT"] == "9104"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": 8090, "metrics": 9104}
 
 
 def test_every_command_and_setting_is_real():

@@ -35,7 +35,17 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
 def test_wheel_holds_the_runtime_packages_and_no_tooling(wheel):
     names = wheel.namelist()
     tops = {n.split("/")[0] for n in names if not n.startswith("onceflow-")}
-    assert tops == {"onceflow", "onceflow_cli", "producers", "streams", "workflow_engine"}
+    assert tops == {
+        "onceflow",
+        "onceflow_cli",
+        "producers",
+        "streams",
+        "workflow_engine",
+        "console",
+    }
+    assert "console/static/vendor/htmx/htmx.min.js" in names  # no CDN: served by the process
+    assert "console/static/vendor/htmx/LICENSE" in names  # htmx is 0BSD
+    assert "console/templates/base.html" in names
     assert "workflow_engine/store/migrations/0001_initial.sql" in names
     assert "workflow_engine/store/schema.sql" in names
     assert "producers/third_party/swagger-ui/LICENSE" in names  # Swagger UI is Apache-2.0
@@ -66,6 +76,7 @@ def test_dockerfile_copies_no_tools_and_only_the_examples_target_has_samples():
         "producers",
         "streams",
         "workflow_engine",
+        "console",
     ]
     assert copied["examples"] == ["examples"]
     assert copied["runtime"] == []

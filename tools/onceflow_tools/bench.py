@@ -19,6 +19,9 @@ Scenarios (each prints a table, shows progress on stderr and writes JSON):
   optionally through a 5 s PostgreSQL outage.
 * ``dbos``: DBOS Transact running the same workflow on the same PostgreSQL
   (:mod:`onceflow_tools.baselines.dbos_bench`, in its own virtualenv), with the ratios.
+* ``console-list``: the console's queries on 50 instances per ``--jobs`` (1,000,000 at
+  the default) in a scratch database: first and deep keyset pages, filtered pages,
+  counts (median of 5 runs each, in ms).
 
 Benchmarks are not tests: CI runs only a tiny smoke size to keep the harness working.
 """
@@ -800,6 +803,83 @@ RENDERERS = {
 }
 
 
+def console_list(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
+    """Time the console's list and count queries on a big table (no processes)."""
+    import statistics
+    from datetime import UTC, datetime, timedelta
+
+    from onceflow_tools.stack import database_url_for, recreate_database
+    from workflow_engine.store import listing
+    from workflow_engine.store.db import make_engine
+    from workflow_engine.store.schema import migrate
+
+    rows = jobs * 50
+    name = f"onceflow_bench_console_{uuid.uuid4().hex[:6]}"
+    db = make_engine(recreate_database(base.database_url, name), pool_size=1)
+    try:
+        migrate(db)
+        started = time.perf_counter()
+        listing.seed_for_bench(db, rows)
+        seed_seconds = time.perf_counter() - started
+        everything = listing.InstanceFilter()
+        half = listing.list_page(
+            db, listing.InstanceFilter(created_to=datetime.now(UTC) - timedelta(days=15)), limit=1
+        ).rows
+        deep = (
+            listing.encode_cursor("created", half[0].created_at, half[0].job_id) if half else None
+        )
+        errored = listing.InstanceFilter(workflow="bench-wf-1", status=InstanceStatus.ERRORED)
+        queries: list[tuple[str, Callable[[], object]]] = [
+            ("list first page", lambda: listing.list_page(db, everything)),
+            ("list deep page (middle)", lambda: listing.list_page(db, everything, cursor=deep)),
+            ("list first page, sort=updated", lambda: listing.list_page(db, everything, "updated")),
+            ("list workflow+status page", lambda: listing.list_page(db, errored)),
+            ("count all", lambda: listing.count_matching(db, everything)),
+            ("count all, cap 10000", lambda: listing.count_matching(db, everything, cap=10000)),
+            ("count workflow+status", lambda: listing.count_matching(db, errored)),
+        ]
+        timings = []
+        for label, query in queries:
+            runs = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                query()
+                runs.append((time.perf_counter() - t0) * 1000)
+            timings.append(
+                {"query": label, "median_ms": statistics.median(runs), "max_ms": max(runs)}
+            )
+        return {
+            "scenario": "console-list",
+            "rows": rows,
+            "seed_seconds": seed_seconds,
+            "timings": timings,
+        }
+    finally:
+        db.dispose()
+        admin = make_engine(database_url_for(base.database_url, "postgres"), pool_size=1)
+        with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+def _render_console_list(result: dict[str, Any]) -> list[str]:
+    return [
+        f"console-list: {result['rows']} instances seeded in {result['seed_seconds']:.1f}s",
+        *_table(
+            "  queries",
+            [
+                ("query", lambda r: r["query"]),
+                ("median ms", lambda r: f"{r['median_ms']:.1f}"),
+                ("max ms", lambda r: f"{r['max_ms']:.1f}"),
+            ],
+            result["timings"],
+        ),
+    ]
+
+
+RENDERERS["console-list"] = _render_console_list
+
+
 def render(result: dict[str, Any]) -> str:
     return "\n".join(RENDERERS[result["scenario"]](result))
 
@@ -815,6 +895,7 @@ SCENARIOS = {
     "scale": scale,
     "burst-paced": lambda base, jobs, log_dir: burst(base, jobs, log_dir, rate=5000),
     "nobuffer-outage": lambda base, jobs, log_dir: nobuffer(base, jobs, log_dir, outage=True),
+    "console-list": console_list,
 }
 
 

@@ -27,6 +27,7 @@ BENCH_SCENARIOS = (
     "nobuffer-outage",
     "dbos",
     "scale",
+    "console-list",
 )
 
 

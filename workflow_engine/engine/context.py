@@ -25,8 +25,10 @@ from typing import Any
 
 from onceflow.vocabulary import AttemptOutcome, InstanceStatus, StepKind, StepStatus
 from workflow_engine.definitions import DEFAULT_RETRY, RetryPolicy
+from workflow_engine.engine import tracing
 from workflow_engine.engine.metrics import STEP_DURATION, STEPS, STEPS_STARTED
 from workflow_engine.engine.runtime import Runtime
+from workflow_engine.engine.tracing import JobSpans
 from workflow_engine.errors import (
     EventTimeout,
     NonDeterminismError,
@@ -42,18 +44,26 @@ log = logging.getLogger(__name__)
 
 
 class WorkflowContext:
+    #: Set by the runner when tracing is on (workflow_engine/engine/tracing.py).
+    spans: JobSpans | None = None
+
     def __init__(
         self,
         runtime: Runtime,
         job_id: str,
         workflow: str,
         recorded: list[store.RecordedStep],
+        version: str | None = None,
+        engine_version: str | None = None,
     ) -> None:
         self._rt = runtime
         self.job_id = job_id
         self.workflow = workflow
+        self.version = version  # what the instance was created with
+        self.engine_version = engine_version  # what this engine's definition is
         self._recorded = {s.position: s for s in recorded}
         self._position = 0
+        self._patches: dict[str, bool] = {}
 
     def idempotency_key(self, step_name: str) -> str:
         return idempotency_key(self.job_id, step_name)
@@ -67,8 +77,40 @@ class WorkflowContext:
             raise NonDeterminismError(
                 f"workflow {self.workflow!r} asked for {kind} {name!r} at position {position},"
                 f" but the history has {recorded.kind} {recorded.name!r} there"
+                f" (instance created with version {self.version or '(none)'},"
+                f" this engine has version {self.engine_version or '(none)'});"
+                " the instance is stopped and no completed step runs again"
             )
         return position, recorded
+
+    async def patched(self, patch_id: str) -> bool:
+        """Whether this instance takes the code of patch ``patch_id`` (Temporal's
+        ``patched``): at a fresh history position it records a marker and answers True;
+        on replay it answers True iff the marker is recorded at this position (an
+        instance that ran past this point on the old code answers False, and the marker
+        takes no position). The answer is remembered for the rest of the run."""
+        if patch_id in self._patches:
+            return self._patches[patch_id]
+        recorded = self._recorded.get(self._position)
+        if recorded is not None:
+            taken = recorded.kind == StepKind.PATCH and recorded.name == patch_id
+            if taken:
+                self._position += 1
+        else:
+            await self._rt.db(
+                store.record_marker, self._rt.owner, self.job_id, self._position, patch_id
+            )
+            self._position += 1
+            taken = True
+        self._patches[patch_id] = taken
+        return taken
+
+    async def deprecate_patch(self, patch_id: str) -> None:
+        """Retire ``patched(patch_id)`` once no instance without its marker is left:
+        consumes the marker where the history has one, records nothing otherwise."""
+        recorded = self._recorded.get(self._position)
+        if recorded is not None and recorded.kind == StepKind.PATCH and recorded.name == patch_id:
+            self._position += 1
 
     async def step(
         self,
@@ -93,20 +135,25 @@ class WorkflowContext:
             attempt = await self._rt.write(StartStep(self.job_id, position, name))
             STEPS_STARTED.labels(self.workflow).inc()
             token = _current_step.set(StepInfo(self.job_id, self.workflow, name, position, attempt))
+            span = self.spans.step(name, position, attempt) if self.spans else None
             started = time.perf_counter()
             try:
-                value = await self._invoke(fn, args, kwargs, timeout)
+                with tracing.active(span):
+                    value = await self._invoke(fn, args, kwargs, timeout)
                 encoded = store.encode_result(value, self._rt.max_result_bytes)
             except NonRetryableError as exc:
+                tracing.end(span, exc)
                 await self._finish(position, attempt, AttemptOutcome.FAILED, error=_describe(exc))
                 STEPS.labels(self.workflow, AttemptOutcome.FAILED).inc()
                 raise
             except Exception as exc:  # step code may raise anything: that is a failed attempt
+                tracing.end(span, exc)
                 await self._attempt_failed(name, position, attempt, policy, exc)
                 continue
             finally:
                 _current_step.reset(token)
             await self._attempt_complete(name, position, attempt, encoded, started)
+            tracing.end(span)
             return value
 
     async def _attempt_failed(
@@ -189,6 +236,8 @@ class WorkflowContext:
         await self._rt.db(
             store.close_entry, self._rt.owner, self.job_id, position, StepStatus.COMPLETE, b"null"
         )
+        if self.spans:
+            self.spans.waited("sleep", name, position, tracing.sleep_start_ns(wake, delay))
 
     async def wait_for_event(
         self, name: str, type: str, timeout: float | timedelta | None = None
@@ -205,6 +254,7 @@ class WorkflowContext:
             raise EventTimeout(recorded.error or f"timed out waiting for event {type!r}")
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         rt = self._rt
+        reached_ns = time.time_ns()
         wake, due = await rt.db(
             store.begin_wait,
             rt.owner,
@@ -219,12 +269,16 @@ class WorkflowContext:
         )
         found, payload = await rt.db(store.consume_event, rt.owner, self.job_id, position)
         if found:
+            if self.spans:
+                self.spans.waited("wait", name, position, reached_ns, event=type)
             return payload
         if due:
             message = f"timed out waiting for event {type!r} ({name!r})"
             await rt.db(
                 store.close_entry, rt.owner, self.job_id, position, StepStatus.FAILED, None, message
             )
+            if self.spans:
+                self.spans.waited("wait", name, position, reached_ns, timed_out=type)
             raise EventTimeout(message)
         raise Suspend(InstanceStatus.WAITING, wake)
 

@@ -52,3 +52,14 @@ WRITE_BATCH_SIZE = Histogram(
     "Checkpoint writes committed together by the engine's group commit",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
 )
+WORKFLOW_VERSION = Gauge(
+    "onceflow_engine_workflow_version_info",
+    "The workflow definition versions this engine runs (value 1)",
+    ["workflow", "version"],
+)
+INSTANCES_WITHOUT_ENGINE = Gauge(
+    "onceflow_engine_instances_without_engine",
+    "Runnable instances whose workflow version no live engine has (version"
+    " 'unversioned': created before versioning)",
+    ["workflow", "version"],
+)

@@ -32,16 +32,19 @@ from typing import Concatenate, ParamSpec, TypeVar, cast
 from sqlalchemy.engine import Engine
 from ulid import ULID
 
+from onceflow import tracing
 from onceflow.health import serve_metrics_and_health
 from onceflow.logs import setup_logging
 from onceflow.settings import Settings
-from onceflow.vocabulary import ControlAction, InstanceStatus
+from onceflow.vocabulary import ControlAction, InstanceStatus, Process
 from workflow_engine.clock import FakeClock, SystemClock
 from workflow_engine.definitions import (
     RetryPolicy,
     concurrency_limits,
     get_workflow,
     load_workflow_modules,
+    registered_versions,
+    workflow_version,
 )
 from workflow_engine.engine.batcher import PostgresWrites, WriteBatcher
 from workflow_engine.engine.context import WorkflowContext
@@ -61,7 +64,9 @@ from workflow_engine.engine.outcomes import (
     Outcome,
     Suspended,
 )
+from workflow_engine.engine.presence import Presence
 from workflow_engine.engine.services import LeaseKeeper, Maintenance, Rescuer, Service
+from workflow_engine.engine.tracing import JobSpans
 from workflow_engine.errors import ControlRequested, LeaseLost, Suspend, WorkflowError
 from workflow_engine.store import control as control_ops
 from workflow_engine.store import execution as store
@@ -98,6 +103,7 @@ class EngineRunner:
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
         self.batcher = WriteBatcher(PostgresWrites(self.engine, self.owner))
+        self._traced = tracing.enabled()
 
     async def write(self, write: Write[T]) -> T:
         """A lease-guarded write, committed together with other instances' writes."""
@@ -148,6 +154,7 @@ class EngineRunner:
                 s.retention_instances_seconds,
                 s.retention_job_ids_seconds,
             ),
+            Presence(self.engine, self.owner, registered_versions(), s.engine_lease_seconds / 3),
         ]
 
     def stop(self) -> None:
@@ -185,6 +192,7 @@ class EngineRunner:
                 self.settings.engine_lease_seconds,
                 self.clock.db_now(),
                 concurrency_limits(),
+                registered_versions(),
             )
         except Exception:
             log.exception("claim failed; retrying", extra={"event": "engine.claim_error"})
@@ -252,7 +260,16 @@ class EngineRunner:
         fn = get_workflow(inst.workflow)
         if fn is None:
             return Failed(f"unknown workflow {inst.workflow!r}")
-        ctx = WorkflowContext(self, inst.job_id, inst.workflow, inst.history)
+        ctx = WorkflowContext(
+            self,
+            inst.job_id,
+            inst.workflow,
+            inst.history,
+            version=inst.version,
+            engine_version=workflow_version(inst.workflow),
+        )
+        if self._traced:
+            ctx.spans = JobSpans.of(inst.traceparent, inst.job_id, inst.workflow, inst.claim_count)
         log.info(
             "instance running",
             extra={
@@ -333,6 +350,8 @@ class EngineRunner:
     ) -> None:
         await self.write(FinishInstance(inst.job_id, status, result, error))
         FINISHED.labels(inst.workflow, status).inc()
+        if self._traced and (spans := JobSpans.of(inst.traceparent, *_ids(inst))):
+            spans.finished(status, error)
         if inst.submitted_at is not None:
             SUBMIT_TO_COMPLETE.labels(inst.workflow).observe(
                 (datetime.now(UTC) - inst.submitted_at).total_seconds()
@@ -353,6 +372,7 @@ class EngineRunner:
 
 def run_engine(settings: Settings) -> None:
     setup_logging(settings.log_level, settings.log_format, "engine")
+    tracing.setup(settings, Process.ENGINE)
     names = load_workflow_modules(settings.workflow_modules)
     runner = EngineRunner(settings)
     check_connection(runner.engine)
@@ -373,3 +393,7 @@ async def _main(runner: EngineRunner, concurrency: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, runner.stop)
     await runner.run()
+
+
+def _ids(inst: store.Claimed) -> tuple[str, str, int]:
+    return inst.job_id, inst.workflow, inst.claim_count

@@ -221,6 +221,7 @@ class InstanceRow:
     status: InstanceStatus
     created_at: datetime
     finished_at: datetime | None
+    version: str | None = None
 
 
 def list_instances(
@@ -230,10 +231,13 @@ def list_instances(
     created_since: datetime | None = None,
     id_prefix: str | None = None,
     limit: int = 100,
+    version: str | None = None,
 ) -> list[InstanceRow]:
     sql = sa.text(
-        "SELECT job_id, workflow, status, created_at, finished_at FROM onceflow_instances"
+        "SELECT job_id, workflow, status, created_at, finished_at, version"
+        " FROM onceflow_instances"
         " WHERE (CAST(:w AS text) IS NULL OR workflow = :w)"
+        " AND (CAST(:v AS text) IS NULL OR version = :v)"
         " AND (CAST(:s AS text) IS NULL OR status = :s)"
         " AND (CAST(:since AS timestamptz) IS NULL OR created_at >= :since)"
         " AND (CAST(:prefix AS text) IS NULL OR job_id LIKE :pattern)"
@@ -252,9 +256,17 @@ def list_instances(
                 "prefix": id_prefix,
                 "pattern": pattern,
                 "limit": limit,
+                "v": version,
             },
         )
         return [
-            InstanceRow(r.job_id, r.workflow, InstanceStatus(r.status), r.created_at, r.finished_at)
+            InstanceRow(
+                r.job_id,
+                r.workflow,
+                InstanceStatus(r.status),
+                r.created_at,
+                r.finished_at,
+                r.version,
+            )
             for r in rows
         ]

@@ -56,6 +56,9 @@ class Claimed:
     submitted_at: datetime | None
     claim_count: int
     history: list[RecordedStep] = field(default_factory=list)
+    #: The job's W3C trace context (``onceflow_jobs.traceparent``): the parent of its spans.
+    traceparent: str | None = None
+    version: str | None = None  # the definition version it was created with
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,10 @@ WITH candidates AS (
     SELECT job_id FROM onceflow_instances
     WHERE status IN ({_RUNNABLE}) AND run_after <= {_NOW}
       AND {{workflow_filter}}
+      -- only the definition versions this engine has (no version: created before
+      -- versioning, any engine runs it)
+      AND (version IS NULL OR (workflow, version) IN (
+          SELECT * FROM unnest(CAST(:have_workflows AS text[]), CAST(:have_versions AS text[]))))
     ORDER BY run_after
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
@@ -93,7 +100,8 @@ SET status = '{InstanceStatus.RUNNING}', lease_owner = :owner,
     claim_count = i.claim_count + 1
 FROM candidates c, onceflow_jobs j
 WHERE i.job_id = c.job_id AND j.job_id = c.job_id
-RETURNING i.job_id, i.workflow, i.params, i.created_at, j.submitted_at, i.claim_count
+RETURNING i.job_id, i.workflow, i.params, i.created_at, j.submitted_at, i.claim_count,
+          j.traceparent, i.version
 """
 _CLAIM_UNLIMITED = sa.text(_CLAIM_SQL.format(workflow_filter="workflow <> ALL(:limited)"))
 _CLAIM_ONE_WORKFLOW = sa.text(_CLAIM_SQL.format(workflow_filter="workflow = :workflow"))
@@ -121,15 +129,25 @@ def claim(
     lease_seconds: float,
     now: datetime | None = None,
     limits: dict[str, int] | None = None,
+    versions: dict[str, str] | None = None,
 ) -> list[Claimed]:
-    """Claim up to ``limit`` runnable instances.
+    """Claim up to ``limit`` runnable instances of the workflow ``versions`` this engine
+    has (``{workflow: version}``); instances without a recorded version are claimed by
+    any engine.
 
     Workflows with a concurrency limit are claimed under a per-workflow advisory lock
     held to commit, so that engines claiming at the same time cannot exceed it.
     Sleeping and waiting instances do not count toward a limit.
     """
     limits = limits or {}
-    params = {"owner": owner, "lease": lease_seconds, "now": now}
+    versions = versions or {}
+    params = {
+        "owner": owner,
+        "lease": lease_seconds,
+        "now": now,
+        "have_workflows": list(versions),
+        "have_versions": list(versions.values()),
+    }
     with engine.begin() as conn:
         rows = list(
             conn.execute(_CLAIM_UNLIMITED, {**params, "limit": limit, "limited": list(limits)})
@@ -151,8 +169,18 @@ def claim(
         # The histories of everything claimed, in one query, in this transaction.
         history = load_steps(conn, [row[0] for row in rows])
         return [
-            Claimed(job_id, workflow, params, created, submitted, claims, history.get(job_id, []))
-            for job_id, workflow, params, created, submitted, claims in rows
+            Claimed(
+                job_id,
+                workflow,
+                params,
+                created,
+                submitted,
+                claims,
+                history.get(job_id, []),
+                tp,
+                version,
+            )
+            for job_id, workflow, params, created, submitted, claims, tp, version in rows
         ]
 
 
@@ -539,6 +567,49 @@ def begin_wait(
     if action is not None:
         raise ControlRequested(action)
     return wake, wake is not None and wake <= db_now
+
+
+_RECORD_MARKER = sa.text(
+    f"""
+WITH {_LEASE_CTE},
+entry AS (
+    INSERT INTO onceflow_steps AS s (job_id, position, name, kind, status, attempts,
+                                     finished_at)
+    SELECT job_id, :position, :name, '{StepKind.PATCH}', '{StepStatus.COMPLETE}', 0, now()
+    FROM lease WHERE requested_action IS NULL
+    ON CONFLICT ON CONSTRAINT onceflow_steps_pkey DO NOTHING
+    RETURNING s.position
+)
+SELECT EXISTS (SELECT 1 FROM lease), (SELECT requested_action FROM lease),
+       EXISTS (SELECT 1 FROM entry)
+"""
+)
+
+
+def record_marker(engine: Engine, owner: str, job_id: str, position: int, name: str) -> None:
+    """Record a ``ctx.patched()`` marker at ``position`` (lease-guarded, once)."""
+    try:
+        with engine.begin() as conn:
+            leased, action, written = conn.execute(
+                _RECORD_MARKER,
+                {"owner": owner, "job_id": job_id, "position": position, "name": name},
+            ).one()
+    except IntegrityError as exc:
+        if getattr(getattr(exc.orig, "diag", None), "constraint_name", None) == (
+            "onceflow_steps_name_key"
+        ):
+            raise NonDeterminismError(
+                f"patch id {name!r} is also used as a step name in this workflow"
+            ) from None
+        raise
+    if not leased:
+        raise LeaseLost(f"lease on {job_id} lost before patch marker {name!r}")
+    if action is not None:
+        raise ControlRequested(action)
+    if not written:
+        raise NonDeterminismError(
+            f"patch marker {name!r} at position {position}: another entry is recorded there"
+        )
 
 
 _CLOSE_ENTRY = sa.text(

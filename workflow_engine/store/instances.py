@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from onceflow.envelope import JobEnvelope, params_digest
-from onceflow.vocabulary import InstanceStatus, JobKind, StepKind, StepStatus
+from onceflow.vocabulary import TERMINAL_STATUSES, InstanceStatus, JobKind, StepKind, StepStatus
 
 RUNNABLE_CHANNEL = "onceflow_runnable"
 
@@ -42,6 +42,9 @@ class Delivery:
     offset: int
     kind: str = JobKind.WORKFLOW  # or TASK: a single-step job run by the streams worker
     enqueued_at: datetime | None = None  # the Kafka record's timestamp
+    # The workflow definition's version in the creating process (the streams worker
+    # loads the same workflow modules as the engines); the instance keeps it for life.
+    version: str | None = None
 
 
 @dataclass(slots=True)
@@ -91,7 +94,7 @@ WITH input AS (
     SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
         ord integer, job_id text, kind text, workflow text, params jsonb, params_digest text,
         request_id text, submitted_at timestamptz, traceparent text, origin text,
-        topic text, part integer, off bigint, enqueued_at timestamptz)
+        topic text, part integer, off bigint, enqueued_at timestamptz, version text)
 ),
 firsts AS (
     SELECT DISTINCT ON (job_id) * FROM input ORDER BY job_id, ord
@@ -141,8 +144,8 @@ dups AS (
     RETURNING job_id, params_match, workflow_match, redelivery
 ),
 inst AS (
-    INSERT INTO onceflow_instances (job_id, workflow, params)
-    SELECT f.job_id, f.workflow, f.params
+    INSERT INTO onceflow_instances (job_id, workflow, params, version)
+    SELECT f.job_id, f.workflow, f.params, f.version
     FROM firsts f JOIN upsert u USING (job_id)
     WHERE u.inserted AND f.kind = :workflow_kind
     RETURNING job_id
@@ -186,6 +189,7 @@ def _row(ord_: int, d: Delivery) -> dict[str, Any]:
         "part": d.partition,
         "off": d.offset,
         "enqueued_at": d.enqueued_at.isoformat() if d.enqueued_at else None,
+        "version": d.version,
     }
 
 
@@ -276,6 +280,19 @@ class InstanceView:
     workflow_mismatches: int = 0  # duplicates that named another workflow (or task) type
     origin: str = "http"  # "http": through ingest; "kafka": produced straight to the topic
     dead_letters: int = 0  # records of this id that were dead-lettered
+    version: str | None = None  # the definition version it was created with
+    # Whether a live engine has that version (None once the instance is final).
+    engine_available: bool | None = None
+
+    @property
+    def waiting_for_engine(self) -> str | None:
+        """Why it cannot run, when no live engine has its version."""
+        if self.engine_available is not False:
+            return None
+        return (
+            f"waiting for an engine with version {self.version or '(any)'}"
+            f" of workflow {self.workflow!r}: no live engine has it"
+        )
 
     @property
     def provenance(self) -> str:
@@ -290,8 +307,20 @@ class InstanceView:
         return doc
 
 
+#: How long an engine may go unseen before it counts as gone (its heartbeat runs every
+#: third of a lease; the default lease is 30 s).
+ENGINE_STALE_SECONDS = 60.0
+#: Engine ``e`` can run instance ``i``: it has the instance's version of its workflow
+#: (an instance without a version: any version of it).
+ENGINE_HAS = (
+    "(CASE WHEN i.version IS NULL THEN e.workflows ? i.workflow"
+    " ELSE e.workflows ->> i.workflow = i.version END)"
+)
+_ENGINE_HAS = ENGINE_HAS
+_FINAL = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))
+
 _DESCRIBE_SQL = sa.text(
-    """
+    f"""
 SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
        i.finished_at, i.error, i.result, j.request_id, j.submitted_at,
        j.source_topic || '/' || j.source_partition || '@' || j.source_offset AS source,
@@ -306,7 +335,12 @@ SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
          WHERE d.job_id = i.job_id AND d.workflow_match IS FALSE) AS workflow_mismatches,
        j.origin,
        (SELECT count(*) FROM onceflow_dead_letters dl
-         WHERE dl.job_id = i.job_id) AS dead_letters
+         WHERE dl.job_id = i.job_id) AS dead_letters,
+       i.version,
+       CASE WHEN i.status IN ({_FINAL}) THEN NULL ELSE EXISTS (
+           SELECT 1 FROM onceflow_engines e
+           WHERE e.last_seen_at > now() - make_interval(secs => :stale)
+             AND {_ENGINE_HAS}) END AS engine_available
 FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
 WHERE i.job_id = :job_id
 """
@@ -323,7 +357,9 @@ FROM onceflow_steps WHERE job_id = :job_id ORDER BY position
 
 def describe_instance(engine: Engine, job_id: str) -> InstanceView | None:
     with engine.connect() as conn:
-        row = conn.execute(_DESCRIBE_SQL, {"job_id": job_id}).one_or_none()
+        row = conn.execute(
+            _DESCRIBE_SQL, {"job_id": job_id, "stale": ENGINE_STALE_SECONDS}
+        ).one_or_none()
         if row is None:
             return None
         steps = [

@@ -61,6 +61,9 @@ PRODUCT = MigrationSet(
         "onceflow_events",
         "onceflow_task_runs",
         "onceflow_dead_letters",
+        "onceflow_engines",
+        "onceflow_bulk_operations",
+        "onceflow_bulk_operation_items",
     ),
 )
 

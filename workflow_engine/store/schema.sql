@@ -87,6 +87,38 @@ SELECT t.at, t.event, t.detail, t.layer FROM (
 ORDER BY date_trunc('milliseconds', t.at), t.ord, t.at
 $$;
 
+CREATE TABLE public.onceflow_bulk_operation_items (
+    operation_id bigint NOT NULL,
+    job_id text NOT NULL
+);
+
+CREATE TABLE public.onceflow_bulk_operations (
+    id bigint NOT NULL,
+    action text NOT NULL,
+    filter text NOT NULL,
+    total integer NOT NULL,
+    done integer DEFAULT 0 NOT NULL,
+    skipped integer DEFAULT 0 NOT NULL,
+    status text DEFAULT 'running'::text NOT NULL,
+    last_job_id text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    error text,
+    CONSTRAINT onceflow_bulk_operations_action_check CHECK ((action = ANY (ARRAY['pause'::text, 'resume'::text, 'terminate'::text, 'restart'::text]))),
+    CONSTRAINT onceflow_bulk_operations_finished_check CHECK (((status = 'running'::text) = (finished_at IS NULL))),
+    CONSTRAINT onceflow_bulk_operations_progress_check CHECK (((done >= 0) AND (skipped >= 0) AND ((done + skipped) <= total))),
+    CONSTRAINT onceflow_bulk_operations_status_check CHECK ((status = ANY (ARRAY['running'::text, 'complete'::text, 'failed'::text])))
+);
+
+ALTER TABLE public.onceflow_bulk_operations ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.onceflow_bulk_operations_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
 CREATE TABLE public.onceflow_dead_letters (
     id bigint NOT NULL,
     source_topic text NOT NULL,
@@ -143,6 +175,14 @@ ALTER TABLE public.onceflow_duplicate_deliveries ALTER COLUMN id ADD GENERATED A
     CACHE 1
 );
 
+CREATE TABLE public.onceflow_engines (
+    engine_id text NOT NULL,
+    workflows jsonb DEFAULT '{}'::jsonb NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    last_seen_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT onceflow_engines_workflows_check CHECK ((jsonb_typeof(workflows) = 'object'::text))
+);
+
 CREATE TABLE public.onceflow_events (
     id bigint NOT NULL,
     job_id text NOT NULL,
@@ -180,6 +220,7 @@ CREATE TABLE public.onceflow_instances (
     error text,
     requested_action text,
     restart_count integer DEFAULT 0 NOT NULL,
+    version text,
     CONSTRAINT onceflow_instances_finished_check CHECK (((status = ANY (ARRAY['complete'::text, 'errored'::text, 'terminated'::text])) = (finished_at IS NOT NULL))),
     CONSTRAINT onceflow_instances_lease_check CHECK (((status = 'running'::text) = ((lease_owner IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
     CONSTRAINT onceflow_instances_requested_action_check CHECK ((requested_action = ANY (ARRAY['pause'::text, 'terminate'::text, 'restart'::text]))),
@@ -239,7 +280,7 @@ CREATE TABLE public.onceflow_steps (
     event_type text,
     CONSTRAINT onceflow_steps_event_type_check CHECK (((kind = 'event'::text) = (event_type IS NOT NULL))),
     CONSTRAINT onceflow_steps_finished_check CHECK (((status = ANY (ARRAY['running'::text, 'sleeping'::text, 'waiting'::text])) = (finished_at IS NULL))),
-    CONSTRAINT onceflow_steps_kind_check CHECK ((kind = ANY (ARRAY['step'::text, 'sleep'::text, 'event'::text]))),
+    CONSTRAINT onceflow_steps_kind_check CHECK ((kind = ANY (ARRAY['step'::text, 'sleep'::text, 'event'::text, 'patch'::text]))),
     CONSTRAINT onceflow_steps_status_check CHECK ((status = ANY (ARRAY['running'::text, 'sleeping'::text, 'waiting'::text, 'complete'::text, 'failed'::text])))
 );
 
@@ -257,6 +298,12 @@ CREATE TABLE public.onceflow_task_runs (
     CONSTRAINT onceflow_task_runs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'succeeded'::text, 'dead_lettered'::text])))
 );
 
+ALTER TABLE ONLY public.onceflow_bulk_operation_items
+    ADD CONSTRAINT onceflow_bulk_operation_items_pkey PRIMARY KEY (operation_id, job_id);
+
+ALTER TABLE ONLY public.onceflow_bulk_operations
+    ADD CONSTRAINT onceflow_bulk_operations_pkey PRIMARY KEY (id);
+
 ALTER TABLE ONLY public.onceflow_dead_letters
     ADD CONSTRAINT onceflow_dead_letters_pkey PRIMARY KEY (id);
 
@@ -268,6 +315,9 @@ ALTER TABLE ONLY public.onceflow_duplicate_deliveries
 
 ALTER TABLE ONLY public.onceflow_duplicate_deliveries
     ADD CONSTRAINT onceflow_duplicate_deliveries_position_key UNIQUE (source_topic, source_partition, source_offset);
+
+ALTER TABLE ONLY public.onceflow_engines
+    ADD CONSTRAINT onceflow_engines_pkey PRIMARY KEY (engine_id);
 
 ALTER TABLE ONLY public.onceflow_events
     ADD CONSTRAINT onceflow_events_pkey PRIMARY KEY (id);
@@ -299,13 +349,22 @@ CREATE INDEX onceflow_duplicate_deliveries_job_idx ON public.onceflow_duplicate_
 
 CREATE INDEX onceflow_events_pending_idx ON public.onceflow_events USING btree (job_id, type, id) WHERE (consumed_at IS NULL);
 
+CREATE INDEX onceflow_instances_created_idx ON public.onceflow_instances USING btree (created_at, job_id);
+
 CREATE INDEX onceflow_instances_finished_idx ON public.onceflow_instances USING btree (finished_at) WHERE (finished_at IS NOT NULL);
 
 CREATE INDEX onceflow_instances_leased_idx ON public.onceflow_instances USING btree (lease_expires_at) WHERE (status = 'running'::text);
 
 CREATE INDEX onceflow_instances_runnable_idx ON public.onceflow_instances USING btree (run_after) WHERE (status = ANY (ARRAY['queued'::text, 'sleeping'::text, 'waiting'::text]));
 
+CREATE INDEX onceflow_instances_updated_idx ON public.onceflow_instances USING btree (updated_at, job_id);
+
+CREATE INDEX onceflow_instances_workflow_created_idx ON public.onceflow_instances USING btree (workflow, created_at, job_id);
+
 CREATE INDEX onceflow_instances_workflow_status_idx ON public.onceflow_instances USING btree (workflow, status);
+
+ALTER TABLE ONLY public.onceflow_bulk_operation_items
+    ADD CONSTRAINT onceflow_bulk_operation_items_operation_fkey FOREIGN KEY (operation_id) REFERENCES public.onceflow_bulk_operations(id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY public.onceflow_duplicate_deliveries
     ADD CONSTRAINT onceflow_duplicate_deliveries_job_fkey FOREIGN KEY (job_id) REFERENCES public.onceflow_jobs(job_id) ON DELETE CASCADE;

@@ -1,4 +1,5 @@
-{{/* One Deployment for one process. Args: root, component, values, command, env, ports. */}}
+{{/* One Deployment for one process. Args: root, component, values, command, env, ports;
+     image (optional: another image than the chart's, for engine.extraVersions). */}}
 {{- define "onceflow.deployment" -}}
 {{- $root := .root -}}
 {{- $v := .values -}}
@@ -25,7 +26,7 @@ spec:
       terminationGracePeriodSeconds: 45
       containers:
         - name: {{ .component }}
-          image: {{ include "onceflow.image" $root }}
+          image: {{ .image | default (include "onceflow.image" $root) }}
           imagePullPolicy: {{ $root.Values.image.pullPolicy }}
           args: {{ toJson .command }}
           envFrom:

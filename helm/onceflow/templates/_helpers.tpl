@@ -36,6 +36,13 @@ ONCEFLOW_CONSUMER_GROUP: {{ .Values.kafka.consumerGroup | quote }}
 ONCEFLOW_WORKFLOW_MODULES: {{ .Values.workflowModules | toJson | quote }}
 ONCEFLOW_STATE_DIR: "/tmp/onceflow"
 ONCEFLOW_LOG_FORMAT: "json"
+{{- with .Values.tracing }}
+{{- if .endpoint }}
+ONCEFLOW_OTEL_EXPORTER_OTLP_ENDPOINT: {{ .endpoint | quote }}
+{{- end }}
+ONCEFLOW_OTEL_SAMPLING_RATIO: {{ .samplingRatio | quote }}
+ONCEFLOW_OTEL_SERVICE_NAME_PREFIX: {{ .serviceNamePrefix | quote }}
+{{- end }}
 {{- range $key, $value := .Values.settings }}
 {{ $key }}: {{ $value | quote }}
 {{- end }}

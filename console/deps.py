@@ -1,0 +1,71 @@
+"""The console's shared state and the dependencies its routes declare."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from fastapi.responses import HTMLResponse
+from fastapi.templating import Jinja2Templates
+from sqlalchemy.engine import Engine
+
+from console import views
+from console.auth import CONTROL, READ, Gatekeeper, Principal, check_csrf, csrf_token
+from console.bulk_runner import BulkRunner
+from console.forms import Form, read_form
+from onceflow.settings import Settings
+
+HERE = Path(__file__).parent
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+templates.env.globals.update(utc=views.utc, pretty=views.pretty, bounded=views.bounded)
+templates.env.globals.update(position=views.position, from_ms=views.from_ms)
+
+
+@dataclass
+class Console:
+    """Everything a request needs, built once per process (``create_app``)."""
+
+    settings: Settings
+    engine: Engine
+    gate: Gatekeeper
+    bulk: BulkRunner
+
+
+def console(request: Request) -> Console:
+    return request.app.state.console
+
+
+ConsoleDep = Annotated[Console, Depends(console)]
+
+
+def reader(request: Request, c: ConsoleDep) -> Principal:
+    return c.gate.require(request, READ)
+
+
+async def control_form(request: Request, c: ConsoleDep) -> Form:
+    """A POST that acts: the key must hold ``instances:control`` and the CSRF token
+    must match. Returns the parsed form."""
+    c.gate.require(request, CONTROL)
+    form = await read_form(request)
+    check_csrf(request, form.as_dict())
+    return form
+
+
+ControlForm = Annotated[Form, Depends(control_form)]
+
+
+def render(
+    request: Request, template: str, context: dict[str, Any], status: int = 200
+) -> HTMLResponse:
+    c = console(request)
+    who = c.gate.principal(request)
+    base = {
+        "who": who,
+        "may_control": bool(who and who.may(CONTROL)),
+        "auth_disabled": c.gate.disabled,
+        "csrf": csrf_token(request),
+        "path": request.url.path,
+    }
+    return templates.TemplateResponse(request, template, {**base, **context}, status_code=status)

@@ -1,0 +1,172 @@
+"""Acting on instances: pause, resume, terminate, restart, send an event, and bulk
+operations by filter. Every action needs ``instances:control`` and the CSRF token, and
+goes through a confirmation page first (the form posts again with ``confirm=yes``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from urllib.parse import quote
+
+import orjson
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import RedirectResponse, Response
+
+from console.deps import Console, ConsoleDep, ControlForm, reader, render
+from console.forms import Form
+from console.metrics import ACTIONS
+from onceflow.vocabulary import BulkAction
+from workflow_engine.store import bulk, control
+from workflow_engine.store.instances import describe_instance
+from workflow_engine.store.listing import InstanceFilter, count_matching
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+_CONTROL = {
+    "pause": control.pause,
+    "resume": control.resume,
+    "terminate": control.terminate,
+    "restart": control.restart,
+}
+MAX_EVENT_BYTES = 64 * 1024
+
+
+def _confirmed(form: Form) -> bool:
+    return form.get("confirm") == "yes"
+
+
+@router.post("/instances/{job_id}/send-event")
+def send_event(
+    request: Request,
+    job_id: str,
+    form: ControlForm,
+    c: ConsoleDep,
+) -> Response:
+    view = describe_instance(c.engine, job_id)
+    if view is None:
+        raise HTTPException(404, f"no instance with job id {job_id!r}")
+    event_type, raw = form.get("event_type").strip(), form.get("payload").strip() or "null"
+    error = None
+    payload: Any = None
+    if not event_type:
+        error = "the event needs a type"
+    elif len(raw) > MAX_EVENT_BYTES:
+        error = f"the payload is larger than {MAX_EVENT_BYTES} bytes"
+    else:
+        try:
+            payload = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            error = f"the payload is not JSON: {exc}"
+    fields = {"event_type": event_type, "payload": raw}
+    if error or not _confirmed(form):
+        return render(
+            request,
+            "confirm.html",
+            {
+                "title": f"Send event {event_type!r} to {job_id}",
+                "action_url": request.url.path,
+                "fields": fields,
+                "summary": f"Send a {event_type!r} event to {view.workflow} instance {job_id}.",
+                "detail": raw,
+                "error": error,
+                "back": f"/instances/{quote(job_id)}",
+            },
+            400 if error else 200,
+        )
+    event_id = control.send_event(c.engine, view.workflow, job_id, event_type, payload)
+    ACTIONS.labels("send-event").inc()
+    log.info("event sent", extra={"event": "console.send_event", "job_id": job_id})
+    return RedirectResponse(
+        f"/instances/{quote(job_id)}?done={quote(f'event {event_id} sent')}", status_code=303
+    )
+
+
+@router.post("/instances/{job_id}/{action}")
+def instance_action(
+    request: Request,
+    job_id: str,
+    action: str,
+    form: ControlForm,
+    c: ConsoleDep,
+) -> Response:
+    operation = _CONTROL.get(action)
+    if operation is None:
+        raise HTTPException(404, f"no action {action!r}")
+    view = describe_instance(c.engine, job_id)
+    if view is None:
+        raise HTTPException(404, f"no instance with job id {job_id!r}")
+    if not _confirmed(form):
+        return render(
+            request,
+            "confirm.html",
+            {
+                "title": f"{action.capitalize()} {job_id}?",
+                "action_url": request.url.path,
+                "fields": {},
+                "summary": f"{action.capitalize()} {view.workflow} instance {job_id}"
+                f" (now {view.status}).",
+                "detail": None,
+                "error": None,
+                "back": f"/instances/{quote(job_id)}",
+            },
+        )
+    result = operation(c.engine, view.workflow, job_id)
+    ACTIONS.labels(action).inc()
+    log.info("instance %s", action, extra={"event": f"console.{action}", "job_id": job_id})
+    return RedirectResponse(
+        f"/instances/{quote(job_id)}?done={quote(result.describe())}", status_code=303
+    )
+
+
+@router.post("/bulk")
+def start_bulk(request: Request, form: ControlForm, c: ConsoleDep) -> Response:
+    try:
+        action = BulkAction(form.get("action"))
+    except ValueError:
+        raise HTTPException(400, f"unknown bulk action {form.get('action')!r}") from None
+    f = InstanceFilter.from_params(form.as_dict())
+    if not _confirmed(form):
+        n = count_matching(c.engine, f)
+        return render(
+            request,
+            "confirm.html",
+            {
+                "title": f"{str(action).capitalize()} {n} instances?",
+                "action_url": "/bulk",
+                "fields": {**f.as_params(), "action": str(action)},
+                "summary": f"{str(action).capitalize()} all {n} instances matching"
+                f" {f.describe() or 'no filter (every instance)'}.",
+                "count": n,
+                "detail": None,
+                "error": None,
+                "back": "/instances?"
+                + "&".join(f"{k}={quote(v)}" for k, v in f.as_params().items()),
+            },
+        )
+    op = c.bulk.start(action, f)
+    ACTIONS.labels(f"bulk-{action}").inc()
+    log.info("bulk %s started", action, extra={"event": "console.bulk.start"})
+    return RedirectResponse(f"/bulk/{op.id}", status_code=303)
+
+
+@router.get("/bulk", dependencies=[Depends(reader)])
+def bulk_list(request: Request, c: ConsoleDep) -> Response:
+    return render(request, "bulk_list.html", {"operations": bulk.recent_bulk(c.engine)})
+
+
+def _operation(c: Console, op_id: int) -> Any:
+    op = bulk.bulk_status(c.engine, op_id)
+    if op is None:
+        raise HTTPException(404, f"no bulk operation {op_id}")
+    return op
+
+
+@router.get("/bulk/{op_id}", dependencies=[Depends(reader)])
+def bulk_page(request: Request, op_id: int, c: ConsoleDep) -> Response:
+    return render(request, "bulk.html", {"op": _operation(c, op_id)})
+
+
+@router.get("/bulk/{op_id}/fragment", dependencies=[Depends(reader)])
+def bulk_fragment(request: Request, op_id: int, c: ConsoleDep) -> Response:
+    return render(request, "_bulk.html", {"op": _operation(c, op_id)})

@@ -1,0 +1,72 @@
+"""``/instances`` (filtered, keyset-paged list) and ``/instances/{job_id}``."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import Response
+
+from console.deps import ConsoleDep, reader, render
+from onceflow.vocabulary import TERMINAL_STATUSES, InstanceStatus
+from workflow_engine.store.dead_letters import dead_letters_for
+from workflow_engine.store.execution import load_steps
+from workflow_engine.store.instances import describe_instance
+from workflow_engine.store.listing import SORTS, InstanceFilter, count_matching, list_page
+from workflow_engine.store.trace import job_trace
+
+router = APIRouter(dependencies=[Depends(reader)])
+
+COUNT_CAP = 100_000  # beyond this the list says "100000+" instead of counting on
+
+
+@router.get("/instances")
+def instances_page(request: Request, c: ConsoleDep) -> Response:
+    query = dict(request.query_params)
+    f = InstanceFilter.from_params(query)
+    sort = query.get("sort", "created")
+    if sort not in SORTS:
+        sort = "created"
+    cursor = query.get("cursor") or None
+    page = list_page(c.engine, f, sort=sort, cursor=cursor)  # type: ignore[arg-type]
+    count = count_matching(c.engine, f, cap=COUNT_CAP)
+    params = f.as_params()
+    next_url = None
+    if page.next_cursor:
+        next_url = "/instances?" + urlencode({**params, "sort": sort, "cursor": page.next_cursor})
+    context: dict[str, Any] = {
+        "f": f,
+        "params": params,
+        "sort": sort,
+        "sorts": SORTS,
+        "page": page,
+        "count": count,
+        "capped": count >= COUNT_CAP,
+        "next_url": next_url,
+        "first_url": "/instances?" + urlencode({**params, "sort": sort}),
+        "paged": cursor is not None,
+        "statuses": list(InstanceStatus),
+        "form": query,
+    }
+    return render(request, "instances.html", context)
+
+
+@router.get("/instances/{job_id}")
+def instance_page(request: Request, job_id: str, c: ConsoleDep, done: str = "") -> Response:
+    view = describe_instance(c.engine, job_id)
+    if view is None:
+        raise HTTPException(404, f"no instance with job id {job_id!r}")
+    with c.engine.connect() as conn:
+        outputs = {s.position: s.result for s in load_steps(conn, [job_id])[job_id]}
+    context = {
+        "view": view,
+        "outputs": outputs,
+        "trace": job_trace(c.engine, job_id),
+        "dead_letters": dead_letters_for(c.engine, job_id),
+        "terminal": view.status in TERMINAL_STATUSES,
+        "paused": view.status == InstanceStatus.PAUSED,
+        "sql": f"SELECT * FROM job_trace('{job_id.replace(chr(39), chr(39) * 2)}');",
+        "done": done,
+    }
+    return render(request, "instance.html", context)

@@ -1,0 +1,53 @@
+"""``/login`` (paste an API key) and ``/logout``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import RedirectResponse, Response
+
+from console.auth import KEY_COOKIE, READ, check_csrf, is_https
+from console.deps import ConsoleDep, render
+from console.forms import read_form
+
+router = APIRouter()
+
+
+def _safe_next(target: str) -> str:
+    """Only a path on this console (no ``//host`` nor ``scheme:``): no open redirect."""
+    if target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return "/"
+
+
+@router.get("/login")
+def login_page(request: Request, next: str = "/") -> Response:
+    return render(request, "login.html", {"next": _safe_next(next), "error": None})
+
+
+@router.post("/login")
+async def login(request: Request, c: ConsoleDep) -> Response:
+    form = await read_form(request)
+    check_csrf(request, form.as_dict())
+    target = _safe_next(form.get("next", "/"))
+    who = c.gate.check_key(form.get("api_key").strip())
+    if who is None or not who.may(READ):
+        message = "unknown API key" if who is None else f"key {who.name!r} lacks scope {READ!r}"
+        return render(request, "login.html", {"next": target, "error": message}, 401)
+    response = RedirectResponse(target, status_code=303)
+    response.set_cookie(
+        KEY_COOKIE,
+        form.get("api_key").strip(),
+        httponly=True,
+        samesite="strict",
+        secure=is_https(request),
+    )
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    form = await read_form(request)
+    check_csrf(request, form.as_dict())
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(KEY_COOKIE, httponly=True, samesite="strict")
+    return response

@@ -1,0 +1,466 @@
+"""Read models of the console and the admin API: filtered instance lists, counts, overview.
+
+A filter (:class:`InstanceFilter`) has one text form (``workflow=order-workflow,
+status=errored,created_to=2026-11-30T10:00:00+00:00``) shared by the CLI
+(``--filter``), the admin API and the bulk operations (which record it), and one
+query-string form (:meth:`InstanceFilter.as_params`) for URLs.
+
+Lists are newest first and paged by keyset (the cursor is the last row's sort key and
+job id), never by OFFSET: a deep page costs what the first one does. The indexes of
+migration 0008 (``(created_at, job_id)``, ``(updated_at, job_id)`` and
+``(workflow, created_at, job_id)``) serve every sort; :func:`explain_list` shows the
+plan. Only the conditions a filter sets enter the statement, so the planner sees a
+query it can use an index for (``:x IS NULL OR col = :x`` would hide it).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from onceflow.errors import OnceflowError
+from onceflow.vocabulary import InstanceStatus
+
+Sort = Literal["created", "updated"]
+SORTS: tuple[Sort, ...] = ("created", "updated")
+_SORT_COLUMN: dict[str, str] = {"created": "created_at", "updated": "updated_at"}
+MAX_LIMIT = 1000
+
+
+class InvalidFilter(OnceflowError):
+    """A filter text, query parameter or cursor that cannot be understood."""
+
+
+# Accepted spellings of each filter key; the first one is the canonical one.
+_ALIASES: dict[str, tuple[str, ...]] = {
+    "workflow": ("workflow", "wf"),
+    "status": ("status",),
+    "created_from": ("created_from", "created_after", "since", "from"),
+    "created_to": ("created_to", "created_before", "until", "to"),
+    "job_id": ("job_id", "id"),
+    "job_id_prefix": ("job_id_prefix", "prefix"),
+    "has_duplicates": ("has_duplicates", "duplicates"),
+    "payload_mismatch": ("payload_mismatch", "mismatch"),
+    "error_contains": ("error_contains", "error"),
+}
+_KEY_OF: dict[str, str] = {alias: key for key, names in _ALIASES.items() for alias in names}
+_TRUE = {"true", "yes", "1", "on"}
+_FALSE = {"false", "no", "0", "off"}
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceFilter:
+    """Which instances: every field set narrows the set (AND); all None is everything."""
+
+    workflow: str | None = None
+    status: InstanceStatus | None = None
+    created_from: datetime | None = None  # inclusive
+    created_to: datetime | None = None  # exclusive
+    job_id: str | None = None  # exact
+    job_id_prefix: str | None = None
+    has_duplicates: bool | None = None
+    payload_mismatch: bool | None = None  # params or workflow mismatch recorded
+    error_contains: str | None = None  # case-insensitive substring of the error
+
+    @classmethod
+    def parse(cls, text: str) -> InstanceFilter:
+        """Parse ``key=value,key=value``; raise :class:`InvalidFilter` saying what is wrong.
+
+        Keys: ``workflow``, ``status``, ``created_from`` (or ``created_after``,
+        ``since``), ``created_to`` (or ``created_before``, ``until``), ``job_id``,
+        ``job_id_prefix`` (or ``prefix``), ``has_duplicates``, ``payload_mismatch``,
+        ``error_contains`` (or ``error``). A comma or backslash inside a value is
+        written ``\\,`` / ``\\\\``. The empty text is the empty filter (everything).
+        """
+        pairs: dict[str, str] = {}
+        for part in _split(text):
+            if not part.strip():
+                continue
+            name, sep, value = part.partition("=")
+            if not sep:
+                raise InvalidFilter(f"filter term {part!r} is not key=value")
+            key = _canonical(name.strip())
+            if key in pairs:
+                raise InvalidFilter(f"filter key {key!r} given twice")
+            pairs[key] = value.strip()
+        return cls._build(pairs)
+
+    def describe(self) -> str:
+        """The canonical text form: ``parse(f.describe()) == f``; ``""`` for everything."""
+        return ",".join(f"{key}={_escape(value)}" for key, value in self.as_params().items())
+
+    def as_params(self) -> dict[str, str]:
+        """The set fields as query-string parameters (canonical keys, text values)."""
+        out: dict[str, str] = {}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                out[field.name] = "true" if value else "false"
+            elif isinstance(value, datetime):
+                out[field.name] = value.isoformat()
+            else:
+                out[field.name] = str(value)
+        return out
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, str]) -> InstanceFilter:
+        """Build from query parameters; keys naming no filter field (``cursor``,
+        ``sort``, ``limit`` … travel in the same query string) are ignored. Empty values
+        count as not given."""
+        pairs: dict[str, str] = {}
+        for name, value in params.items():
+            key = _KEY_OF.get(name)
+            if key is None or value is None or not str(value).strip():
+                continue
+            if key in pairs:
+                raise InvalidFilter(f"filter key {key!r} given twice")
+            pairs[key] = str(value).strip()
+        return cls._build(pairs)
+
+    @property
+    def empty(self) -> bool:
+        return not self.as_params()
+
+    @classmethod
+    def _build(cls, pairs: Mapping[str, str]) -> InstanceFilter:
+        values: dict[str, Any] = {}
+        for key, raw in pairs.items():
+            if key == "status":
+                values[key] = _status(raw)
+            elif key in ("created_from", "created_to"):
+                values[key] = _when(key, raw)
+            elif key in ("has_duplicates", "payload_mismatch"):
+                values[key] = _flag(key, raw)
+            else:
+                if not raw:
+                    raise InvalidFilter(f"filter key {key!r} needs a value")
+                values[key] = raw
+        built = cls(**values)
+        if built.created_from and built.created_to and built.created_from >= built.created_to:
+            raise InvalidFilter("created_from must be before created_to")
+        return built
+
+
+def _split(text: str) -> list[str]:
+    parts, current, chars = [], [], iter(text)
+    for ch in chars:
+        if ch == "\\":
+            current.append(next(chars, "\\"))
+        elif ch == ",":
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current))
+    return parts
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace(",", "\\,")
+
+
+def _canonical(name: str) -> str:
+    key = _KEY_OF.get(name.lower())
+    if key is None:
+        known = ", ".join(_ALIASES)
+        raise InvalidFilter(f"unknown filter key {name!r} (known: {known})")
+    return key
+
+
+def _status(raw: str) -> InstanceStatus:
+    try:
+        return InstanceStatus(raw.lower())
+    except ValueError:
+        known = ", ".join(InstanceStatus)
+        raise InvalidFilter(f"unknown status {raw!r} (one of: {known})") from None
+
+
+def _when(key: str, raw: str) -> datetime:
+    text = raw[:-1] + "+00:00" if raw.endswith(("Z", "z")) else raw
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidFilter(
+            f"{key}: {raw!r} is not an ISO 8601 time (e.g. 2026-11-30T10:00:00Z)"
+        ) from None
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+def _flag(key: str, raw: str) -> bool:
+    low = raw.lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise InvalidFilter(f"{key}: {raw!r} is not true or false")
+
+
+def _like_prefix(prefix: str) -> str:
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+_DUPLICATE = "SELECT 1 FROM onceflow_duplicate_deliveries d WHERE d.job_id = i.job_id"
+_MISMATCH = _DUPLICATE + " AND (NOT d.params_match OR d.workflow_match IS FALSE)"
+
+
+def where_clause(f: InstanceFilter) -> tuple[str, dict[str, Any]]:
+    """The SQL condition on ``onceflow_instances i`` for ``f`` and its bind parameters.
+
+    Used by the lists here and by :mod:`workflow_engine.store.bulk`; ``TRUE`` for the
+    empty filter. Only the set fields appear, so each shape of filter gets its own plan.
+    """
+    terms: list[str] = []
+    params: dict[str, Any] = {}
+    if f.workflow is not None:
+        terms.append("i.workflow = :f_workflow")
+        params["f_workflow"] = f.workflow
+    if f.status is not None:
+        terms.append("i.status = :f_status")
+        params["f_status"] = str(f.status)
+    if f.created_from is not None:
+        terms.append("i.created_at >= :f_from")
+        params["f_from"] = f.created_from
+    if f.created_to is not None:
+        terms.append("i.created_at < :f_to")
+        params["f_to"] = f.created_to
+    if f.job_id is not None:
+        terms.append("i.job_id = :f_job_id")
+        params["f_job_id"] = f.job_id
+    if f.job_id_prefix is not None:
+        terms.append("i.job_id LIKE :f_prefix ESCAPE '\\'")
+        params["f_prefix"] = _like_prefix(f.job_id_prefix)
+    if f.has_duplicates is not None:
+        terms.append(("EXISTS" if f.has_duplicates else "NOT EXISTS") + f" ({_DUPLICATE})")
+    if f.payload_mismatch is not None:
+        terms.append(("EXISTS" if f.payload_mismatch else "NOT EXISTS") + f" ({_MISMATCH})")
+    if f.error_contains is not None:
+        terms.append("strpos(lower(i.error), lower(:f_error)) > 0")
+        params["f_error"] = f.error_contains
+    return (" AND ".join(terms) or "TRUE"), params
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceRow:
+    job_id: str
+    workflow: str
+    status: InstanceStatus
+    created_at: datetime
+    updated_at: datetime
+    duplicates: int  # later deliveries of the job id (redeliveries and resubmissions)
+    mismatches: int  # of those, how many had other params or another workflow
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    rows: list[InstanceRow]
+    next_cursor: str | None  # opaque; None on the last page
+
+
+def encode_cursor(sort: Sort, at: datetime, job_id: str) -> str:
+    raw = orjson.dumps({"s": sort, "t": at.isoformat(), "j": job_id})
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, sort: Sort) -> tuple[datetime, str]:
+    """The (sort key, job id) a cursor points after; :class:`InvalidFilter` if it is
+    not one of ours or was made for another sort."""
+    try:
+        doc = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        at, job_id, made_for = datetime.fromisoformat(doc["t"]), str(doc["j"]), doc["s"]
+    except (binascii.Error, ValueError, KeyError, TypeError, orjson.JSONDecodeError):
+        raise InvalidFilter("invalid cursor (take it from a previous page)") from None
+    if made_for != sort:
+        raise InvalidFilter(f"the cursor was made for sort {made_for!r}, not {sort!r}")
+    return at, job_id
+
+
+def _check_sort(sort: str) -> str:
+    if sort not in _SORT_COLUMN:
+        raise InvalidFilter(f"unknown sort {sort!r} (one of: {', '.join(SORTS)})")
+    return _SORT_COLUMN[sort]
+
+
+def _list_sql(
+    f: InstanceFilter, sort: Sort, after: tuple[datetime, str] | None
+) -> tuple[str, dict[str, Any]]:
+    column = _check_sort(sort)
+    where, params = where_clause(f)
+    if after is not None:
+        # A row comparison: the (column, job_id) index serves it as one range.
+        where += f" AND (i.{column}, i.job_id) < (:c_at, :c_job)"
+        params["c_at"], params["c_job"] = after
+    page = (
+        "SELECT i.job_id, i.workflow, i.status, i.created_at, i.updated_at, i.error"
+        f" FROM onceflow_instances i WHERE {where}"
+        f" ORDER BY i.{column} DESC, i.job_id DESC LIMIT :limit"
+    )
+    # Duplicate counts only for the rows of the page.
+    sql = (
+        "SELECT p.*, coalesce(d.n, 0) AS duplicates, coalesce(d.m, 0) AS mismatches"
+        f" FROM ({page}) p LEFT JOIN LATERAL (SELECT count(*) AS n, count(*) FILTER"
+        " (WHERE NOT d.params_match OR d.workflow_match IS FALSE) AS m"
+        " FROM onceflow_duplicate_deliveries d WHERE d.job_id = p.job_id) d ON true"
+        f" ORDER BY p.{column} DESC, p.job_id DESC"
+    )
+    return sql, params
+
+
+def list_page(
+    engine: Engine,
+    f: InstanceFilter,
+    sort: Sort = "created",
+    cursor: str | None = None,
+    limit: int = 50,
+) -> Page:
+    """One page of the matching instances, newest first by ``sort``; pass the page's
+    ``next_cursor`` back for the next one (keyset: as cheap deep as on top)."""
+    if not 1 <= limit <= MAX_LIMIT:
+        raise InvalidFilter(f"limit must be between 1 and {MAX_LIMIT}")
+    after = decode_cursor(cursor, sort) if cursor else None
+    sql, params = _list_sql(f, sort, after)
+    params["limit"] = limit + 1  # one more: is there a next page?
+    with engine.connect() as conn:
+        found = conn.execute(sa.text(sql), params).all()
+    rows = [
+        InstanceRow(
+            job_id=r.job_id,
+            workflow=r.workflow,
+            status=InstanceStatus(r.status),
+            created_at=r.created_at,
+            updated_at=r.updated_at,
+            duplicates=int(r.duplicates),
+            mismatches=int(r.mismatches),
+            error=r.error,
+        )
+        for r in found[:limit]
+    ]
+    next_cursor = None
+    if len(found) > limit:
+        last = rows[-1]
+        at = last.created_at if sort == "created" else last.updated_at
+        next_cursor = encode_cursor(sort, at, last.job_id)
+    return Page(rows, next_cursor)
+
+
+def count_matching(engine: Engine, f: InstanceFilter, cap: int | None = None) -> int:
+    """How many instances match; with ``cap``, stop counting there (``min(n, cap)``),
+    which keeps a console's "10,000+" cheap on a big table."""
+    where, params = where_clause(f)
+    if cap is None:
+        sql = f"SELECT count(*) FROM onceflow_instances i WHERE {where}"
+    else:
+        sql = (
+            f"SELECT count(*) FROM (SELECT 1 FROM onceflow_instances i WHERE {where} LIMIT :cap) s"
+        )
+        params["cap"] = max(cap, 0)
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text(sql), params).scalar_one())
+
+
+def explain_list(engine: Engine, f: InstanceFilter, sort: Sort = "created") -> str:
+    """The ``EXPLAIN`` text of :func:`list_page`'s first-page query for ``f``."""
+    sql, params = _list_sql(f, sort, None)
+    params["limit"] = 51
+    with engine.connect() as conn:
+        lines = conn.execute(sa.text("EXPLAIN " + sql), params).scalars().all()
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    counts: dict[str, dict[InstanceStatus, int]]  # workflow -> status -> n
+    created_per_minute: list[tuple[datetime, int]]  # oldest first, every minute present
+    finished_per_minute: list[tuple[datetime, int]]
+    dead_letters_by_reason: dict[str, int]
+
+
+_PER_MINUTE = """
+SELECT m.minute, count(i.job_id) AS n
+FROM generate_series(date_trunc('minute', now()) - make_interval(mins => :minutes - 1),
+                     date_trunc('minute', now()), interval '1 minute') AS m(minute)
+LEFT JOIN onceflow_instances i
+  ON i.{column} >= m.minute AND i.{column} < m.minute + interval '1 minute'
+ AND i.{column} >= date_trunc('minute', now()) - make_interval(mins => :minutes - 1)
+GROUP BY m.minute ORDER BY m.minute
+"""
+
+
+def overview(engine: Engine, minutes: int = 15) -> Overview:
+    """Instances per workflow and status, created and finished per minute over the last
+    ``minutes`` minutes (the current one included), and dead letters per reason."""
+    if not 1 <= minutes <= 24 * 60:
+        raise InvalidFilter("minutes must be between 1 and 1440")
+    counts: dict[str, dict[InstanceStatus, int]] = {}
+    with engine.connect() as conn:
+        for r in conn.execute(
+            sa.text(
+                "SELECT workflow, status, count(*) AS n FROM onceflow_instances"
+                " GROUP BY workflow, status ORDER BY workflow, status"
+            )
+        ):
+            counts.setdefault(r.workflow, {})[InstanceStatus(r.status)] = int(r.n)
+        created = conn.execute(
+            sa.text(_PER_MINUTE.format(column="created_at")), {"minutes": minutes}
+        ).all()
+        finished = conn.execute(
+            sa.text(_PER_MINUTE.format(column="finished_at")), {"minutes": minutes}
+        ).all()
+        dead = conn.execute(
+            sa.text(
+                "SELECT reason, count(*) AS n FROM onceflow_dead_letters"
+                " GROUP BY reason ORDER BY reason"
+            )
+        ).all()
+    return Overview(
+        counts=counts,
+        created_per_minute=[(r.minute, int(r.n)) for r in created],
+        finished_per_minute=[(r.minute, int(r.n)) for r in finished],
+        dead_letters_by_reason={r.reason: int(r.n) for r in dead},
+    )
+
+
+def seed_for_bench(engine: Engine, n: int, workflow_count: int = 4, prefix: str = "bench_") -> int:
+    """Insert ``n`` instances (and their job rows) in two statements with
+    ``generate_series``, spread over the last 30 days and over every status, then
+    ANALYZE: the data of ``onceflow bench console-list``. Never for a real database."""
+    statuses = [str(s) for s in InstanceStatus if s != InstanceStatus.RUNNING]
+    params = {"n": n, "w": workflow_count, "p": prefix, "st": statuses}
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO onceflow_jobs (job_id, type_name, params_digest, source_topic,"
+                " source_partition, source_offset)"
+                " SELECT :p || lpad(g::text, 10, '0'), 'bench-wf-' || (g % :w), 'x',"
+                " 'bench', 0, g FROM generate_series(1, :n) g"
+            ),
+            params,
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO onceflow_instances (job_id, workflow, params, status, created_at,"
+                " updated_at, finished_at, error)"
+                " SELECT job_id, type_name, '{}'::jsonb, st, at, at + interval '1 second',"
+                " CASE WHEN st IN ('complete', 'errored', 'terminated')"
+                "      THEN at + interval '1 second' END,"
+                " CASE WHEN st = 'errored' THEN 'boom ' || (source_offset % 97) END"
+                " FROM (SELECT job_id, type_name, source_offset,"
+                "   (:st)[1 + (source_offset % cardinality(CAST(:st AS text[])))] AS st,"
+                "   now() - (source_offset * interval '30 days' / :n) AS at"
+                "   FROM onceflow_jobs WHERE source_topic = 'bench' AND job_id LIKE :p || '%') s"
+            ),
+            params,
+        )
+        conn.execute(sa.text("ANALYZE onceflow_jobs"))
+        conn.execute(sa.text("ANALYZE onceflow_instances"))
+    return n
