@@ -59,6 +59,8 @@ def create_app(settings: Settings, producer: JobSender | None = None) -> FastAPI
     )
     install_error_handlers(app)
     app.state.ingest = ingest
+    # Added first, so innermost: the NUL check and tracing (when on) still wrap it.
+    app.add_middleware(jobs.SubmitFastPath, ingest=ingest)
     app.add_middleware(RefuseNul)
     if tracing.enabled():  # decided once here: with tracing off, no per-request hook
         app.add_middleware(TraceRequests)

@@ -41,6 +41,12 @@ def serve(settings: Settings) -> None:
         host=settings.ingest_host,
         port=settings.ingest_port,
         log_config=None,
+        # uvloop and httptools (C) instead of asyncio's loop and h11 (pure Python):
+        # a single-job POST went from 0.95-1.5 to 0.77-1.03 ms of process CPU
+        # (BENCHMARKS.md, "Single-job requests: where the time goes"). No access log:
+        # the job.accepted line is the request's trail.
+        loop="uvloop",
+        http="httptools",
         access_log=False,
         timeout_graceful_shutdown=30,
     )

@@ -2,6 +2,7 @@
 # Tools the deployment tests need, installed when missing:
 #   prometheus + promtool and docker-compose from Debian's packages,
 #   chromium + chromium-driver from Debian's packages (tests/browser; selenium drives them),
+#   wrk from Debian's packages (the single-job load in BENCHMARKS.md),
 #   helm built from source with `go install` (pinned), into $(go env GOPATH)/bin,
 #   jaeger (all-in-one, v2) built from source (pinned), into the same directory.
 set -euo pipefail
@@ -14,6 +15,7 @@ command -v promtool >/dev/null || missing+=(prometheus)
 command -v docker-compose >/dev/null || missing+=(docker-compose)
 [[ -x /usr/bin/chromium ]] || missing+=(chromium)
 [[ -x /usr/bin/chromedriver ]] || missing+=(chromium-driver)
+command -v wrk >/dev/null || missing+=(wrk)
 if ((${#missing[@]})); then
   if [[ $(id -u) -ne 0 ]]; then
     echo "install-tools: please install ${missing[*]} (Debian packages; needs root)" >&2
