@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 from pydantic import AliasChoices, BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -47,7 +47,13 @@ class Settings(BaseSettings):
     jobs_topic: str = "onceflow.jobs"
     dlq_topic: str = "onceflow.jobs.dlq"
     topic_partitions: int = Field(default=4, ge=1)
-    topic_replication_factor: int = Field(default=1, ge=1)
+    # "auto": as many replicas as there are brokers, up to 3 (counted when the topics
+    # are created), so the same settings fit the one-broker dev Kafka and a cluster.
+    topic_replication_factor: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
+    # The topics' `min.insync.replicas`; unset: a majority of the replicas when there
+    # are 3 or more (2 of 3), else 1. With acks=all a write then survives one broker
+    # loss and is refused, not silently under-replicated, after two.
+    topic_min_insync_replicas: int | None = Field(default=None, ge=1)
     # The largest record batch the topics take (their `max.message.bytes`), the largest
     # record the dead-letter producer sends (`message.max.bytes`), and what the worker
     # fetches per partition at least. Keep the broker's `message.max.bytes` the same
@@ -152,6 +158,12 @@ def settings_env(s: Settings) -> dict[str, str]:
         "ONCEFLOW_DLQ_TOPIC": s.dlq_topic,
         "ONCEFLOW_CONSUMER_GROUP": s.consumer_group,
         "ONCEFLOW_TOPIC_PARTITIONS": str(s.topic_partitions),
+        "ONCEFLOW_TOPIC_REPLICATION_FACTOR": str(s.topic_replication_factor),
+        **(
+            {"ONCEFLOW_TOPIC_MIN_INSYNC_REPLICAS": str(s.topic_min_insync_replicas)}
+            if s.topic_min_insync_replicas is not None
+            else {}
+        ),
         "ONCEFLOW_STATE_DIR": str(s.state_dir),
         "ONCEFLOW_LOG_FORMAT": "json",
         "ONCEFLOW_WORKFLOW_MODULES": json.dumps(s.workflow_modules),

@@ -31,10 +31,22 @@ BENCH_SCENARIOS = (
 )
 
 
-def _dev_services():
+def _dev_services(brokers: int = 1):
     from onceflow_tools.dev import DevServices
 
-    return DevServices(_settings().state_dir)
+    return DevServices(_settings().state_dir, brokers=brokers)
+
+
+# `--brokers N` (N > 1): Kafka is a KRaft cluster of N nodes on 29092, 29094, … instead of
+# the single broker on 19092 (onceflow_tools.dev.cluster); both may run side by side.
+_brokers_option = click.option(
+    "--brokers",
+    envvar="ONCEFLOW_DEV_BROKERS",
+    type=click.IntRange(1, 9),
+    default=1,
+    show_default=True,
+    help="Kafka brokers: 1 is the single dev broker, more a local KRaft cluster.",
+)
 
 
 @click.group()
@@ -43,9 +55,10 @@ def dev() -> None:
 
 
 @dev.command("up")
-def dev_up() -> None:
+@_brokers_option
+def dev_up(brokers: int) -> None:
     """Install what is missing, start Kafka and PostgreSQL, wait until both are ready."""
-    services = _dev_services()
+    services = _dev_services(brokers)
     services.up()
     for name, state in services.status().items():
         click.echo(f"{name}: {state}")
@@ -53,22 +66,25 @@ def dev_up() -> None:
 
 @dev.command("down")
 def dev_down() -> None:
-    """Stop Kafka and PostgreSQL (data is kept under the state directory)."""
+    """Stop Kafka (the broker and any cluster) and PostgreSQL (data is kept under the
+    state directory)."""
     _dev_services().down()
     click.echo("stopped")
 
 
 @dev.command("status")
-def dev_status() -> None:
-    """Show whether each service answers."""
-    for name, state in _dev_services().status().items():
+@_brokers_option
+def dev_status(brokers: int) -> None:
+    """Show whether each service answers (a cluster too, once one was started)."""
+    for name, state in _dev_services(brokers).status().items():
         click.echo(f"{name}: {state}")
 
 
 @dev.command("env")
-def dev_env() -> None:
-    """Print the service addresses as shell exports."""
-    for key, value in _dev_services().env().items():
+@_brokers_option
+def dev_env(brokers: int) -> None:
+    """Print the service addresses as shell exports (--brokers N: the cluster's)."""
+    for key, value in _dev_services(brokers).env().items():
         click.echo(f"export {key}={value}")
 
 

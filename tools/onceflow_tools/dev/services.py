@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Protocol
 
 from onceflow.errors import OnceflowError, ServiceUnavailable
 from onceflow.settings import Settings
@@ -100,6 +101,33 @@ def _apt_install(*packages: str) -> None:
     subprocess.run(["apt-get", "install", "-y", "-qq", *packages], check=True, env=env)
 
 
+def _java_command(libs_dir: Path, *args: str, log_dir: Path, heap: str) -> list[str]:
+    log4j = resources.files("onceflow_tools.dev").joinpath("log4j2.properties")
+    return [
+        "java",
+        "-Xms256m",
+        f"-Xmx{heap}",
+        "-XX:+UseG1GC",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={log4j}",
+        f"-Dkafka.log.dir={log_dir}",
+        "-cp",
+        f"{libs_dir}/*",
+        *args,
+    ]
+
+
+def _broker_count(bootstrap: str) -> int:
+    """Brokers a metadata request sees (0 when none answers)."""
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=2)
+    except Exception:
+        return 0
+    return len(md.brokers)
+
+
 @dataclass
 class KafkaService:
     state_dir: Path
@@ -157,19 +185,7 @@ class KafkaService:
         return self.libs_dir
 
     def _java(self, *args: str, log_dir: Path) -> list[str]:
-        log4j = resources.files("onceflow_tools.dev").joinpath("log4j2.properties")
-        return [
-            "java",
-            "-Xms256m",
-            "-Xmx1g",
-            "-XX:+UseG1GC",
-            "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={log4j}",
-            f"-Dkafka.log.dir={log_dir}",
-            "-cp",
-            f"{self.libs_dir}/*",
-            *args,
-        ]
+        return _java_command(self.libs_dir, *args, log_dir=log_dir, heap="1g")
 
     def running(self) -> bool:
         pidfile = self.root / "kafka.pid"
@@ -401,12 +417,42 @@ class PostgresService:
         return True
 
 
-class DevServices:
-    """Both services together, as the CLI, the demo and CI use them."""
+class Kafka(Protocol):
+    """What the CLI needs of a dev Kafka: one broker or a cluster."""
 
-    def __init__(self, state_dir: Path, kafka_port: int = 19092, postgres_port: int = 15432):
+    @property
+    def bootstrap(self) -> str: ...
+
+    def up(self) -> None: ...
+
+    def down(self) -> bool: ...
+
+    def ready(self) -> bool: ...
+
+
+class DevServices:
+    """Both services together, as the CLI, the demo and CI use them. ``brokers > 1``
+    makes Kafka a cluster (:mod:`onceflow_tools.dev.cluster`) beside the single broker's
+    ports, in the same state directory."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        kafka_port: int = 19092,
+        postgres_port: int = 15432,
+        brokers: int = 1,
+    ):
+        from onceflow_tools.dev.cluster import KafkaCluster
+
         self.state_dir = state_dir.resolve()
-        self.kafka = KafkaService(self.state_dir, kafka_port, kafka_port + 1)
+        self.brokers = brokers
+        self.single = KafkaService(self.state_dir, kafka_port, kafka_port + 1)
+        self.cluster: KafkaCluster | None
+        self.kafka: Kafka
+        if brokers > 1:
+            self.kafka = self.cluster = KafkaCluster(self.state_dir, brokers)
+        else:
+            self.kafka, self.cluster = self.single, KafkaCluster.found(self.state_dir)
         self.postgres = PostgresService(self.state_dir, postgres_port)
 
     def up(self) -> None:
@@ -415,17 +461,30 @@ class DevServices:
         self.kafka.up()
 
     def down(self) -> None:
-        self.kafka.down()
+        """Stop everything this state directory runs: the broker, a cluster, PostgreSQL."""
+        self.single.down()
+        if self.cluster is not None:
+            self.cluster.down()
         self.postgres.down()
 
     def status(self) -> dict[str, str]:
-        return {
-            "kafka": f"{'up' if self.kafka.ready() else 'down'} {self.kafka.bootstrap}",
+        status = {
+            "kafka": f"{'up' if self.single.ready() else 'down'} {self.single.bootstrap}",
             "postgres": f"{'up' if self.postgres.ready() else 'down'} {self.postgres.url}",
         }
+        if self.cluster is not None:
+            state = "up" if self.cluster.ready() else "down"
+            status["kafka-cluster"] = (
+                f"{state} {self.cluster.brokers} brokers {self.cluster.bootstrap}"
+            )
+        return status
 
     def env(self) -> dict[str, str]:
-        return {"KAFKA_BOOTSTRAP_SERVERS": self.kafka.bootstrap, "DATABASE_URL": self.postgres.url}
+        env = {"KAFKA_BOOTSTRAP_SERVERS": self.kafka.bootstrap, "DATABASE_URL": self.postgres.url}
+        if self.brokers > 1:
+            # The topics then get min(3, brokers) replicas and a majority as min ISR.
+            env["ONCEFLOW_TOPIC_REPLICATION_FACTOR"] = "auto"
+        return env
 
 
 def local_dev_services(settings: Settings) -> DevServices | None:
