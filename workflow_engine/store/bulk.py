@@ -26,7 +26,6 @@ from sqlalchemy.engine import Connection, Engine, Row
 
 from onceflow.errors import OnceflowError
 from onceflow.vocabulary import (
-    TERMINAL_STATUSES,
     BulkAction,
     BulkStatus,
     ControlAction,
@@ -257,71 +256,14 @@ def _apply(conn: Connection, action: BulkAction, job_ids: list[str]) -> tuple[in
     done = 0
     wake = False
     for row in rows:
-        status = InstanceStatus(row.status)
         requested = ControlAction(row.requested_action) if row.requested_action else None
-        outcome = _apply_one(conn, action, row.job_id, status, requested)
-        if outcome is not None:
+        outcome = control.transition(
+            conn, row.job_id, action, InstanceStatus(row.status), requested
+        )
+        if outcome.changed and outcome.refused is None:
             done += 1
-            wake = wake or outcome
+            wake = wake or outcome.runnable
     if wake:
         notify_runnable(conn)
     # Instances deleted since the snapshot (retention) count as skipped.
     return done, len(job_ids) - done
-
-
-def _apply_one(
-    conn: Connection,
-    action: BulkAction,
-    job_id: str,
-    status: InstanceStatus,
-    requested: ControlAction | None,
-) -> bool | None:
-    """The rules of ``control.pause/resume/terminate/restart`` for one locked instance:
-    None if the action does not apply (skipped), else whether it became runnable."""
-    running = status == InstanceStatus.RUNNING
-    if action == BulkAction.PAUSE:
-        if status in TERMINAL_STATUSES or status == InstanceStatus.PAUSED:
-            return None
-        if running:
-            _request(conn, job_id, ControlAction.PAUSE)
-        else:
-            control.apply_pause(conn, job_id)
-        return False
-    if action == BulkAction.RESUME:
-        if running and requested == ControlAction.PAUSE:
-            _request(conn, job_id, None)
-            return False
-        if status != InstanceStatus.PAUSED:
-            return None
-        conn.execute(
-            sa.text(
-                "UPDATE onceflow_instances SET status = :queued, run_after = now(),"
-                " updated_at = now() WHERE job_id = :j"
-            ),
-            {"j": job_id, "queued": str(InstanceStatus.QUEUED)},
-        )
-        return True
-    if action == BulkAction.TERMINATE:
-        if status in TERMINAL_STATUSES:
-            return None
-        if running:
-            _request(conn, job_id, ControlAction.TERMINATE)
-        else:
-            control.apply_terminate(conn, job_id)
-        return False
-    # RESTART: any instance; a running one at its next step boundary.
-    if running:
-        _request(conn, job_id, ControlAction.RESTART)
-        return False
-    control.apply_restart(conn, job_id)
-    return True
-
-
-def _request(conn: Connection, job_id: str, action: ControlAction | None) -> None:
-    conn.execute(
-        sa.text(
-            "UPDATE onceflow_instances SET requested_action = :a, updated_at = now()"
-            " WHERE job_id = :j"
-        ),
-        {"a": str(action) if action else None, "j": job_id},
-    )

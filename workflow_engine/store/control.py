@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from onceflow.errors import OnceflowError
-from onceflow.vocabulary import TERMINAL_STATUSES, ControlAction, InstanceStatus
+from onceflow.vocabulary import TERMINAL_STATUSES, BulkAction, ControlAction, InstanceStatus
 from workflow_engine.store.instances import notify_runnable as _notify
 
 #: What :func:`apply_requested` answers when this engine no longer holds the instance.
@@ -69,28 +69,34 @@ def _request(conn: Connection, job_id: str, action: ControlAction | None) -> Non
     )
 
 
-def pause(engine: Engine, workflow: str, job_id: str) -> ControlResult:
-    with engine.begin() as conn:
-        status, _ = _lock(conn, workflow, job_id)
-        if status in TERMINAL_STATUSES:
-            raise ControlError(f"{job_id} is {status}; only a live instance can be paused")
-        if status == InstanceStatus.PAUSED:
-            return ControlResult(job_id, status)
-        if status == InstanceStatus.RUNNING:
-            _request(conn, job_id, ControlAction.PAUSE)
-            return ControlResult(job_id, status, ControlAction.PAUSE)
-        apply_pause(conn, job_id)
-        return ControlResult(job_id, InstanceStatus.PAUSED)
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """What one operator action did to one locked instance."""
+
+    status: InstanceStatus  # the status it has now
+    requested: ControlAction | None = None  # asked of the engine running it
+    changed: bool = True  # False: it was already so (pausing a paused instance)
+    runnable: bool = False  # it became claimable: wake the engines
+    refused: str | None = None  # why the action does not apply to it
 
 
-def resume(engine: Engine, workflow: str, job_id: str) -> ControlResult:
-    with engine.begin() as conn:
-        status, requested = _lock(conn, workflow, job_id)
-        if status == InstanceStatus.RUNNING and requested == ControlAction.PAUSE:
+def transition(
+    conn: Connection,
+    job_id: str,
+    action: BulkAction,
+    status: InstanceStatus,
+    requested: ControlAction | None,
+) -> Transition:
+    """The one set of rules for pause, resume, terminate and restart, applied to an
+    instance already locked ``FOR UPDATE``. The single operations below raise on a
+    refusal; :mod:`workflow_engine.store.bulk` counts it as skipped."""
+    running = status == InstanceStatus.RUNNING
+    if action == BulkAction.RESUME:
+        if running and requested == ControlAction.PAUSE:
             _request(conn, job_id, None)
-            return ControlResult(job_id, status)
+            return Transition(status)
         if status != InstanceStatus.PAUSED:
-            raise ControlError(f"{job_id} is {status}, not paused")
+            return Transition(status, changed=False, refused=f"{job_id} is {status}, not paused")
         # Queued at once: replay re-suspends a sleep or wait that is not over yet.
         conn.execute(
             sa.text(
@@ -99,31 +105,55 @@ def resume(engine: Engine, workflow: str, job_id: str) -> ControlResult:
             ),
             {"j": job_id, "queued": str(InstanceStatus.QUEUED)},
         )
-        _notify(conn)
-        return ControlResult(job_id, InstanceStatus.QUEUED)
+        return Transition(InstanceStatus.QUEUED, runnable=True)
+    if action != BulkAction.RESTART and status in TERMINAL_STATUSES:
+        refusal = (
+            f"{job_id} is {status}; only a live instance can be paused"
+            if action == BulkAction.PAUSE
+            else f"{job_id} is already {status}"
+        )
+        return Transition(status, changed=False, refused=refusal)
+    if action == BulkAction.PAUSE and status == InstanceStatus.PAUSED:
+        return Transition(status, changed=False)
+    if running:
+        asked = ControlAction(str(action))
+        _request(conn, job_id, asked)
+        return Transition(status, asked)
+    if action == BulkAction.PAUSE:
+        apply_pause(conn, job_id)
+        return Transition(InstanceStatus.PAUSED)
+    if action == BulkAction.TERMINATE:
+        apply_terminate(conn, job_id)
+        return Transition(InstanceStatus.TERMINATED)
+    apply_restart(conn, job_id)
+    return Transition(InstanceStatus.QUEUED, runnable=True)
+
+
+def _operate(engine: Engine, action: BulkAction, workflow: str, job_id: str) -> ControlResult:
+    with engine.begin() as conn:
+        status, requested = _lock(conn, workflow, job_id)
+        done = transition(conn, job_id, action, status, requested)
+        if done.refused is not None:
+            raise ControlError(done.refused)
+        if done.runnable:
+            _notify(conn)
+        return ControlResult(job_id, done.status, done.requested)
+
+
+def pause(engine: Engine, workflow: str, job_id: str) -> ControlResult:
+    return _operate(engine, BulkAction.PAUSE, workflow, job_id)
+
+
+def resume(engine: Engine, workflow: str, job_id: str) -> ControlResult:
+    return _operate(engine, BulkAction.RESUME, workflow, job_id)
 
 
 def terminate(engine: Engine, workflow: str, job_id: str) -> ControlResult:
-    with engine.begin() as conn:
-        status, _ = _lock(conn, workflow, job_id)
-        if status in TERMINAL_STATUSES:
-            raise ControlError(f"{job_id} is already {status}")
-        if status == InstanceStatus.RUNNING:
-            _request(conn, job_id, ControlAction.TERMINATE)
-            return ControlResult(job_id, status, ControlAction.TERMINATE)
-        apply_terminate(conn, job_id)
-        return ControlResult(job_id, InstanceStatus.TERMINATED)
+    return _operate(engine, BulkAction.TERMINATE, workflow, job_id)
 
 
 def restart(engine: Engine, workflow: str, job_id: str) -> ControlResult:
-    with engine.begin() as conn:
-        status, _ = _lock(conn, workflow, job_id)
-        if status == InstanceStatus.RUNNING:
-            _request(conn, job_id, ControlAction.RESTART)
-            return ControlResult(job_id, status, ControlAction.RESTART)
-        apply_restart(conn, job_id)
-        _notify(conn)
-        return ControlResult(job_id, InstanceStatus.QUEUED)
+    return _operate(engine, BulkAction.RESTART, workflow, job_id)
 
 
 def apply_terminate(conn: Connection, job_id: str) -> None:
