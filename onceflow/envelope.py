@@ -5,11 +5,12 @@ a consumer, a DLQ reader or ``kcat`` can see them without parsing the value.
 
     {"v": 1, "job_id": "job_01J…", "workflow": "order-workflow", "params": {…},
      "request_id": "req_01J…", "submitted_at": "2026-11-29T16:00:00.123+00:00",
-     "traceparent": "00-…-…-01"}
+     "traceparent": "00-…-…-01", "priority": 2}
 
 Only ``job_id``, ``workflow`` and ``params`` are required: a producer writing the topic
-directly (kcat, a Java or Go client) may leave out ``v`` (1) and ``submitted_at`` (the
-Kafka record's timestamp), and may send the record without a key. The README's "The
+directly (kcat, a Java or Go client) may leave out ``v`` (1), ``submitted_at`` (the
+Kafka record's timestamp) and ``priority`` (3; 1 is the highest, 5 the lowest), and may
+send the record without a key. The README's "The
 record format" section is the documentation of this module, including the rule for
 evolving ``v``.
 
@@ -35,6 +36,11 @@ from onceflow.vocabulary import DeadLetterReason, Origin
 #: The newest record format this code reads and the one it writes. Records without
 #: ``v`` are version 1; a higher version is dead-lettered (``unsupported_version``).
 ENVELOPE_VERSION = 1
+
+#: Job priorities: 1 is claimed first, 5 last (aged by time waited: README "Flow control").
+PRIORITY_HIGHEST = 1
+PRIORITY_LOWEST = 5
+DEFAULT_PRIORITY = 3
 
 # Kafka record headers as confluent-kafka takes them.
 KafkaHeaders = list[tuple[str, str | bytes | None]]
@@ -75,6 +81,7 @@ class JobEnvelope:
     request_id: str | None = None  # None: not through ingest (produced directly to Kafka)
     submitted_at: datetime = field(default_factory=_now)
     traceparent: str = ""
+    priority: int = DEFAULT_PRIORITY
 
     @property
     def origin(self) -> Origin:
@@ -96,6 +103,8 @@ class JobEnvelope:
         doc["submitted_at"] = self.submitted_at.isoformat(timespec="microseconds")
         if self.traceparent:
             doc["traceparent"] = self.traceparent
+        if self.priority != DEFAULT_PRIORITY:
+            doc["priority"] = self.priority
         return orjson.dumps(doc)
 
     def headers(self) -> KafkaHeaders:
@@ -149,6 +158,7 @@ class JobEnvelope:
             request_id=_request_id(doc, headers),
             submitted_at=_submitted_at(doc.get("submitted_at"), timestamp),
             traceparent=str(doc.get("traceparent") or ""),
+            priority=_priority(doc.get("priority", DEFAULT_PRIORITY)),
         )
 
 
@@ -171,6 +181,16 @@ def _check_version(v: Any) -> None:
             DeadLetterReason.UNSUPPORTED_VERSION,
             f"unsupported envelope version {v!r} (this worker reads 1..{ENVELOPE_VERSION})",
         )
+
+
+def _priority(value: Any) -> int:
+    # bool is an int in Python: `"priority": true` is not priority 1.
+    if type(value) is not int or not PRIORITY_HIGHEST <= value <= PRIORITY_LOWEST:
+        raise InvalidEnvelope(
+            DeadLetterReason.INVALID_PRIORITY,
+            f"invalid priority {str(value)[:20]!r} (an integer from 1, highest, to 5)",
+        )
+    return value
 
 
 def _request_id(doc: dict[str, Any], headers: Sequence[tuple[str, Any]] | None) -> str | None:

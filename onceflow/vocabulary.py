@@ -60,6 +60,7 @@ class StepKind(StrEnum):
     SLEEP = "sleep"
     EVENT = "event"
     PATCH = "patch"  # a ctx.patched() marker: this instance took the patched code
+    CHILD = "child"  # ctx.start_child(): a child workflow started (and, later, its result)
 
 
 class AttemptOutcome(StrEnum):
@@ -119,6 +120,7 @@ class DeadLetterReason(StrEnum):
     MISSING_WORKFLOW = "missing_workflow"
     INVALID_PARAMS = "invalid_params"
     INVALID_SUBMITTED_AT = "invalid_submitted_at"
+    INVALID_PRIORITY = "invalid_priority"
     TOO_LARGE = "too_large"
     UNKNOWN_TYPE = "unknown_type"
     TASK_FAILED = "task_failed"
@@ -134,10 +136,13 @@ class MismatchKind(StrEnum):
 
 class Origin(StrEnum):
     """``onceflow_jobs.origin``: where a record came from: ingest (``http``), or a
-    producer writing the topic directly (``kafka``)."""
+    producer writing the topic directly (``kafka``), or a schedule's tick
+    (``schedule``)."""
 
     HTTP = "http"
     KAFKA = "kafka"
+    SCHEDULE = "schedule"  # a schedule's tick (workflow_engine.engine.scheduler)
+    CHILD = "child"  # started by a parent workflow's ctx.start_child (no Kafka record)
 
 
 class BulkAction(StrEnum):
@@ -156,3 +161,45 @@ class BulkStatus(StrEnum):
     RUNNING = "running"
     COMPLETE = "complete"
     FAILED = "failed"
+
+
+class CatchupPolicy(StrEnum):
+    """``onceflow_schedules.catchup``: what a schedule does with ticks it missed (no
+    engine ran, or the clock jumped): run none, the latest one, or all (bounded)."""
+
+    SKIP = "skip"
+    RUN_ONCE = "run-once"
+    RUN_ALL = "run-all"
+
+
+class OverlapPolicy(StrEnum):
+    """``onceflow_schedules.overlap``: what a tick does while the previous tick's
+    instance has not finished: skip it, start anyway, or keep one to start after."""
+
+    SKIP = "skip"
+    ALLOW = "allow"
+    BUFFER_ONE = "buffer-one"
+
+
+class TickTrigger(StrEnum):
+    """``onceflow_schedule_ticks.trigger``: why a tick's instance was created."""
+
+    ON_TIME = "on_time"
+    CATCH_UP = "catch_up"  # missed, run on recovery by the catch-up policy
+    BUFFERED = "buffered"  # held by overlap=buffer-one until the previous one finished
+    BACKFILL = "backfill"  # an operator's backfill of a past range
+
+
+class TickSkipReason(StrEnum):
+    """Why a due tick created no instance (the metric's ``reason`` label)."""
+
+    CATCHUP = "catchup"  # missed, and the catch-up policy does not run it
+    OVERLAP = "overlap"  # the previous tick's instance was still running
+
+
+class ParentClosePolicy(StrEnum):
+    """``onceflow_instances.parent_close_policy``: what happens to a child that is still
+    running when its parent is terminated (``ctx.start_child(..., on_parent_close=)``)."""
+
+    TERMINATE = "terminate"  # terminated with the parent (the default)
+    ABANDON = "abandon"  # left to run to its end

@@ -15,6 +15,7 @@ _STEP_LABELS = {
     StepKind.SLEEP: "sleep",
     StepKind.EVENT: "wait",
     StepKind.PATCH: "patch",
+    StepKind.CHILD: "child",
 }
 
 
@@ -26,15 +27,21 @@ def render_instance(view: InstanceView) -> str:
         f"version: {view.version or '(none: created before versioning)'}",
         f"submitted: {view.submitted_at.isoformat() if view.submitted_at else '-'}"
         f" ({view.provenance})",
-        f"created from: {view.source} at {view.created_at.isoformat()}",
+        f"created from: {view.source or view.provenance} at {view.created_at.isoformat()}",
         f"duplicates collapsed: {view.duplicates}"
         f" ({view.redeliveries} redeliveries, {view.mismatches} with different params,"
         f" {view.workflow_mismatches} naming another workflow)",
     ]
     if view.waiting_for_engine:
         lines.append(view.waiting_for_engine)
+    if view.held_because:
+        lines.append(f"held back: {view.held_because} (priority {view.priority})")
     if view.dead_letters:
         lines.append(f"records of this id dead-lettered: {view.dead_letters}")
+    if view.parent_job_id:
+        lines.append(f"parent: {view.parent_job_id} (on parent close: {view.parent_close_policy})")
+    for child in view.children:
+        lines.append(f"child {child.name!r}: {child.job_id} ({child.workflow}) {child.status}")
     for step in view.steps:
         state = str(step.status)
         if step.kind == StepKind.STEP and (step.status == StepStatus.RUNNING or step.attempts > 1):

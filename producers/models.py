@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from onceflow.envelope import DEFAULT_PRIORITY, PRIORITY_HIGHEST, PRIORITY_LOWEST
 from onceflow.ids import JOB_ID_PATTERN
 
 WORKFLOW_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
@@ -27,6 +28,13 @@ class JobIn(BaseModel):
     )
     workflow: str = Field(pattern=WORKFLOW_NAME_PATTERN, examples=["order-workflow"])
     params: dict[str, Any] = Field(default_factory=dict, examples=[{"amount": 42}])
+    priority: int = Field(
+        default=DEFAULT_PRIORITY,
+        ge=PRIORITY_HIGHEST,
+        le=PRIORITY_LOWEST,
+        strict=True,
+        description="1 (claimed first) to 5 (last); aged by time waited (README, Flow control).",
+    )
 
 
 class BatchIn(BaseModel):

@@ -14,6 +14,7 @@ from onceflow.errors import InvalidEnvelope
 from onceflow.ids import is_valid_job_id
 from onceflow.vocabulary import DeadLetterReason
 from workflow_engine.definitions import get_task, get_workflow, workflow_version
+from workflow_engine.flow import lane_path
 from workflow_engine.store.instances import Delivery
 
 
@@ -80,8 +81,11 @@ def classify(
             continue
         enqueued = datetime.fromtimestamp(rec.timestamp, UTC) if rec.timestamp else None
         version = version_of(env.workflow) if kind == "workflow" else None
+        lane = lane_path(env.workflow) if kind == "workflow" else None
         deliveries.append(
-            Delivery(env, rec.topic, rec.partition, rec.offset, kind, enqueued, version)
+            Delivery(
+                env, rec.topic, rec.partition, rec.offset, kind, enqueued, version, lane_path=lane
+            )
         )
     return deliveries, dead
 

@@ -18,13 +18,17 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "FakeClock": "workflow_engine.clock",
     "SystemClock": "workflow_engine.clock",
+    "ChildHandle": "workflow_engine.definitions",
     "Context": "workflow_engine.definitions",
     "RetryPolicy": "workflow_engine.definitions",
+    "RateLimit": "workflow_engine.flow",
+    "Schedule": "onceflow.ticks",
     "registered_tasks": "workflow_engine.definitions",
     "registered_versions": "workflow_engine.definitions",
     "registered_workflows": "workflow_engine.definitions",
     "task": "workflow_engine.definitions",
     "workflow": "workflow_engine.definitions",
+    "ChildWorkflowFailed": "workflow_engine.errors",
     "EventTimeout": "workflow_engine.errors",
     "NonDeterminismError": "workflow_engine.errors",
     "NonRetryableError": "workflow_engine.errors",
@@ -39,6 +43,8 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "ChildHandle",
+    "ChildWorkflowFailed",
     "Context",
     "CreateResult",
     "Delivery",
@@ -46,7 +52,9 @@ __all__ = [
     "FakeClock",
     "NonDeterminismError",
     "NonRetryableError",
+    "RateLimit",
     "RetryPolicy",
+    "Schedule",
     "StepFailed",
     "StepInfo",
     "SystemClock",
@@ -62,8 +70,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from onceflow.ticks import Schedule
     from workflow_engine.clock import FakeClock, SystemClock
     from workflow_engine.definitions import (
+        ChildHandle,
         Context,
         RetryPolicy,
         registered_tasks,
@@ -74,12 +84,14 @@ if TYPE_CHECKING:
     )
     from workflow_engine.engine.context import WorkflowContext
     from workflow_engine.errors import (
+        ChildWorkflowFailed,
         EventTimeout,
         NonDeterminismError,
         NonRetryableError,
         StepFailed,
         WorkflowError,
     )
+    from workflow_engine.flow import RateLimit
     from workflow_engine.steps import StepInfo, current_step
     from workflow_engine.store.instances import CreateResult, Delivery, create_instances
 

@@ -12,12 +12,27 @@ async def order(ctx, params):
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
+from onceflow.ticks import Schedule
+from workflow_engine.flow import RateLimit
+from workflow_engine.flow import declare as declare_flow
+from workflow_engine.store.schedules import ScheduleDef
 from workflow_engine.versions import check_version, fingerprint
+
+
+@dataclass(frozen=True, slots=True)
+class ChildHandle:
+    """What ``ctx.start_child`` answers and ``ctx.child_result`` takes: the child's job
+    id, and the position of its entry in the parent's history."""
+
+    job_id: str
+    name: str
+    workflow: str
+    position: int
 
 
 class Context(Protocol):
@@ -53,6 +68,18 @@ class Context(Protocol):
 
     async def deprecate_patch(self, patch_id: str) -> None: ...
 
+    async def start_child(
+        self,
+        workflow: str,
+        name: str,
+        params: dict[str, Any] | None = None,
+        on_parent_close: Literal["terminate", "abandon"] = "terminate",
+    ) -> ChildHandle: ...
+
+    async def child_result(self, handle: ChildHandle) -> Any: ...
+
+    async def gather(self, *branches: Awaitable[Any]) -> Sequence[Any]: ...
+
 
 WorkflowFn = Callable[[Context, dict[str, Any]], Awaitable[Any]]
 
@@ -60,10 +87,21 @@ _REGISTRY: dict[str, WorkflowFn] = {}
 _LIMITS: dict[str, int] = {}
 _VERSIONS: dict[str, str] = {}
 _TASKS: dict[str, TaskDef] = {}
+_SCHEDULES: dict[str, ScheduleDef] = {}
 
 
 def workflow(
-    name: str, concurrency: int | None = None, version: str | None = None
+    name: str,
+    concurrency: int | None = None,
+    version: str | None = None,
+    schedule: str | timedelta | Schedule | None = None,
+    timezone: str = "UTC",
+    *,
+    concurrency_key: str | None = None,
+    max_per_key: int | None = None,
+    hold_while_waiting: bool = False,
+    rate_limit: RateLimit | None = None,
+    fairness_key: str | None = None,
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register an async function ``(ctx, params)`` as the workflow called ``name``.
 
@@ -74,7 +112,18 @@ def workflow(
     fingerprint of the function's source (:mod:`workflow_engine.versions`). Every
     instance records the version it was created with and runs only on engines that
     have that version.
+
+    ``schedule`` starts an instance per tick: a 5-field cron expression read in
+    ``timezone``, a ``timedelta``, or a :class:`~onceflow.ticks.Schedule` with its
+    catch-up and overlap policies. Engines upsert it at start (README, "Schedules").
+
+    Flow control (:mod:`workflow_engine.flow`, README "Flow control"): at most
+    ``max_per_key`` (default 1) running instances per value of ``concurrency_key`` (a
+    dotted path on params, ``"params.customer_id"``; sleeping and waiting instances keep
+    their slot only with ``hold_while_waiting``); at most ``rate_limit`` starts per
+    period per key; claims rotated round-robin across the values of ``fairness_key``.
     """
+    declared = _declared_schedule(name, schedule, timezone)
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         existing = _REGISTRY.get(name)
@@ -82,13 +131,41 @@ def workflow(
             raise ValueError(f"{name!r} is registered twice")
         _VERSIONS[name] = check_version(version) if version is not None else fingerprint(fn)
         _REGISTRY[name] = fn
+        if declared is not None:
+            _SCHEDULES[declared.name] = declared
         if concurrency is not None:
             if concurrency < 1:
                 raise ValueError("concurrency must be at least 1")
             _LIMITS[name] = concurrency
+        declare_flow(
+            name,
+            concurrency,
+            concurrency_key,
+            max_per_key,
+            hold_while_waiting,
+            rate_limit,
+            fairness_key,
+        )
         return fn
 
     return register
+
+
+def _declared_schedule(
+    workflow: str, schedule: str | timedelta | Schedule | None, timezone: str
+) -> ScheduleDef | None:
+    """Check a declared schedule at import time, so a typo fails loudly and early."""
+    if schedule is None:
+        return None
+    s = schedule if isinstance(schedule, Schedule) else Schedule(schedule, timezone)
+    return ScheduleDef(
+        s.name or workflow, workflow, s.spec, s.params, s.catchup, s.overlap, s.max_catchup
+    )
+
+
+def declared_schedules() -> list[ScheduleDef]:
+    """The schedules the loaded workflow modules declare (engines upsert them)."""
+    return [_SCHEDULES[n] for n in sorted(_SCHEDULES)]
 
 
 def concurrency_limits() -> dict[str, int]:

@@ -13,6 +13,7 @@ taken over can never write a checkpoint for an instance another engine now runs.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -36,6 +37,8 @@ from workflow_engine.errors import (
     NonDeterminismError,
     StepResultError,
 )
+from workflow_engine.store import children
+from workflow_engine.store.flow import FlowControl, claim_flow
 from workflow_engine.store.instances import notify_runnable
 from workflow_engine.store.writes import (
     Answer,
@@ -80,31 +83,61 @@ _RUNNABLE = ", ".join(f"'{status}'" for status in sorted(RUNNABLE_STATUSES))
 
 _NOW = "coalesce(CAST(:now AS timestamptz), now())"
 
-_CLAIM_SQL = f"""
-WITH candidates AS (
-    SELECT job_id FROM onceflow_instances
-    WHERE status IN ({_RUNNABLE}) AND run_after <= {_NOW}
-      AND {{workflow_filter}}
+_HAVE_VERSION = """
       -- only the definition versions this engine has (no version: created before
       -- versioning, any engine runs it)
       AND (version IS NULL OR (workflow, version) IN (
           SELECT * FROM unnest(CAST(:have_workflows AS text[]), CAST(:have_versions AS text[]))))
-    ORDER BY run_after
+"""
+
+_CLAIM_SQL = f"""
+WITH plain AS (
+    -- instances of workflows without flow control (no lane), priority first, aged by
+    -- time waited (migration 0009): onceflow_instances_claim_order_idx
+    SELECT job_id, onceflow_claim_order(run_after, priority) AS ord FROM onceflow_instances
+    WHERE status IN ({_RUNNABLE}) AND run_after <= {_NOW} AND flow_lane IS NULL
+      AND workflow <> ALL(:limited)
+      {_HAVE_VERSION}
+    ORDER BY onceflow_claim_order(run_after, priority)
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
+),
+laned AS (
+    -- instances given a lane while their workflow had flow control, which it has no
+    -- longer: normally none (one probe of onceflow_instances_lane_idx per workflow)
+    SELECT job_id, onceflow_claim_order(run_after, priority) AS ord FROM onceflow_instances
+    WHERE status IN ({_RUNNABLE}) AND run_after <= {_NOW}
+      AND workflow = ANY(CAST(:uncontrolled AS text[])) AND flow_lane IS NOT NULL
+      {_HAVE_VERSION}
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+),
+candidates AS (
+    SELECT job_id FROM (SELECT * FROM plain UNION ALL SELECT * FROM laned) AS both_kinds
+    ORDER BY ord LIMIT :limit
+),
+claimed AS (
+    UPDATE onceflow_instances i
+    SET status = '{InstanceStatus.RUNNING}', lease_owner = :owner,
+        lease_expires_at = now() + make_interval(secs => :lease),
+        started_at = coalesce(i.started_at, now()), updated_at = now(),
+        claim_count = i.claim_count + 1
+    FROM candidates c, onceflow_jobs j
+    WHERE i.job_id = c.job_id AND j.job_id = c.job_id
+    RETURNING i.job_id, i.workflow, i.params, i.created_at, j.submitted_at, i.claim_count,
+              j.traceparent, i.version
+),
+locks AS (
+    -- the advisory locks of the flow-controlled workflows, tried in this round trip;
+    -- their claims are the next statements, whose snapshots are taken after the locks
+    SELECT array_agg(w) AS got FROM unnest(CAST(:limited AS text[])) AS w
+    WHERE pg_try_advisory_xact_lock(hashtext('onceflow.limit.' || w))
 )
-UPDATE onceflow_instances i
-SET status = '{InstanceStatus.RUNNING}', lease_owner = :owner,
-    lease_expires_at = now() + make_interval(secs => :lease),
-    started_at = coalesce(i.started_at, now()), updated_at = now(),
-    claim_count = i.claim_count + 1
-FROM candidates c, onceflow_jobs j
-WHERE i.job_id = c.job_id AND j.job_id = c.job_id
-RETURNING i.job_id, i.workflow, i.params, i.created_at, j.submitted_at, i.claim_count,
-          j.traceparent, i.version
+SELECT c.*, CAST(NULL AS text[]) AS locked FROM claimed c
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, got FROM locks
 """
-_CLAIM_UNLIMITED = sa.text(_CLAIM_SQL.format(workflow_filter="workflow <> ALL(:limited)"))
-_CLAIM_ONE_WORKFLOW = sa.text(_CLAIM_SQL.format(workflow_filter="workflow = :workflow"))
+_CLAIM_UNLIMITED = sa.text(_CLAIM_SQL)
 _RUNNING_OF = sa.text(
     "SELECT count(*) FROM onceflow_instances"
     f" WHERE workflow = :workflow AND status = '{InstanceStatus.RUNNING}'"
@@ -130,16 +163,20 @@ def claim(
     now: datetime | None = None,
     limits: dict[str, int] | None = None,
     versions: dict[str, str] | None = None,
+    flows: dict[str, FlowControl] | None = None,
 ) -> list[Claimed]:
     """Claim up to ``limit`` runnable instances of the workflow ``versions`` this engine
     has (``{workflow: version}``); instances without a recorded version are claimed by
-    any engine.
+    any engine. Higher priority first, aged by time waited (``onceflow_claim_order``).
 
-    Workflows with a concurrency limit are claimed under a per-workflow advisory lock
-    held to commit, so that engines claiming at the same time cannot exceed it.
-    Sleeping and waiting instances do not count toward a limit.
+    Workflows with flow control (``limits``: a concurrency limit; ``flows``: per-key
+    limits, rate limits, fairness, :mod:`workflow_engine.store.flow`) are claimed under
+    a per-workflow advisory lock held to commit, so that engines claiming at the same
+    time cannot exceed a limit. Sleeping and waiting instances do not count toward a
+    limit unless ``hold_while_waiting`` says so.
     """
-    limits = limits or {}
+    controlled = {w: FlowControl(concurrency=cap) for w, cap in (limits or {}).items()}
+    controlled.update(flows or {})
     versions = versions or {}
     params = {
         "owner": owner,
@@ -149,23 +186,31 @@ def claim(
         "have_versions": list(versions.values()),
     }
     with engine.begin() as conn:
-        rows = list(
-            conn.execute(_CLAIM_UNLIMITED, {**params, "limit": limit, "limited": list(limits)})
-        )
-        for workflow, cap in limits.items():
+        rows: list[Any] = []
+        locked: list[str] = []
+        for *row, got in conn.execute(
+            _CLAIM_UNLIMITED,
+            {
+                **params,
+                "limit": limit,
+                "limited": list(controlled),
+                "uncontrolled": [w for w in versions if w not in controlled],
+            },
+        ):
+            if row[0] is None:
+                locked = got or []
+            else:
+                rows.append(row)
+        # The locks were only tried (a workflow another engine is claiming right now is
+        # left to it), so two engines cannot deadlock on them; a random first workflow,
+        # so one busy workflow does not always fill the batch.
+        order = list(locked)
+        start = random.randrange(len(order)) if order else 0
+        for workflow in order[start:] + order[:start]:
             room = limit - len(rows)
             if room <= 0:
                 break
-            conn.execute(
-                sa.text("SELECT pg_advisory_xact_lock(hashtext(:k))"),
-                {"k": f"onceflow.limit.{workflow}"},
-            )
-            running = conn.execute(_RUNNING_OF, {"workflow": workflow}).scalar() or 0
-            take = min(room, cap - running)
-            if take > 0:
-                rows += conn.execute(
-                    _CLAIM_ONE_WORKFLOW, {**params, "limit": take, "workflow": workflow}
-                )
+            rows += _claim_controlled(conn, workflow, controlled[workflow], room, params)
         # The histories of everything claimed, in one query, in this transaction.
         history = load_steps(conn, [row[0] for row in rows])
         return [
@@ -182,6 +227,19 @@ def claim(
             )
             for job_id, workflow, params, created, submitted, claims, tp, version in rows
         ]
+
+
+def _claim_controlled(
+    conn: sa.Connection, workflow: str, flow: FlowControl, room: int, params: dict[str, Any]
+) -> list[Any]:
+    """Claim up to ``room`` instances of one flow-controlled workflow, under its lock."""
+    take = room
+    if flow.concurrency is not None:
+        running = conn.execute(_RUNNING_OF, {"workflow": workflow}).scalar() or 0
+        take = min(room, flow.concurrency - running)
+    if take <= 0:
+        return []
+    return claim_flow(conn, workflow, flow, take, params)
 
 
 _LOAD_STEPS = sa.text(
@@ -306,7 +364,7 @@ SET status = input.status, result = CAST(input.result AS jsonb), error = input.e
     finished_at = now(), updated_at = now(), lease_owner = NULL, lease_expires_at = NULL
 FROM input
 WHERE i.job_id = input.job_id AND i.lease_owner = :owner AND i.status = '{InstanceStatus.RUNNING}'
-RETURNING i.job_id
+RETURNING i.job_id, i.parent_job_id
 """
 )
 
@@ -393,8 +451,17 @@ def _finish_instances(
         "results": [_json_text(w.result) for w in writes],
         "errors": [w.error for w in writes],
     }
-    lost = [f"lease on {w.job_id} lost before it could be marked {w.status}" for w in writes]
-    return _guarded(conn, _FINISH_INSTANCES, params, [w.job_id for w in writes], lost)
+    job_ids = [w.job_id for w in writes]
+    rows = conn.execute(_FINISH_INSTANCES, {"job_ids": job_ids, **params}).all()
+    # Children finished here: wake their parents that await them, in this transaction.
+    children.wake_parents(conn, [(parent, job) for job, parent in rows if parent is not None])
+    written = {job_id for job_id, _ in rows}
+    return [
+        None
+        if w.job_id in written
+        else LeaseLost(f"lease on {w.job_id} lost before it could be marked {w.status}")
+        for w in writes
+    ]
 
 
 def _heartbeats(conn: sa.Connection, owner: str, writes: list[Heartbeat]) -> list[Answer]:
@@ -712,21 +779,23 @@ def suspend(
 ) -> None:
     """Release the instance until ``wake_at`` / ``now + delay`` (forever if neither).
 
-    Statuses: sleeping (a sleep or a retry delay), waiting (an event), paused.
+    Statuses: sleeping (a sleep or a retry delay), waiting (an event, a child),
+    paused. A waiting instance whose awaited child finished meanwhile is made runnable
+    in the same transaction (:mod:`workflow_engine.store.children`).
     """
-    _write_leased(
-        engine,
-        _SUSPEND,
-        {
-            "owner": owner,
-            "job_id": job_id,
-            "status": status,
-            "wake_at": wake_at,
-            "delay": delay,
-            "now": now,
-        },
-        f"lease on {job_id} lost before it could be suspended",
-    )
+    params = {
+        "owner": owner,
+        "job_id": job_id,
+        "status": status,
+        "wake_at": wake_at,
+        "delay": delay,
+        "now": now,
+    }
+    with engine.begin() as conn:
+        if conn.execute(_SUSPEND, params).rowcount != 1:
+            raise LeaseLost(f"lease on {job_id} lost before it could be suspended")
+        if status == InstanceStatus.WAITING and children.wake_if_children_done(conn, job_id):
+            notify_runnable(conn)
 
 
 _NEXT_DUE = sa.text(

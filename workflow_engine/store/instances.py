@@ -13,7 +13,7 @@ for a whole batch of Kafka deliveries, in one statement and one round trip:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -22,7 +22,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from onceflow.envelope import JobEnvelope, params_digest
-from onceflow.vocabulary import TERMINAL_STATUSES, InstanceStatus, JobKind, StepKind, StepStatus
+from onceflow.vocabulary import (
+    TERMINAL_STATUSES,
+    InstanceStatus,
+    JobKind,
+    Origin,
+    StepKind,
+    StepStatus,
+)
 
 RUNNABLE_CHANNEL = "onceflow_runnable"
 
@@ -45,6 +52,12 @@ class Delivery:
     # The workflow definition's version in the creating process (the streams worker
     # loads the same workflow modules as the engines); the instance keeps it for life.
     version: str | None = None
+    # Provenance when not the envelope's own (http/kafka): a schedule's tick.
+    origin: Origin | None = None
+    # The params key whose value becomes the instance's fairness lane (flow control:
+    # workflow_engine.flow.lane_path); () for flow control without a key (lane '');
+    # None: no flow control (no lane).
+    lane_path: tuple[str, ...] | None = None
 
 
 @dataclass(slots=True)
@@ -94,7 +107,8 @@ WITH input AS (
     SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
         ord integer, job_id text, kind text, workflow text, params jsonb, params_digest text,
         request_id text, submitted_at timestamptz, traceparent text, origin text,
-        topic text, part integer, off bigint, enqueued_at timestamptz, version text)
+        topic text, part integer, off bigint, enqueued_at timestamptz, version text,
+        priority smallint, lane_path text[])
 ),
 firsts AS (
     SELECT DISTINCT ON (job_id) * FROM input ORDER BY job_id, ord
@@ -110,7 +124,8 @@ upsert AS (
     ON CONFLICT ON CONSTRAINT onceflow_jobs_job_id_key
         DO UPDATE SET last_seen_at = now()
     RETURNING j.job_id, j.params_digest AS winner_digest, j.type_name AS winner_type,
-              j.source_topic, j.source_partition, j.source_offset, (j.xmax = 0) AS inserted
+              j.source_topic, j.source_partition, j.source_offset, (j.xmax = 0) AS inserted,
+              j.received_at AS job_received_at
 ),
 known AS (
     SELECT DISTINCT d.source_topic, d.source_partition, d.source_offset
@@ -120,6 +135,7 @@ known AS (
 ),
 candidates AS (
     SELECT DISTINCT ON (i.topic, i.part, i.off) i.*, u.winner_digest, u.winner_type,
+           u.job_received_at,
            (i.topic, i.part, i.off)
              = (u.source_topic, u.source_partition, u.source_offset) AS redelivery
     FROM input i
@@ -134,18 +150,22 @@ candidates AS (
 dups AS (
     INSERT INTO onceflow_duplicate_deliveries (
         job_id, source_topic, source_partition, source_offset, params_digest, params_match,
-        workflow, workflow_match, redelivery, request_id, submitted_at, enqueued_at)
+        workflow, workflow_match, redelivery, request_id, submitted_at, enqueued_at,
+        job_received_at)
     SELECT c.job_id, c.topic, c.part, c.off, c.params_digest,
            c.params_digest = c.winner_digest, c.workflow, c.workflow = c.winner_type,
-           c.redelivery, c.request_id, c.submitted_at, c.enqueued_at
+           c.redelivery, c.request_id, c.submitted_at, c.enqueued_at, c.job_received_at
     FROM candidates c
     ORDER BY c.topic, c.part, c.off
     ON CONFLICT ON CONSTRAINT onceflow_duplicate_deliveries_position_key DO NOTHING
     RETURNING job_id, params_match, workflow_match, redelivery
 ),
 inst AS (
-    INSERT INTO onceflow_instances (job_id, workflow, params, version)
-    SELECT f.job_id, f.workflow, f.params, f.version
+    INSERT INTO onceflow_instances (job_id, workflow, params, version, priority, flow_lane)
+    SELECT f.job_id, f.workflow, f.params, f.version, f.priority,
+           CASE WHEN f.lane_path IS NULL THEN NULL
+                WHEN cardinality(f.lane_path) = 0 THEN ''
+                ELSE coalesce(f.params #>> f.lane_path, '') END
     FROM firsts f JOIN upsert u USING (job_id)
     WHERE u.inserted AND f.kind = :workflow_kind
     RETURNING job_id
@@ -184,12 +204,14 @@ def _row(ord_: int, d: Delivery) -> dict[str, Any]:
         "request_id": env.request_id or None,
         "submitted_at": env.submitted_at.isoformat(),
         "traceparent": env.traceparent or None,
-        "origin": str(env.origin),
+        "origin": str(d.origin or env.origin),
         "topic": d.topic,
         "part": d.partition,
         "off": d.offset,
         "enqueued_at": d.enqueued_at.isoformat() if d.enqueued_at else None,
         "version": d.version,
+        "priority": env.priority,
+        "lane_path": d.lane_path,
     }
 
 
@@ -283,6 +305,13 @@ class InstanceView:
     version: str | None = None  # the definition version it was created with
     # Whether a live engine has that version (None once the instance is final).
     engine_available: bool | None = None
+    priority: int = 3  # 1 (claimed first) .. 5
+    # Why a runnable instance is not running yet (flow control; None: not runnable).
+    held_because: str | None = None
+    # The tree (ctx.start_child): this instance's parent, if a child, and its children.
+    parent_job_id: str | None = None
+    parent_close_policy: str | None = None
+    children: list[Any] = field(default_factory=list)  # store.children.ChildView
 
     @property
     def waiting_for_engine(self) -> str | None:
@@ -296,13 +325,18 @@ class InstanceView:
 
     @property
     def provenance(self) -> str:
-        if self.origin == "kafka":
+        if self.origin == Origin.KAFKA:
             return "produced directly to Kafka"
+        if self.origin == Origin.SCHEDULE:
+            return "a schedule's tick"
+        if self.origin == Origin.CHILD:
+            return f"child of {self.parent_job_id or '(pruned parent)'}"
         return f"HTTP request {self.request_id or '-'}"
 
     def to_dict(self) -> dict[str, Any]:
         doc = {k: v for k, v in self.__dict__.items() if k != "steps"}
         doc["steps"] = [s.__dict__ for s in self.steps]
+        doc["children"] = [asdict(c) for c in self.children]
         doc["provenance"] = self.provenance
         return doc
 
@@ -324,15 +358,9 @@ _DESCRIBE_SQL = sa.text(
 SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
        i.finished_at, i.error, i.result, j.request_id, j.submitted_at,
        j.source_topic || '/' || j.source_partition || '@' || j.source_offset AS source,
-       (SELECT count(*) FROM onceflow_duplicate_deliveries d
-         WHERE d.job_id = i.job_id) AS duplicates,
-       (SELECT count(*) FROM onceflow_duplicate_deliveries d
-         WHERE d.job_id = i.job_id AND d.redelivery) AS redeliveries,
-       (SELECT count(*) FROM onceflow_duplicate_deliveries d
-         WHERE d.job_id = i.job_id AND NOT d.params_match) AS mismatches,
+       dd.duplicates, dd.redeliveries, dd.mismatches,
        i.restart_count,
-       (SELECT count(*) FROM onceflow_duplicate_deliveries d
-         WHERE d.job_id = i.job_id AND d.workflow_match IS FALSE) AS workflow_mismatches,
+       dd.workflow_mismatches,
        j.origin,
        (SELECT count(*) FROM onceflow_dead_letters dl
          WHERE dl.job_id = i.job_id) AS dead_letters,
@@ -340,8 +368,20 @@ SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
        CASE WHEN i.status IN ({_FINAL}) THEN NULL ELSE EXISTS (
            SELECT 1 FROM onceflow_engines e
            WHERE e.last_seen_at > now() - make_interval(secs => :stale)
-             AND {_ENGINE_HAS}) END AS engine_available
+             AND {_ENGINE_HAS}) END AS engine_available,
+       i.priority, onceflow_hold_reason(i.job_id) AS held_because,
+       i.parent_job_id, i.parent_close_policy
 FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
+-- One pass over the job id's duplicate rows, in its one partition (job_received_at,
+-- migration 0012): planning a partitioned table costs per partition and per reference.
+LEFT JOIN LATERAL (
+    SELECT count(*) AS duplicates,
+           count(*) FILTER (WHERE d.redelivery) AS redeliveries,
+           count(*) FILTER (WHERE NOT d.params_match) AS mismatches,
+           count(*) FILTER (WHERE d.workflow_match IS FALSE) AS workflow_mismatches
+    FROM onceflow_duplicate_deliveries d
+    WHERE d.job_id = i.job_id AND d.job_received_at = j.received_at
+) dd ON true
 WHERE i.job_id = :job_id
 """
 )
@@ -377,9 +417,13 @@ def describe_instance(engine: Engine, job_id: str) -> InstanceView | None:
             )
             for r in conn.execute(_STEPS_SQL, {"job_id": job_id})
         ]
+        # Imported here: the children module uses this one's notify_runnable.
+        from workflow_engine.store.children import list_children
+
+        children = list_children(conn, job_id)
     fields = dict(row._mapping)
     fields["status"] = InstanceStatus(fields["status"])
-    return InstanceView(**fields, steps=steps)
+    return InstanceView(**fields, steps=steps, children=children)
 
 
 def job_status(engine: Engine, job_id: str) -> dict[str, Any] | None:

@@ -64,6 +64,10 @@ PRODUCT = MigrationSet(
         "onceflow_engines",
         "onceflow_bulk_operations",
         "onceflow_bulk_operation_items",
+        "onceflow_schedules",
+        "onceflow_schedule_ticks",
+        "onceflow_rate_starts",
+        "onceflow_flow_controls",
     ),
 )
 
@@ -162,8 +166,11 @@ def migrate(engine: Engine, migration_set: MigrationSet = PRODUCT) -> list[Migra
                         " append-only; restore the file and add a new migration instead"
                     )
                 continue
-            # exec_driver_sql: the files are plain SQL with no bind parameters.
-            conn.exec_driver_sql(migration.sql)
+            # The files are plain SQL with no bind parameters: run them on the driver's
+            # cursor with no parameters at all, so that a percent sign (plpgsql's
+            # format('%s')) is not read as a placeholder (exec_driver_sql passes {}).
+            cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            cursor.execute(migration.sql)
             conn.execute(
                 sa.text(f"INSERT INTO {table} (version, name, checksum) VALUES (:v, :n, :c)"),
                 {"v": migration.version, "n": migration.name, "c": migration.checksum},
@@ -232,4 +239,12 @@ def grant_app_role(
                 )
             )
         cursor.execute(sql.SQL("GRANT EXECUTE ON FUNCTION job_trace(text) TO {}").format(who))
+        # Retention's partition DDL runs in these SECURITY DEFINER functions (0012).
+        for function in (
+            "onceflow_add_partition(text, timestamptz, timestamptz)",
+            "onceflow_retire_partition(text, timestamptz)",
+        ):
+            cursor.execute(
+                sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(sql.SQL(function), who)
+            )
     return granted

@@ -1,0 +1,272 @@
+"""The flow-controlled claim: per-key concurrency, rate limits, priority and fairness.
+
+A workflow that declares flow control is claimed by :func:`claim_flow`, under the
+per-workflow advisory lock :func:`~workflow_engine.store.execution.claim` takes (tried,
+in the plain claim's statement, before this one), in ONE statement with
+``FOR UPDATE SKIP LOCKED``:
+
+1. **lanes**: the distinct fairness lanes (``flow_lane``, the key value stored when the
+   instance was created) of the workflow's runnable instances, by a loose index scan of
+   ``onceflow_instances_lane_idx``; and the first few runnable instances of each lane,
+   in claim order (``onceflow_claim_order``: priority, aged by time waited). So a lane's
+   burst never hides another lane's head (no head-of-line blocking), whatever its size.
+2. **limits**, computed from the database: the slots held per concurrency key
+   (``running``, plus ``sleeping``/``waiting`` when declared), the starts per rate key
+   in the last period (``onceflow_rate_starts``). A candidate passes when its rank
+   within its key, plus what the key already holds, stays within the limit.
+3. **fairness**: the eligible candidates are taken round-robin across lanes (the first
+   of each lane, then the second...), in claim order within a round.
+4. the chosen rows are locked (``SKIP LOCKED``), marked running, and their starts are
+   recorded for the rate limit, in the same statement.
+
+The advisory lock serialises the claims of one workflow across engines and the
+statement's snapshot is taken after it is granted, so every claim sees the slots and
+starts of the claims before it: the limits hold across any number of engines. Every key
+is computed from ``params`` in the statement; the stored lane only serves the lookahead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from onceflow.vocabulary import RUNNABLE_STATUSES, InstanceStatus
+
+_RUNNABLE = ", ".join(f"'{status}'" for status in sorted(RUNNABLE_STATUSES))
+_NOW = "coalesce(CAST(:now AS timestamptz), now())"
+_ORDER = "onceflow_claim_order(run_after, priority)"
+
+#: Key paths: the keys under ``params`` (``params.customer.id`` -> ``("customer", "id")``);
+#: a number selects an array element. The value is compared as text (``#>>``).
+KeyPath = tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FlowControl:
+    """What the engine enforces when it claims one workflow's instances."""
+
+    concurrency: int | None = None  # running instances of the workflow, all keys
+    concurrency_key: KeyPath | None = None
+    max_per_key: int = 1
+    hold_while_waiting: bool = False  # sleeping/waiting instances keep their slot
+    rate_limit: int | None = None  # instance starts per period per rate key
+    rate_period: float = 1.0  # seconds
+    rate_key: KeyPath | None = None  # None: one bucket for the whole workflow
+    fairness_key: KeyPath | None = None
+
+    @property
+    def lane(self) -> KeyPath | None:
+        """The key an instance's ``flow_lane`` is taken from when it is created."""
+        return self.fairness_key or self.concurrency_key or self.rate_key
+
+    def spec(self) -> dict[str, Any]:
+        """As stored in ``onceflow_flow_controls`` (read by ``onceflow_hold_reason``)."""
+        doc: dict[str, Any] = {}
+        if self.concurrency is not None:
+            doc["concurrency"] = self.concurrency
+        if self.concurrency_key is not None:
+            doc["concurrency_key"] = list(self.concurrency_key)
+            doc["max_per_key"] = self.max_per_key
+            doc["hold_while_waiting"] = self.hold_while_waiting
+        if self.rate_limit is not None:
+            doc["rate_limit"] = self.rate_limit
+            doc["rate_period"] = self.rate_period
+            doc["rate_key"] = list(self.rate_key) if self.rate_key is not None else None
+        if self.fairness_key is not None:
+            doc["fairness_key"] = list(self.fairness_key)
+        return doc
+
+
+_CANDIDATE = f"""
+    SELECT job_id, params, status, started_at, flow_lane, {_ORDER} AS ord
+    FROM onceflow_instances
+    WHERE workflow = :workflow AND status IN ({_RUNNABLE}) AND run_after <= {_NOW}
+      AND (version IS NULL OR (workflow, version) IN (
+          SELECT * FROM unnest(CAST(:have_workflows AS text[]), CAST(:have_versions AS text[]))))
+"""
+
+_CLAIM_FLOW = sa.text(
+    f"""
+WITH RECURSIVE lanes(lane) AS (
+    (SELECT flow_lane FROM onceflow_instances
+     WHERE workflow = :workflow AND status IN ({_RUNNABLE}) AND flow_lane IS NOT NULL
+     ORDER BY flow_lane LIMIT 1)
+    UNION ALL
+    SELECT (SELECT i.flow_lane FROM onceflow_instances i
+            WHERE i.workflow = :workflow AND i.status IN ({_RUNNABLE})
+              AND i.flow_lane > l.lane
+            ORDER BY i.flow_lane LIMIT 1)
+    FROM lanes l WHERE l.lane IS NOT NULL
+),
+lane_count AS (SELECT count(*) AS n FROM lanes WHERE lane IS NOT NULL),
+per_lane AS (
+    -- enough heads per lane to fill a batch twice over, at least :min_per_lane
+    SELECT least(CAST(:limit AS int), greatest(CAST(:min_per_lane AS int),
+                 ceil(2.0 * :limit / greatest(n, 1))::int)) AS n FROM lane_count
+),
+pool AS (
+    SELECT p.* FROM lanes l CROSS JOIN LATERAL (
+        {_CANDIDATE} AND flow_lane = l.lane
+        ORDER BY {_ORDER} LIMIT (SELECT n FROM per_lane)
+    ) p
+    WHERE l.lane IS NOT NULL
+    UNION ALL
+    (
+        -- instances created without a lane; "flow_lane," in the order makes the planner
+        -- read onceflow_instances_lane_idx (this workflow's rows only)
+        {_CANDIDATE} AND flow_lane IS NULL
+        ORDER BY flow_lane, {_ORDER} LIMIT :limit
+    )
+),
+keyed AS (
+    SELECT job_id, ord, flow_lane,
+           params #>> CAST(:ckey AS text[]) AS ck,
+           params #>> CAST(:rkey AS text[]) AS rk,
+           (status = '{InstanceStatus.QUEUED}' OR NOT :hold) AS needs_slot,
+           (started_at IS NULL) AS is_start
+    FROM pool
+),
+ranked AS (
+    SELECT k.*,
+           count(*) FILTER (WHERE needs_slot) OVER (
+               PARTITION BY ck ORDER BY ord, job_id ROWS UNBOUNDED PRECEDING) AS c_rank,
+           count(*) FILTER (WHERE is_start) OVER (
+               PARTITION BY rk ORDER BY ord, job_id ROWS UNBOUNDED PRECEDING) AS r_rank
+    FROM keyed k
+),
+held AS (
+    SELECT params #>> CAST(:ckey AS text[]) AS ck, count(*) AS n FROM onceflow_instances
+    WHERE CAST(:ckey AS text[]) IS NOT NULL
+      AND workflow = :workflow AND status = ANY(CAST(:holding AS text[]))
+    GROUP BY 1
+),
+recent AS (
+    SELECT key AS rk, count(*) AS n FROM onceflow_rate_starts
+    WHERE CAST(:rate_limit AS int) IS NOT NULL
+      AND workflow = :workflow AND started_at > now() - make_interval(secs => :period)
+    GROUP BY 1
+),
+eligible AS (
+    SELECT r.job_id, r.ord, r.flow_lane, r.rk, r.is_start FROM ranked r
+    LEFT JOIN held h ON h.ck IS NOT DISTINCT FROM r.ck
+    LEFT JOIN recent s ON s.rk IS NOT DISTINCT FROM r.rk
+    WHERE (CAST(:ckey AS text[]) IS NULL OR NOT r.needs_slot
+           OR r.c_rank + coalesce(h.n, 0) <= :max_per_key)
+      AND (CAST(:rate_limit AS int) IS NULL OR NOT r.is_start
+           OR r.r_rank + coalesce(s.n, 0) <= :rate_limit)
+),
+picked AS (
+    SELECT job_id FROM eligible
+    ORDER BY CASE WHEN :fair THEN row_number() OVER (
+                 PARTITION BY flow_lane ORDER BY ord, job_id) ELSE 1 END,
+             ord, job_id
+    LIMIT :limit
+),
+locked AS (
+    SELECT i.job_id FROM onceflow_instances i JOIN picked USING (job_id)
+    WHERE i.status IN ({_RUNNABLE}) AND i.run_after <= {_NOW}
+    FOR UPDATE OF i SKIP LOCKED
+),
+claimed AS (
+    UPDATE onceflow_instances i
+    SET status = '{InstanceStatus.RUNNING}', lease_owner = :owner,
+        lease_expires_at = now() + make_interval(secs => :lease),
+        started_at = coalesce(i.started_at, now()), updated_at = now(),
+        claim_count = i.claim_count + 1
+    FROM locked l, onceflow_jobs j
+    WHERE i.job_id = l.job_id AND j.job_id = l.job_id
+    RETURNING i.job_id, i.workflow, i.params, i.created_at, j.submitted_at, i.claim_count,
+              j.traceparent, i.version
+),
+starts AS (
+    INSERT INTO onceflow_rate_starts (workflow, key, job_id)
+    SELECT :workflow, e.rk, c.job_id FROM claimed c JOIN eligible e USING (job_id)
+    WHERE CAST(:rate_limit AS int) IS NOT NULL AND e.is_start
+),
+pruned AS (
+    DELETE FROM onceflow_rate_starts
+    WHERE CAST(:rate_limit AS int) IS NOT NULL
+      AND workflow = :workflow AND started_at <= now() - make_interval(secs => :period)
+),
+declared AS (
+    INSERT INTO onceflow_flow_controls AS f (workflow, spec)
+    VALUES (:workflow, CAST(:spec AS jsonb))
+    ON CONFLICT ON CONSTRAINT onceflow_flow_controls_pkey DO UPDATE
+        SET spec = EXCLUDED.spec, updated_at = now()
+        WHERE f.spec IS DISTINCT FROM EXCLUDED.spec
+)
+SELECT * FROM claimed
+"""
+)
+
+#: What holds a per-key slot, without and with ``hold_while_waiting``.
+_HOLDING = [str(InstanceStatus.RUNNING)]
+_HOLDING_WAITING = [
+    str(InstanceStatus.RUNNING),
+    str(InstanceStatus.SLEEPING),
+    str(InstanceStatus.WAITING),
+]
+
+
+def claim_flow(
+    conn: sa.Connection,
+    workflow: str,
+    flow: FlowControl,
+    limit: int,
+    params: dict[str, Any],
+) -> list[sa.Row[Any]]:
+    """Claim up to ``limit`` instances of ``workflow`` within its flow control, in the
+    caller's transaction (which holds the workflow's advisory lock). ``params``: owner,
+    lease, now, have_workflows, have_versions, as the plain claim takes them."""
+    rate = flow.rate_limit is not None
+    return list(
+        conn.execute(
+            _CLAIM_FLOW,
+            {
+                **params,
+                "workflow": workflow,
+                "limit": limit,
+                "min_per_lane": 2,
+                "ckey": list(flow.concurrency_key) if flow.concurrency_key else None,
+                "max_per_key": flow.max_per_key,
+                "hold": flow.hold_while_waiting,
+                "holding": _HOLDING_WAITING if flow.hold_while_waiting else _HOLDING,
+                "rkey": list(flow.rate_key) if rate and flow.rate_key else None,
+                "rate_limit": flow.rate_limit,
+                "period": flow.rate_period,
+                "fair": flow.fairness_key is not None,
+                "spec": orjson.dumps(flow.spec()).decode(),
+            },
+        )
+    )
+
+
+_HOLD_REASON = sa.text("SELECT onceflow_hold_reason(:job_id)")
+
+
+def hold_reason(conn: sa.Connection, job_id: str) -> str | None:
+    """Why a runnable instance is not running yet (None: it is not waiting to be
+    claimed): a per-key limit, a rate limit, its workflow's limit, or its turn."""
+    reason = conn.execute(_HOLD_REASON, {"job_id": job_id}).scalar()
+    return None if reason is None else str(reason)
+
+
+_FIRST_STEP = sa.text(
+    """
+SELECT extract(epoch FROM min(a.started_at) - j.submitted_at)
+FROM onceflow_jobs j JOIN onceflow_step_attempts a USING (job_id)
+WHERE j.job_id = :job_id GROUP BY j.submitted_at
+"""
+)
+
+
+def submit_to_first_step_seconds(engine: Engine, job_id: str) -> float | None:
+    """From a job's submission to its first step attempt (None: no step yet); the
+    fairness bench's figure."""
+    with engine.connect() as conn:
+        value = conn.execute(_FIRST_STEP, {"job_id": job_id}).scalar()
+    return None if value is None else float(value)
