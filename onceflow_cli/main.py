@@ -21,6 +21,7 @@ import orjson
 from onceflow.errors import OnceflowError
 from onceflow.settings import SCOPES, Settings, get_settings
 from onceflow.vocabulary import DeadLetterReason, InstanceStatus
+from onceflow_cli.schedules import schedules
 
 if TYPE_CHECKING:
     from onceflow.redrive import DeadLetterRecord
@@ -190,6 +191,7 @@ def instances() -> None:
 def instances_describe(workflow: str, job_id: str, as_json: bool) -> None:
     """Show one instance's status and each step's state."""
     from onceflow_cli.render import describe_elsewhere, render_instance
+    from onceflow_cli.schedules import render_tick
     from workflow_engine.store.instances import describe_instance
 
     engine = _db()
@@ -198,10 +200,12 @@ def instances_describe(workflow: str, job_id: str, as_json: bool) -> None:
         # Say what the id *is* (another workflow's instance, a task run, a dead letter)
         # rather than "no instance": a wrong guess at the type is the usual mistake.
         raise OnceflowError(describe_elsewhere(engine, workflow, job_id, view))
+    tick_line, tick = render_tick(engine, job_id)  # which schedule and tick, if one
     if as_json:
-        click.echo(orjson.dumps(view.to_dict(), option=orjson.OPT_INDENT_2, default=str))
+        doc = {**view.to_dict(), "schedule_tick": tick}
+        click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2, default=str))
     else:
-        click.echo(render_instance(view))
+        click.echo(render_instance(view) + (f"\n{tick_line}" if tick_line else ""))
 
 
 def _db():
@@ -597,6 +601,9 @@ def keys_new(name: str, scopes: tuple[str, ...]) -> None:
     entry = {"name": name, "sha256": hash_key(key), "scopes": list(scopes)}
     click.echo(f"key (give it to the client; it is not stored anywhere): {key}")
     click.echo(f"ONCEFLOW_API_KEYS entry: {orjson.dumps(entry).decode()}")
+
+
+cli.add_command(schedules)  # onceflow_cli/schedules.py
 
 
 def _fail(message: str) -> None:

@@ -39,6 +39,7 @@ from producers.errors import error_responses
 from producers.models import FieldError, RequestError
 from workflow_engine.store import bulk, control, listing
 from workflow_engine.store.instances import describe_instance
+from workflow_engine.store.schedules import tick_of
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +205,8 @@ def describe(workflow: str, job_id: str, engine: DbDep) -> dict[str, Any]:
     view = describe_instance(engine, job_id)
     if view is None or view.workflow != workflow:
         raise RequestError(404, "not_found", f"no instance of {workflow!r} with job id {job_id!r}")
-    return view.to_dict()
+    tick = tick_of(engine, job_id)  # which schedule and tick created it, if one did
+    return {**view.to_dict(), "schedule_tick": asdict(tick) if tick else None}
 
 
 def _add_control_route(name: str, operation: Callable[[Engine, str, str], Any]) -> None:

@@ -108,6 +108,13 @@ def _up(api: str) -> int:
 
 
 def _workload(stack: Stack) -> None:
+    # A schedule ticking every second, for the dashboard's schedule panel.
+    created = httpx.post(
+        f"{stack.ingest_url}/v1/schedules",
+        json={"name": "prom", "workflow": "noop-workflow", "every_seconds": 1, "overlap": "allow"},
+        headers=stack.auth_headers,
+    )
+    assert created.status_code == 201, created.text
     jobs = [
         {
             "job_id": f"prom_{i:04d}",
@@ -132,7 +139,11 @@ def _workload(stack: Stack) -> None:
     )  # a dead letter
     stack.wait_for(
         lambda: (
-            stack.scalar("SELECT count(*) FROM onceflow_instances WHERE status = 'complete'") == 300
+            stack.scalar(
+                "SELECT count(*) FROM onceflow_instances"
+                " WHERE status = 'complete' AND workflow = 'order-workflow'"
+            )
+            == 300
         ),
         120,
         "the workload to finish",

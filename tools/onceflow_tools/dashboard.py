@@ -247,6 +247,28 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
                     ),
                 ],
             ),
+            (
+                "Schedules: ticks and lateness",
+                "short",
+                [
+                    (
+                        "fired/s {{schedule}}",
+                        "sum by (schedule)"
+                        f" (rate(onceflow_engine_schedule_ticks_fired_total[{RATE}]))",
+                    ),
+                    (
+                        "skipped (1h) {{schedule}} {{reason}}",
+                        "sum by (schedule, reason)"
+                        " (increase(onceflow_engine_schedule_ticks_skipped_total[1h]))",
+                    ),
+                    ("lateness p99 (s)", _q(0.99, "onceflow_engine_schedule_lateness_seconds")),
+                    (
+                        "next fire in (s) {{schedule}}",
+                        "min by (schedule) (onceflow_engine_schedule_next_fire_timestamp_seconds)"
+                        " - time()",
+                    ),
+                ],
+            ),
         ],
     ),
     (

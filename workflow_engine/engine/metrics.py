@@ -63,3 +63,26 @@ INSTANCES_WITHOUT_ENGINE = Gauge(
     " 'unversioned': created before versioning)",
     ["workflow", "version"],
 )
+# Schedules (workflow_engine.engine.scheduler). Counters count what this engine fired;
+# sum over engines for the schedule's total (also kept in onceflow_schedules).
+SCHEDULE_NEXT_FIRE = Gauge(
+    "onceflow_engine_schedule_next_fire_timestamp_seconds",
+    "When the schedule fires next (Unix seconds; no series while paused)",
+    ["schedule"],
+)
+SCHEDULE_TICKS_FIRED = Counter(
+    "onceflow_engine_schedule_ticks_fired_total",
+    "Schedule ticks that created an instance, by trigger (on_time, catch_up, buffered)",
+    ["schedule", "trigger"],
+)
+SCHEDULE_TICKS_SKIPPED = Counter(
+    "onceflow_engine_schedule_ticks_skipped_total",
+    "Due schedule ticks that created no instance, by reason (catchup, overlap)",
+    ["schedule", "reason"],
+)
+SCHEDULE_LATENESS = Histogram(
+    "onceflow_engine_schedule_lateness_seconds",
+    "From a tick's time to the creation of its instance",
+    ["schedule"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 3600),
+)
