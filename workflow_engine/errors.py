@@ -35,6 +35,18 @@ class EventTimeout(WorkflowError):
     """``wait_for_event`` reached its timeout before an event of that type arrived."""
 
 
+class ChildWorkflowFailed(WorkflowError):
+    """``ctx.child_result`` of a child that errored or was terminated: carries the
+    child's job id, its final status and its error. The parent may catch it; uncaught,
+    the parent errors with it."""
+
+    def __init__(self, child_job_id: str, status: str, error: str) -> None:
+        super().__init__(f"child {child_job_id} {status}: {error}")
+        self.child_job_id = child_job_id
+        self.status = status
+        self.error = error
+
+
 class ControlRequested(BaseException):
     """Internal: an operator asked for pause/terminate/restart while the instance ran.
 

@@ -174,3 +174,7 @@ def applied_effect_counts(engine: Engine) -> EffectCounts:
         ).all()
     per_step = {(j, s): int(n) for j, s, n, _ in rows}
     return EffectCounts(sum(per_step.values()), per_step, sum(int(r) for *_, r in rows))
+
+
+# The fan-out sample (child workflows), registered with the others.
+from onceflow_examples import checkout as checkout  # noqa: E402

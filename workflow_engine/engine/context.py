@@ -6,6 +6,15 @@ returns its stored result without running again, so only unfinished work runs. I
 code now asks for a different step name than the one recorded at that position, the
 instance fails with :class:`NonDeterminismError` instead of doing something wrong.
 
+Concurrent branches (``ctx.gather``) each take positions from their own cursor
+(:mod:`workflow_engine.engine.branches`), so replay matches whatever order they ran
+in; their checkpoint writes go one at a time per instance (the group-commit writer's
+rule: an instance has at most one write pending), while their step code runs at once.
+
+Child workflows (``ctx.start_child`` / ``ctx.child_result``) are entries of kind
+``child`` in the history (:mod:`workflow_engine.store.children`): started once, and
+awaited without holding a worker.
+
 At-least-once steps: a step's side effect can happen more than once if the process
 dies after the side effect and before its checkpoint is written. Pass
 ``current_step().idempotency_key`` (``{job_id}:{step name}``) to external systems so
@@ -19,17 +28,26 @@ import contextvars
 import inspect
 import logging
 import time
-from collections.abc import Callable
-from datetime import datetime, timedelta
-from typing import Any
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
-from onceflow.vocabulary import AttemptOutcome, InstanceStatus, StepKind, StepStatus
-from workflow_engine.definitions import DEFAULT_RETRY, RetryPolicy
-from workflow_engine.engine import tracing
+from sqlalchemy.engine import Engine
+
+from onceflow.vocabulary import (
+    AttemptOutcome,
+    InstanceStatus,
+    ParentClosePolicy,
+    StepKind,
+    StepStatus,
+)
+from workflow_engine.definitions import DEFAULT_RETRY, ChildHandle, RetryPolicy, workflow_version
+from workflow_engine.engine import branches, tracing
 from workflow_engine.engine.metrics import STEP_DURATION, STEPS, STEPS_STARTED
 from workflow_engine.engine.runtime import Runtime
 from workflow_engine.engine.tracing import JobSpans
 from workflow_engine.errors import (
+    ChildWorkflowFailed,
     EventTimeout,
     NonDeterminismError,
     NonRetryableError,
@@ -37,10 +55,13 @@ from workflow_engine.errors import (
     Suspend,
 )
 from workflow_engine.steps import StepInfo, _current_step, idempotency_key
+from workflow_engine.store import children
 from workflow_engine.store import execution as store
-from workflow_engine.store.writes import FinishStep, StartStep
+from workflow_engine.store.writes import FinishStep, StartStep, Write
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class WorkflowContext:
@@ -62,16 +83,35 @@ class WorkflowContext:
         self.version = version  # what the instance was created with
         self.engine_version = engine_version  # what this engine's definition is
         self._recorded = {s.position: s for s in recorded}
-        self._position = 0
+        self._main = branches.Cursor()
         self._patches: dict[str, bool] = {}
+        # One write of this instance at a time (concurrent gather branches).
+        self._writing = asyncio.Lock()
+        # The children one gather starts (or awaits): one transaction for all of them.
+        self._starts = branches.Coalescer(self._start_children)
+        self._collects = branches.Coalescer(self._collect_children)
+
+    def _cursor(self) -> branches.Cursor:
+        """The cursor of the branch this code runs in (the main line outside gathers)."""
+        current = branches.BRANCH.get()
+        return current[1] if current is not None and current[0] is self else self._main
+
+    async def _write(self, write: Write[T]) -> T:
+        async with self._writing:
+            return await self._rt.write(write)
+
+    async def _db(
+        self, fn: Callable[Concatenate[Engine, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        async with self._writing:
+            return await self._rt.db(fn, *args, **kwargs)
 
     def idempotency_key(self, step_name: str) -> str:
         return idempotency_key(self.job_id, step_name)
 
     def _next(self, name: str, kind: StepKind) -> tuple[int, store.RecordedStep | None]:
         """The next history position, checked against what was recorded there."""
-        position = self._position
-        self._position += 1
+        position = self._cursor().take()
         recorded = self._recorded.get(position)
         if recorded is not None and (recorded.name != name or recorded.kind != kind):
             raise NonDeterminismError(
@@ -91,16 +131,15 @@ class WorkflowContext:
         takes no position). The answer is remembered for the rest of the run."""
         if patch_id in self._patches:
             return self._patches[patch_id]
-        recorded = self._recorded.get(self._position)
+        cursor = self._cursor()
+        recorded = self._recorded.get(cursor.peek())
         if recorded is not None:
             taken = recorded.kind == StepKind.PATCH and recorded.name == patch_id
             if taken:
-                self._position += 1
+                cursor.take()
         else:
-            await self._rt.db(
-                store.record_marker, self._rt.owner, self.job_id, self._position, patch_id
-            )
-            self._position += 1
+            position = cursor.take()
+            await self._db(store.record_marker, self._rt.owner, self.job_id, position, patch_id)
             taken = True
         self._patches[patch_id] = taken
         return taken
@@ -108,9 +147,10 @@ class WorkflowContext:
     async def deprecate_patch(self, patch_id: str) -> None:
         """Retire ``patched(patch_id)`` once no instance without its marker is left:
         consumes the marker where the history has one, records nothing otherwise."""
-        recorded = self._recorded.get(self._position)
+        cursor = self._cursor()
+        recorded = self._recorded.get(cursor.peek())
         if recorded is not None and recorded.kind == StepKind.PATCH and recorded.name == patch_id:
-            self._position += 1
+            cursor.take()
 
     async def step(
         self,
@@ -132,7 +172,7 @@ class WorkflowContext:
             return recorded.result
         policy = retries or self._rt.default_retry or DEFAULT_RETRY
         while True:
-            attempt = await self._rt.write(StartStep(self.job_id, position, name))
+            attempt = await self._write(StartStep(self.job_id, position, name))
             STEPS_STARTED.labels(self.workflow).inc()
             token = _current_step.set(StepInfo(self.job_id, self.workflow, name, position, attempt))
             span = self.spans.step(name, position, attempt) if self.spans else None
@@ -220,7 +260,7 @@ class WorkflowContext:
         position, recorded = self._next(name, StepKind.SLEEP)
         if recorded is not None and recorded.status == StepStatus.COMPLETE:
             return
-        wake, due = await self._rt.db(
+        wake, due = await self._db(
             store.begin_wait,
             self._rt.owner,
             self.job_id,
@@ -233,7 +273,7 @@ class WorkflowContext:
         )
         if not due:
             raise Suspend(InstanceStatus.SLEEPING, wake)
-        await self._rt.db(
+        await self._db(
             store.close_entry, self._rt.owner, self.job_id, position, StepStatus.COMPLETE, b"null"
         )
         if self.spans:
@@ -255,7 +295,7 @@ class WorkflowContext:
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         rt = self._rt
         reached_ns = time.time_ns()
-        wake, due = await rt.db(
+        wake, due = await self._db(
             store.begin_wait,
             rt.owner,
             self.job_id,
@@ -267,20 +307,108 @@ class WorkflowContext:
             None,
             type,
         )
-        found, payload = await rt.db(store.consume_event, rt.owner, self.job_id, position)
+        found, payload = await self._db(store.consume_event, rt.owner, self.job_id, position)
         if found:
             if self.spans:
                 self.spans.waited("wait", name, position, reached_ns, event=type)
             return payload
         if due:
             message = f"timed out waiting for event {type!r} ({name!r})"
-            await rt.db(
+            await self._db(
                 store.close_entry, rt.owner, self.job_id, position, StepStatus.FAILED, None, message
             )
             if self.spans:
                 self.spans.waited("wait", name, position, reached_ns, timed_out=type)
             raise EventTimeout(message)
         raise Suspend(InstanceStatus.WAITING, wake)
+
+    async def start_child(
+        self,
+        workflow: str,
+        name: str,
+        params: dict[str, Any] | None = None,
+        on_parent_close: Literal["terminate", "abandon"] = "terminate",
+    ) -> ChildHandle:
+        """Start the child workflow ``workflow`` called ``name`` (once: its job id is
+        ``<this job id>__<name>``, created through the job-id constraint and recorded in
+        this history in one transaction, so replay never starts a second). Returns at
+        once; ``child_result`` awaits it. ``on_parent_close``: when this instance is
+        terminated, terminate the child too, or abandon it (let it run)."""
+        policy = ParentClosePolicy(on_parent_close)
+        child_id = children.child_job_id(self.job_id, name)
+        position, recorded = self._next(name, StepKind.CHILD)
+        handle = ChildHandle(child_id, name, workflow, position)
+        if recorded is not None:
+            return handle
+        child_params = params or {}
+        store.encode_result(child_params, self._rt.max_result_bytes)  # JSON, bounded
+        start = children.StartChild(
+            self.job_id,
+            position,
+            name,
+            child_id,
+            workflow,
+            child_params,
+            policy,
+            workflow_version(workflow),
+        )
+        created = await self._starts.submit(start)
+        log.info(
+            "child %r started",
+            name,
+            extra={
+                "event": "child.started" if created else "child.exists",
+                "job_id": self.job_id,
+                "child_job_id": child_id,
+                "workflow": workflow,
+            },
+        )
+        return handle
+
+    async def child_result(self, handle: ChildHandle) -> Any:
+        """The child's result, once it has finished; until then the instance waits
+        durably (no worker held) and is woken when the child finishes. A child that
+        errored or was terminated raises :class:`ChildWorkflowFailed` (catchable)."""
+        recorded = self._recorded.get(handle.position)
+        if (
+            recorded is not None
+            and recorded.kind == StepKind.CHILD
+            and recorded.status in (StepStatus.COMPLETE, StepStatus.FAILED)
+        ):
+            outcome = children.recorded_outcome(recorded.status, recorded.result, recorded.error)
+        else:
+            got = await self._collects.submit(children.Awaited(handle.position, handle.job_id))
+            if got is None:
+                raise Suspend(InstanceStatus.WAITING, None)
+            outcome = got
+        if outcome.status == StepStatus.FAILED:
+            raise ChildWorkflowFailed(handle.job_id, outcome.child_status, outcome.error or "")
+        return outcome.result
+
+    async def _start_children(self, starts: list[children.StartChild]) -> list[bool]:
+        return await self._db(children.start_children, self._rt.owner, starts)
+
+    async def _collect_children(
+        self, awaited: list[children.Awaited]
+    ) -> list[children.ChildOutcome | None]:
+        return await self._db(children.collect, self._rt.owner, self.job_id, awaited)
+
+    async def gather(self, *awaitables: Awaitable[Any]) -> list[Any]:
+        """Run branches concurrently; their results in order. Pass coroutines (``ctx``
+        calls, or async functions making several): each branch takes history positions
+        from its own cursor, so replay matches however the branches interleaved, and
+        each branch's steps are checkpointed once. All branches settle first; then the
+        first error is raised, or, if any branch waits (a sleep, event, child, retry
+        delay), the instance suspends until the earliest wake-up and replays."""
+        if not awaitables:
+            return []
+        cursor = self._cursor()
+        cursors = cursor.split(len(awaitables))
+        outcomes = await asyncio.gather(
+            *(branches.run_branch(self, c, a) for c, a in zip(cursors, awaitables, strict=True))
+        )
+        cursor.join(cursors)
+        return branches.settle(outcomes, self._rt.clock.db_now() or datetime.now(UTC))
 
     async def _invoke(
         self, fn: Callable[..., Any], args: tuple, kwargs: dict, timeout: float | None
@@ -301,7 +429,7 @@ class WorkflowContext:
         result: bytes | None = None,
         error: str | None = None,
     ) -> None:
-        await self._rt.write(FinishStep(self.job_id, position, attempt, outcome, result, error))
+        await self._write(FinishStep(self.job_id, position, attempt, outcome, result, error))
 
 
 def _describe(exc: BaseException) -> str:

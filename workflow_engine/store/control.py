@@ -16,7 +16,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from onceflow.errors import OnceflowError
-from onceflow.vocabulary import TERMINAL_STATUSES, BulkAction, ControlAction, InstanceStatus
+from onceflow.vocabulary import (
+    TERMINAL_STATUSES,
+    BulkAction,
+    ControlAction,
+    InstanceStatus,
+    ParentClosePolicy,
+)
+from workflow_engine.store import children
 from workflow_engine.store.instances import notify_runnable as _notify
 
 #: What :func:`apply_requested` answers when this engine no longer holds the instance.
@@ -157,18 +164,50 @@ def restart(engine: Engine, workflow: str, job_id: str) -> ControlResult:
 
 
 def apply_terminate(conn: Connection, job_id: str) -> None:
-    conn.execute(
+    """Terminate an instance no engine runs; close its children by their policy; wake
+    its parent if it awaits it (the parent's ``child_result`` raises)."""
+    parent = conn.execute(
         sa.text(
             "UPDATE onceflow_instances SET status = :terminated, finished_at = now(),"
             " updated_at = now(), lease_owner = NULL, lease_expires_at = NULL,"
             " requested_action = NULL, error = 'terminated by operator' WHERE job_id = :j"
+            " RETURNING parent_job_id"
         ),
         {"j": job_id, "terminated": str(InstanceStatus.TERMINATED)},
-    )
+    ).scalar()
+    close_children(conn, job_id)
+    if parent is not None:
+        children.wake_parents(conn, [(parent, job_id)])
+
+
+def close_children(conn: Connection, job_id: str) -> int:
+    """Parent close policy: terminate the live children of a terminated parent started
+    with ``on_parent_close="terminate"`` (by the same rules as an operator's terminate:
+    a running child is asked, and its engine applies it at its next step boundary, which
+    closes its own children in turn); ``"abandon"`` children are left to run."""
+    rows = conn.execute(
+        sa.text(
+            "SELECT job_id, status, requested_action FROM onceflow_instances"
+            " WHERE parent_job_id = :j AND parent_close_policy = :policy"
+            " AND status <> ALL(:final) ORDER BY job_id FOR UPDATE"
+        ),
+        {
+            "j": job_id,
+            "policy": str(ParentClosePolicy.TERMINATE),
+            "final": sorted(TERMINAL_STATUSES),
+        },
+    ).all()
+    for child, status, requested in rows:
+        asked = ControlAction(requested) if requested else None
+        transition(conn, child, BulkAction.TERMINATE, InstanceStatus(status), asked)
+    return len(rows)
 
 
 def apply_restart(conn: Connection, job_id: str) -> None:
     """Forget the history and queue the instance to run from its first step."""
+    # Attempts first, explicitly: no foreign key cascades into the partitioned
+    # attempts table (migration 0012), and the restarted steps count attempts from 1.
+    conn.execute(sa.text("DELETE FROM onceflow_step_attempts WHERE job_id = :j"), {"j": job_id})
     conn.execute(sa.text("DELETE FROM onceflow_steps WHERE job_id = :j"), {"j": job_id})
     conn.execute(
         sa.text("DELETE FROM onceflow_events WHERE job_id = :j AND consumed_at IS NOT NULL"),
