@@ -84,6 +84,9 @@ class Settings(BaseSettings):
     ingest_rate_limit_per_second: float = Field(default=200.0, ge=0)
     ingest_rate_limit_burst: int = Field(default=400, ge=1)
     ingest_max_inflight_per_client: int = Field(default=32, ge=1)
+    # Bind the ingest port with SO_REUSEPORT, so that several ingest processes (each
+    # with its own metrics port) share it and the kernel spreads connections over them.
+    ingest_reuse_port: bool = False
 
     # --- streams worker (streams/) ------------------------------------------------
     consumer_group: str = "onceflow-streams"
@@ -121,6 +124,12 @@ class Settings(BaseSettings):
     # job-id record that makes a late duplicate collapse is kept longer.
     retention_instances_seconds: float = Field(default=7 * 86400, gt=0)
     retention_job_ids_seconds: float = Field(default=30 * 86400, gt=0)
+    # Step attempts and duplicate deliveries live in time partitions of this width
+    # (migration 0012); retention drops whole partitions, and instances / job ids are
+    # deleted up to one interval later so that DELETE never reaches those tables.
+    # Partitions are created this many intervals ahead of now.
+    retention_partition_seconds: float = Field(default=86400, ge=3600)
+    retention_partitions_ahead: int = Field(default=3, ge=1)
     maintenance_interval_seconds: float = Field(default=15.0, gt=0)
 
     # The database role the services use, granted read/write by `onceflow migrate`.

@@ -121,11 +121,14 @@ class Maintenance(Service):
         interval: float,
         retention_instances_seconds: float,
         retention_job_ids_seconds: float,
+        partition_seconds: float = maintenance.DAY,
+        partitions_ahead: int = 3,
     ) -> None:
         super().__init__()
         self.engine = engine
         self.interval = interval
         self.retention = (retention_instances_seconds, retention_job_ids_seconds)
+        self.partitions = (partition_seconds, partitions_ahead)
 
     async def run(self) -> None:
         while True:
@@ -137,7 +140,9 @@ class Maintenance(Service):
             await asyncio.sleep(self.interval)
 
     async def _prune(self) -> None:
-        pruned = await asyncio.to_thread(maintenance.prune, self.engine, *self.retention)
+        pruned = await asyncio.to_thread(
+            maintenance.prune, self.engine, *self.retention, *self.partitions
+        )
         for kind, count in pruned.items():
             PRUNED.labels(kind).inc(count)
 

@@ -209,7 +209,13 @@ def _like_prefix(prefix: str) -> str:
     return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
-_DUPLICATE = "SELECT 1 FROM onceflow_duplicate_deliveries d WHERE d.job_id = i.job_id"
+# The partition key of the job id's duplicate rows (migration 0012), so that only its
+# one partition is read instead of every partition's job_id index.
+_JOB_RECEIVED = "(SELECT j.received_at FROM onceflow_jobs j WHERE j.job_id = {job_id})"
+_DUPLICATE = (
+    "SELECT 1 FROM onceflow_duplicate_deliveries d WHERE d.job_id = i.job_id"
+    " AND d.job_received_at = " + _JOB_RECEIVED.format(job_id="i.job_id")
+)
 _MISMATCH = _DUPLICATE + " AND (NOT d.params_match OR d.workflow_match IS FALSE)"
 
 
@@ -310,7 +316,8 @@ def _list_sql(
         "SELECT p.*, coalesce(d.n, 0) AS duplicates, coalesce(d.m, 0) AS mismatches"
         f" FROM ({page}) p LEFT JOIN LATERAL (SELECT count(*) AS n, count(*) FILTER"
         " (WHERE NOT d.params_match OR d.workflow_match IS FALSE) AS m"
-        " FROM onceflow_duplicate_deliveries d WHERE d.job_id = p.job_id) d ON true"
+        " FROM onceflow_duplicate_deliveries d WHERE d.job_id = p.job_id"
+        f" AND d.job_received_at = {_JOB_RECEIVED.format(job_id='p.job_id')}) d ON true"
         f" ORDER BY p.{column} DESC, p.job_id DESC"
     )
     return sql, params

@@ -1,15 +1,26 @@
 """Retention and figures that need a query (run periodically by every engine).
 
-Pruning takes a transaction-level advisory lock with ``pg_try_advisory_xact_lock`` so
-only one engine prunes at a time; the others skip that round.
+Retention in one round, under a session-level advisory lock so only one engine prunes
+at a time (the others skip that round); each step is its own short transaction:
+
+1. partitions are created ahead (:func:`.partitions.ensure_partitions`);
+2. step-attempt partitions older than the instance retention are dropped whole;
+3. finished instances (and task runs) past retention *plus one partition interval*
+   are deleted - the extra interval means their attempt rows went with step 2's
+   partitions, so the DELETE never cascades into the attempts table row by row;
+4. duplicate-delivery partitions older than the job-id retention are dropped whole;
+5. job-id records past theirs (plus one interval, for the same reason) are deleted;
+6. rows parked in a default partition whose step or job id is gone are deleted (the
+   partitioned tables have no foreign key to cascade through).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from onceflow.vocabulary import (
     RUNNABLE_STATUSES,
@@ -17,46 +28,92 @@ from onceflow.vocabulary import (
     InstanceStatus,
     TaskRunStatus,
 )
+from workflow_engine.store import partitions
 
 PRUNE_LOCK_KEY = 0x0CEF_2000
+DAY = 86400.0
 
 
-def prune(engine: Engine, instance_seconds: float, job_id_seconds: float) -> dict[str, int]:
-    """Delete finished instances past retention, then job-id records past theirs.
+def prune(
+    engine: Engine,
+    instance_seconds: float,
+    job_id_seconds: float,
+    partition_seconds: float = DAY,
+    partitions_ahead: int = 3,
+) -> dict[str, int]:
+    """One retention round; returns what it removed or created, by kind.
 
     A job-id record outlives its instance so that a late duplicate still collapses;
     it is never deleted while its instance (or task run) exists.
     """
-    with engine.begin() as conn:
-        if not conn.execute(
-            sa.text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": PRUNE_LOCK_KEY}
-        ).scalar():
+    with engine.connect() as conn:
+        locked = conn.execute(
+            sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": PRUNE_LOCK_KEY}
+        ).scalar()
+        conn.commit()
+        if not locked:
             return {}
+        try:
+            return _prune_locked(
+                conn,
+                timedelta(seconds=instance_seconds),
+                timedelta(seconds=max(job_id_seconds, instance_seconds)),
+                timedelta(seconds=partition_seconds),
+                partitions_ahead,
+            )
+        finally:
+            conn.rollback()
+            conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": PRUNE_LOCK_KEY})
+            conn.commit()
+
+
+def _prune_locked(
+    conn: Connection,
+    instance_retention: timedelta,
+    job_id_retention: timedelta,
+    interval: timedelta,
+    ahead: int,
+) -> dict[str, int]:
+    now: datetime = conn.execute(sa.text("SELECT now()")).scalar_one()
+    conn.commit()
+    created = partitions.ensure_partitions(conn, now, interval, ahead)
+    attempts = partitions.retire_expired(conn, partitions.STEP_ATTEMPTS, now - instance_retention)
+    with conn.begin():
         instances = conn.execute(
             sa.text(
                 "DELETE FROM onceflow_instances"
-                " WHERE status = ANY(:terminal)"
-                " AND finished_at < now() - make_interval(secs => :s)"
+                " WHERE status = ANY(:terminal) AND finished_at < :before"
             ),
-            {"s": instance_seconds, "terminal": sorted(TERMINAL_STATUSES)},
+            {"before": now - instance_retention - interval, "terminal": sorted(TERMINAL_STATUSES)},
         ).rowcount
         tasks = conn.execute(
             sa.text(
-                "DELETE FROM onceflow_task_runs WHERE status <> :pending"
-                " AND finished_at < now() - make_interval(secs => :s)"
+                "DELETE FROM onceflow_task_runs WHERE status <> :pending AND finished_at < :before"
             ),
-            {"s": instance_seconds, "pending": str(TaskRunStatus.PENDING)},
+            {"before": now - instance_retention - interval, "pending": str(TaskRunStatus.PENDING)},
         ).rowcount
+    duplicates = partitions.retire_expired(
+        conn, partitions.DUPLICATE_DELIVERIES, now - job_id_retention
+    )
+    with conn.begin():
         job_ids = conn.execute(
             sa.text(
-                "DELETE FROM onceflow_jobs j"
-                " WHERE j.received_at < now() - make_interval(secs => :s)"
+                "DELETE FROM onceflow_jobs j WHERE j.received_at < :before"
                 " AND NOT EXISTS (SELECT 1 FROM onceflow_instances i WHERE i.job_id = j.job_id)"
                 " AND NOT EXISTS (SELECT 1 FROM onceflow_task_runs t WHERE t.job_id = j.job_id)"
             ),
-            {"s": max(job_id_seconds, instance_seconds)},
+            {"before": now - job_id_retention - interval},
         ).rowcount
-    return {"instances": instances, "task_runs": tasks, "job_ids": job_ids}
+    orphans = sum(partitions.delete_orphans(conn, t) for t in partitions.PARTITIONED_TABLES)
+    return {
+        "instances": instances,
+        "task_runs": tasks,
+        "job_ids": job_ids,
+        "partitions_created": len(created),
+        "partitions_dropped": len(attempts.dropped) + len(duplicates.dropped),
+        "partition_rows_kept": attempts.kept_rows + duplicates.kept_rows,
+        "partition_rows_orphaned": orphans,
+    }
 
 
 @dataclass(frozen=True, slots=True)

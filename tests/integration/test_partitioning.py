@@ -1,0 +1,293 @@
+"""Time-partitioned history (migration 0012) on real PostgreSQL: partitions are made
+ahead, retention drops whole partitions but never the history of a live instance, and
+the job id stays globally unique whatever time range its rows fall in."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine, make_url
+
+from onceflow.envelope import JobEnvelope
+from onceflow_tools.stack import database_url_for, recreate_database
+from workflow_engine.store import control
+from workflow_engine.store import partitions as parts
+from workflow_engine.store.db import make_engine, sqlalchemy_url
+from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.store.maintenance import prune
+from workflow_engine.store.schema import available_migrations, grant_app_role, migrate
+
+DAY = timedelta(days=1)
+WEEK, MONTH = 7 * 86400, 30 * 86400
+
+
+@pytest.fixture
+def fresh_db(base_settings) -> Iterator[tuple[Engine, str]]:
+    """An empty database (no migrations at all) and its URL."""
+    name = f"onceflow_s_{uuid.uuid4().hex[:10]}"
+    url = recreate_database(base_settings.database_url, name)
+    engine = make_engine(url, pool_size=2)
+    yield engine, url
+    engine.dispose()
+    admin = make_engine(database_url_for(base_settings.database_url, "postgres"), pool_size=1)
+    with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def _now(db: Engine) -> datetime:
+    with db.connect() as conn:
+        return conn.execute(sa.text("SELECT now()")).scalar_one()
+
+
+def _partitions(db: Engine, parent: str) -> list[parts.Partition]:
+    with db.connect() as conn, conn.begin():
+        return parts.partitions(conn, parent)
+
+
+def _add_old_partition(db: Engine, parent: str, days_ago: float) -> str:
+    """The daily partition holding the instant ``days_ago`` days back."""
+    lower = parts.aligned(_now(db) - days_ago * DAY, DAY)
+    with db.connect() as conn, conn.begin():
+        name = parts.add_partition(conn, parent, lower, lower + DAY)
+    assert name
+    return name
+
+
+def _exists(db: Engine, relation: str) -> bool:
+    with db.connect() as conn:
+        return conn.execute(sa.text("SELECT to_regclass(:r)"), {"r": relation}).scalar() is not None
+
+
+def _where(db: Engine, sql: str, **params) -> list:
+    with db.connect() as conn:
+        return list(conn.execute(sa.text(sql), params).all())
+
+
+def _instance_with_old_attempt(
+    db: Engine, job_id: str, offset: int, status: str, finished_days_ago: float | None
+) -> None:
+    """An instance whose one step's attempt started 19.5 days ago."""
+    create_instances(db, [Delivery(JobEnvelope(job_id, "order-workflow", {}), "t", 0, offset)])
+    finished = (
+        "NULL" if finished_days_ago is None else f"now() - interval '{finished_days_ago} days'"
+    )
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                f"UPDATE onceflow_instances SET status = :s, finished_at = {finished}"
+                " WHERE job_id = :j"
+            ),
+            {"s": status, "j": job_id},
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO onceflow_steps (job_id, position, name, status, attempts,"
+                " started_at, finished_at)"
+                " VALUES (:j, 0, 'charge', 'complete', 1, now() - interval '19.5 days',"
+                " now() - interval '19.4 days')"
+            ),
+            {"j": job_id},
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO onceflow_step_attempts (job_id, position, attempt, engine_id,"
+                " started_at, finished_at, outcome)"
+                " VALUES (:j, 0, 1, 'e1', now() - interval '19.5 days',"
+                " now() - interval '19.4 days', 'complete')"
+            ),
+            {"j": job_id},
+        )
+
+
+def test_partitions_are_created_ahead_and_take_the_new_rows(db):
+    pruned = prune(db, WEEK, MONTH, partitions_ahead=5)
+    now = _now(db)
+    for parent in parts.PARTITIONED_TABLES:
+        found = _partitions(db, parent)
+        assert found[-1].upper >= now + 5 * DAY, (parent, found[-1])
+        # contiguous: no gap a row could fall into between now and the horizon
+        ahead = [p for p in found if p.upper > now]
+        assert all(a.upper == b.lower for a, b in itertools.pairwise(ahead))
+    assert pruned["partitions_created"] >= 2  # migration made 3 days ahead, we asked 5
+    assert prune(db, WEEK, MONTH, partitions_ahead=5)["partitions_created"] == 0
+
+    create_instances(db, [Delivery(JobEnvelope("p1", "order-workflow", {}), "t", 0, 1)])
+    create_instances(db, [Delivery(JobEnvelope("p1", "order-workflow", {}), "t", 0, 2)])
+    [(where,)] = _where(db, "SELECT tableoid::regclass::text FROM onceflow_duplicate_deliveries")
+    assert where.startswith("onceflow_duplicate_deliveries_p2"), where
+
+
+def test_retention_drops_expired_attempt_partitions_but_keeps_live_history(db):
+    old = _add_old_partition(db, parts.STEP_ATTEMPTS, 19.5)
+    _instance_with_old_attempt(db, "gone", 1, "complete", finished_days_ago=19)
+    _instance_with_old_attempt(db, "asleep", 2, "sleeping", finished_days_ago=None)
+    _instance_with_old_attempt(db, "recent", 3, "complete", finished_days_ago=1)
+    assert _where(db, "SELECT DISTINCT tableoid::regclass::text FROM onceflow_step_attempts") == [
+        (old,)
+    ]
+
+    pruned = prune(db, WEEK, MONTH)
+
+    assert not _exists(db, old)
+    assert pruned["partitions_dropped"] >= 1
+    assert pruned["partition_rows_kept"] == 2
+    assert pruned["instances"] == 1
+    kept = _where(
+        db,
+        "SELECT job_id, tableoid::regclass::text, outcome FROM onceflow_step_attempts"
+        " ORDER BY job_id",
+    )
+    assert kept == [
+        ("asleep", "onceflow_step_attempts_default", "complete"),
+        ("recent", "onceflow_step_attempts_default", "complete"),
+    ]
+    assert _where(db, "SELECT job_id FROM onceflow_instances ORDER BY 1") == [
+        ("asleep",),
+        ("recent",),
+    ]
+    # No foreign key cascades into the partitioned table: the next round deletes the
+    # kept rows whose step is gone, from the default partition.
+    with db.begin() as conn:
+        conn.execute(sa.text("DELETE FROM onceflow_instances WHERE job_id = 'recent'"))
+    assert prune(db, WEEK, MONTH)["partition_rows_orphaned"] == 1
+    assert _where(db, "SELECT job_id FROM onceflow_step_attempts") == [("asleep",)]
+
+
+def test_a_restart_forgets_the_attempts_too(db):
+    _instance_with_old_attempt(db, "again", 1, "errored", finished_days_ago=1)
+    with db.begin() as conn:
+        conn.execute(sa.text("UPDATE onceflow_instances SET error = 'x' WHERE job_id = 'again'"))
+        control.apply_restart(conn, "again")
+    assert _where(db, "SELECT count(*) FROM onceflow_step_attempts") == [(0,)]
+    assert _where(db, "SELECT status FROM onceflow_instances") == [("queued",)]
+
+
+def test_retention_drops_expired_duplicate_partitions_with_their_job_ids(db):
+    old = _add_old_partition(db, parts.DUPLICATE_DELIVERIES, 39.5)
+    for n, job_id in enumerate(("forgotten", "still-running")):
+        create_instances(db, [Delivery(JobEnvelope(job_id, "order-workflow", {}), "t", 0, n)])
+        create_instances(
+            db, [Delivery(JobEnvelope(job_id, "order-workflow", {}), "t", 1, n)]
+        )  # a resubmission: one duplicate row
+    with db.begin() as conn:
+        conn.execute(sa.text("DELETE FROM onceflow_instances WHERE job_id = 'forgotten'"))
+        conn.execute(sa.text("UPDATE onceflow_jobs SET received_at = now() - interval '39.5 days'"))
+        conn.execute(
+            sa.text(
+                "UPDATE onceflow_duplicate_deliveries SET job_received_at = j.received_at"
+                " FROM onceflow_jobs j WHERE j.job_id = onceflow_duplicate_deliveries.job_id"
+            )
+        )
+    assert _where(
+        db, "SELECT DISTINCT tableoid::regclass::text FROM onceflow_duplicate_deliveries"
+    ) == [(old,)]
+
+    pruned = prune(db, WEEK, MONTH)
+
+    assert not _exists(db, old)
+    assert pruned["job_ids"] == 1  # "forgotten": no instance left, past retention
+    assert _where(
+        db, "SELECT job_id, tableoid::regclass::text FROM onceflow_duplicate_deliveries"
+    ) == [("still-running", "onceflow_duplicate_deliveries_default")]
+
+
+def test_a_job_id_collides_across_time_ranges(db):
+    """onceflow_jobs (the one-per-id registry) is not partitioned: a job id first seen
+    40 days ago - its duplicate rows in a 40-day-old partition - still collapses a
+    submission today, and a redelivered Kafka position still counts once."""
+    _add_old_partition(db, parts.DUPLICATE_DELIVERIES, 39.5)
+    first = create_instances(db, [Delivery(JobEnvelope("o1", "order-workflow", {}), "t", 0, 1)])
+    again = Delivery(JobEnvelope("o1", "order-workflow", {}), "t", 0, 2)
+    assert create_instances(db, [again]).duplicates == 1
+    with db.begin() as conn:
+        conn.execute(sa.text("UPDATE onceflow_jobs SET received_at = now() - interval '39.5 days'"))
+        conn.execute(
+            sa.text("UPDATE onceflow_duplicate_deliveries SET job_received_at = :at"),
+            {"at": _now(db) - timedelta(days=39.5)},
+        )
+
+    today = create_instances(
+        db, [Delivery(JobEnvelope("o1", "order-workflow", {"x": 1}), "t", 3, 9)]
+    )
+    redelivered = create_instances(db, [again])
+
+    assert (first.created, today.created, today.duplicates, today.mismatches) == (1, 0, 1, 1)
+    assert (redelivered.duplicates, redelivered.already_recorded) == (0, 1)
+    assert _where(db, "SELECT count(*) FROM onceflow_instances") == [(1,)]
+    assert _where(db, "SELECT count(*) FROM onceflow_duplicate_deliveries") == [(2,)]
+    assert _where(db, "SELECT relkind FROM pg_class WHERE relname = 'onceflow_jobs'") == [("r",)]
+    with pytest.raises(sa.exc.IntegrityError) as caught, db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO onceflow_jobs (job_id, type_name, params_digest, source_topic,"
+                " source_partition, source_offset, received_at)"
+                " VALUES ('o1', 'order-workflow', 'd', 't', 5, 5, now() + interval '2 days')"
+            )
+        )
+    assert caught.value.orig.diag.constraint_name == "onceflow_jobs_job_id_key"
+
+
+def test_the_app_role_can_run_retention(db, db_url):
+    role = f"onceflow_app_{uuid.uuid4().hex[:8]}"
+    with db.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql(f'CREATE ROLE "{role}" LOGIN')  # test-made name, no input
+    grant_app_role(db, role)
+    url = make_url(sqlalchemy_url(db_url)).set(username=role, password=None)
+    app = make_engine(url.render_as_string(hide_password=False), pool_size=1)
+    try:
+        old = _add_old_partition(db, parts.STEP_ATTEMPTS, 19.5)
+        assert prune(app, WEEK, MONTH, partitions_ahead=6)["partitions_created"] >= 1
+        assert not _exists(db, old)
+        with pytest.raises(sa.exc.ProgrammingError, match="must be owner"), app.begin() as c:
+            c.exec_driver_sql(f"DROP TABLE {_partitions(db, parts.STEP_ATTEMPTS)[-1].name}")
+    finally:
+        app.dispose()
+        with db.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql(f'DROP OWNED BY "{role}"')
+            conn.exec_driver_sql(f'DROP ROLE "{role}"')
+
+
+def test_the_migration_converts_existing_history_in_place(fresh_db, monkeypatch):
+    engine, _ = fresh_db
+    before = [m for m in available_migrations() if m.version < 12]
+    monkeypatch.setattr("workflow_engine.store.schema.available_migrations", lambda *_: before)
+    migrate(engine)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO onceflow_jobs (job_id, type_name, params_digest, source_topic,"
+                " source_partition, source_offset, received_at)"
+                " SELECT 'm' || g, 'wf', 'd', 't', 0, g, now() - g * interval '1 day'"
+                " FROM generate_series(0, 9) g;"
+                "INSERT INTO onceflow_instances (job_id, workflow, params)"
+                " SELECT job_id, 'wf', '{}' FROM onceflow_jobs;"
+                "INSERT INTO onceflow_steps (job_id, position, name)"
+                " SELECT job_id, 0, 's' FROM onceflow_jobs;"
+                "INSERT INTO onceflow_step_attempts (job_id, position, attempt, engine_id,"
+                " started_at) SELECT job_id, 0, 1, 'e', received_at FROM onceflow_jobs;"
+                "INSERT INTO onceflow_duplicate_deliveries (job_id, source_topic,"
+                " source_partition, source_offset, params_digest, params_match, redelivery)"
+                " SELECT job_id, 't', 1, source_offset, 'd', true, false FROM onceflow_jobs"
+            )
+        )
+    monkeypatch.undo()
+    assert [m.version for m in migrate(engine)] == [12]
+    counts = _where(
+        engine,
+        "SELECT (SELECT count(DISTINCT tableoid) FROM onceflow_step_attempts),"
+        " (SELECT count(*) FROM onceflow_step_attempts),"
+        " (SELECT count(DISTINCT tableoid) FROM onceflow_duplicate_deliveries),"
+        " (SELECT count(*) FROM onceflow_duplicate_deliveries),"
+        " (SELECT max(id) FROM onceflow_duplicate_deliveries)",
+    )
+    # ten days of rows -> ten daily partitions each (plus the days ahead, empty)
+    assert counts == [(10, 10, 10, 10, 10)]
+    # the identity continues after the moved rows
+    create_instances(engine, [Delivery(JobEnvelope("m0", "wf", {}), "t", 2, 0)])
+    assert _where(engine, "SELECT max(id) FROM onceflow_duplicate_deliveries") == [(11,)]

@@ -1,0 +1,207 @@
+"""Time partitions of the history tables: created ahead, retired whole.
+
+Migration 0012 range-partitions ``onceflow_step_attempts`` (on ``started_at``) and
+``onceflow_duplicate_deliveries`` (on ``job_received_at``, the receive time of the job
+id each row duplicates). Retention then drops a whole partition - no DELETE, no dead
+tuples, no autovacuum debt - instead of deleting months of rows one by one.
+
+The DDL runs inside two SECURITY DEFINER functions of the migration
+(``onceflow_add_partition``, ``onceflow_retire_partition``) so the services' database
+role, which cannot change the schema, can still maintain partitions; each call is its
+own short transaction under ``lock_timeout`` so a busy table makes maintenance wait for
+the next round, never the hot path. Two engines maintaining at once is harmless (the
+functions skip a partition that exists or is gone) but :mod:`.maintenance` serialises
+them anyway.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+log = logging.getLogger(__name__)
+
+STEP_ATTEMPTS = "onceflow_step_attempts"
+DUPLICATE_DELIVERIES = "onceflow_duplicate_deliveries"
+#: The range-partitioned history tables, each with its ``<name>_default`` partition.
+PARTITIONED_TABLES = (STEP_ATTEMPTS, DUPLICATE_DELIVERIES)
+_KEY = {STEP_ATTEMPTS: "started_at", DUPLICATE_DELIVERIES: "job_received_at"}
+# A row whose owner is gone: its step (attempts) or its job-id record (duplicates).
+_ORPHAN = {
+    STEP_ATTEMPTS: "NOT EXISTS (SELECT 1 FROM onceflow_steps s"
+    " WHERE s.job_id = h.job_id AND s.position = h.position)",
+    DUPLICATE_DELIVERIES: "NOT EXISTS (SELECT 1 FROM onceflow_jobs j WHERE j.job_id = h.job_id)",
+}
+
+# Maintenance waits at most this long for a table lock, then retries next round:
+# attaching needs SHARE UPDATE EXCLUSIVE on the parent, detaching ACCESS EXCLUSIVE.
+LOCK_TIMEOUT = "2s"
+_LOCK_NOT_AVAILABLE = "55P03"
+_BOUND_RE = re.compile(r"FROM \('([^']+)'\) TO \('([^']+)'\)")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """One range partition: rows with ``lower <= key < upper``."""
+
+    name: str
+    lower: datetime
+    upper: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Retired:
+    """What retiring a table's expired partitions did."""
+
+    dropped: tuple[str, ...] = ()
+    kept_rows: int = 0  # rows of live history moved to the default partition
+    skipped: int = 0  # partitions left for the next round (lock not available)
+
+
+def partitions(conn: Connection, parent: str) -> list[Partition]:
+    """The range partitions of ``parent``, oldest first (the default one excluded)."""
+    conn.execute(sa.text("SET LOCAL TimeZone = 'UTC'"))
+    rows = conn.execute(
+        sa.text(
+            "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid)"
+            " FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = to_regclass(:parent)"
+        ),
+        {"parent": parent},
+    ).all()
+    found = []
+    for name, bound in rows:
+        match = _BOUND_RE.search(bound or "")
+        if match:  # the default partition's bound is "DEFAULT"
+            lower, upper = (datetime.fromisoformat(b) for b in match.groups())
+            found.append(Partition(name, lower, upper))
+    return sorted(found, key=lambda p: p.lower)
+
+
+def aligned(at: datetime, interval: timedelta) -> datetime:
+    """``at`` rounded down to a multiple of ``interval`` since the epoch (UTC midnight
+    for a daily interval), so every engine computes the same ranges."""
+    return _EPOCH + ((at - _EPOCH) // interval) * interval
+
+
+def add_partition(conn: Connection, parent: str, lower: datetime, upper: datetime) -> str | None:
+    """Create and attach ``[lower, upper)``; rows of that range already in the default
+    partition move into it. Returns its name, or None when it existed."""
+    conn.execute(sa.text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
+    name: str | None = conn.execute(
+        sa.text("SELECT onceflow_add_partition(:parent, :lower, :upper)"),
+        {"parent": parent, "lower": lower, "upper": upper},
+    ).scalar()
+    return name
+
+
+def ensure_partitions(
+    conn: Connection, now: datetime, interval: timedelta, ahead: int
+) -> list[str]:
+    """Make sure every partitioned table has partitions up to ``now + ahead * interval``.
+
+    New ranges continue from the newest partition's upper bound (so changing the
+    interval never overlaps an existing range); after a long outage they restart at
+    ``now`` and the gap's rows stay in the default partition. Each partition is its
+    own transaction (``conn`` must not be in one).
+    """
+    created: list[str] = []
+    horizon = now + ahead * interval
+    for parent in PARTITIONED_TABLES:
+        with conn.begin():
+            existing = partitions(conn, parent)
+        start = existing[-1].upper if existing else aligned(now, interval)
+        if start < now - interval:
+            start = aligned(now, interval)
+        while start < horizon:
+            try:
+                with conn.begin():
+                    name = add_partition(conn, parent, start, start + interval)
+            except sa.exc.DBAPIError as exc:
+                if getattr(exc.orig, "pgcode", None) != _LOCK_NOT_AVAILABLE:
+                    raise
+                log.warning(
+                    "partition creation postponed: %s is busy",
+                    parent,
+                    extra={"event": "store.partition_busy", "table": parent},
+                )
+                break
+            if name:
+                created.append(name)
+                log.info(
+                    "created partition %s",
+                    name,
+                    extra={"event": "store.partition_created", "table": parent},
+                )
+            start += interval
+    return created
+
+
+def retire_expired(conn: Connection, parent: str, expired_before: datetime) -> Retired:
+    """Drop every partition of ``parent`` whose whole range is before ``expired_before``.
+
+    The rows in it that still belong to live history move to the default partition
+    first (step attempts of an instance that has not finished before ``expired_before``;
+    duplicate rows of a job id that still has an instance or task run): retention
+    never removes the history of a live instance. Each partition is its own
+    transaction (``conn`` must not be in one).
+    """
+    with conn.begin():
+        expired = [p for p in partitions(conn, parent) if p.upper <= expired_before]
+    dropped: list[str] = []
+    kept = skipped = 0
+    for partition in expired:
+        try:
+            with conn.begin():
+                conn.execute(sa.text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
+                kept += conn.execute(
+                    sa.text("SELECT onceflow_retire_partition(:name, :cutoff)"),
+                    {"name": partition.name, "cutoff": expired_before},
+                ).scalar_one()
+        except sa.exc.DBAPIError as exc:
+            if getattr(exc.orig, "pgcode", None) != _LOCK_NOT_AVAILABLE:
+                raise
+            skipped += 1
+            continue
+        dropped.append(partition.name)
+        log.info(
+            "dropped partition %s",
+            partition.name,
+            extra={"event": "store.partition_dropped", "table": parent},
+        )
+    return Retired(tuple(dropped), kept, skipped)
+
+
+def delete_orphans(conn: Connection, parent: str) -> int:
+    """Delete the default partition's rows whose step (or job-id record) is gone.
+
+    The partitioned tables have no foreign key to cascade through (migration 0012), and
+    the rows a retired partition kept for a live instance stay in the default partition
+    after that instance is deleted. The key condition is the complement of every range
+    partition's range, so the planner scans the default partition alone (it is small:
+    those kept rows, and rows written while no partition covered their time).
+    """
+    with conn.begin():
+        ranges = partitions(conn, parent)
+        key = _KEY[parent]
+        outside, params = ["true"], {}
+        if ranges:
+            outside = [f"{key} < :b0", f"{key} >= :b{len(ranges)}"]
+            params = {"b0": ranges[0].lower, f"b{len(ranges)}": ranges[-1].upper}
+            for n, (a, b) in enumerate(itertools.pairwise(ranges), start=1):
+                if a.upper < b.lower:  # a gap (maintenance was down): default holds it
+                    outside.append(f"({key} >= :g{n}a AND {key} < :g{n}b)")
+                    params.update({f"g{n}a": a.upper, f"g{n}b": b.lower})
+        # parent and key come from the constants above, never from input
+        deleted: int = conn.execute(
+            sa.text(f"DELETE FROM {parent} h WHERE ({' OR '.join(outside)}) AND {_ORPHAN[parent]}"),
+            params,
+        ).rowcount
+    return deleted
