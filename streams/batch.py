@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import sqlalchemy.exc as sa_exc
 from confluent_kafka import Producer
 from sqlalchemy.engine import Engine
-from tenacity import Retrying, retry_if_exception_type, stop_never, wait_exponential_jitter
+from tenacity import Retrying, retry_if_exception, stop_never, wait_exponential_jitter
 
 from onceflow import tracing
 from onceflow.settings import Settings
@@ -52,13 +52,16 @@ from streams.records import (
 from streams.tasks import run_task
 from streams.tracing import record_spans
 from workflow_engine.store import task_runs
+from workflow_engine.store.db import is_transient
 from workflow_engine.store.instances import CreateResult, Delivery, create_instances
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Errors that mean "the database is not reachable right now": block and retry.
-TRANSIENT_DB_ERRORS = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError)
+# "The database cannot answer right now" (unreachable, failing over, a server that is no
+# longer the primary): block and retry (workflow_engine.store.db.is_transient). The
+# create is an upsert keyed by job id and Kafka position, so a retry after a commit
+# whose answer was lost changes nothing.
 
 MAX_RECORD_BYTES = 1024 * 1024
 
@@ -127,7 +130,7 @@ class BatchHandler:
     def with_db_retry(self, fn: Callable[..., T], *args: Any) -> T:
         """Call ``fn``; while the database is unreachable, wait and call it again."""
         for attempt in Retrying(
-            retry=retry_if_exception_type(TRANSIENT_DB_ERRORS),
+            retry=retry_if_exception(is_transient),
             wait=wait_exponential_jitter(initial=0.1, max=5.0),
             stop=stop_never,
             before_sleep=_log_retry,

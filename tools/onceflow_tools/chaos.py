@@ -4,8 +4,9 @@ A seeded run: a few thousand jobs, each submitted 1-3 times (some resubmissions 
 different params) from concurrent clients, while a fault schedule runs against two
 streams workers and two engines: SIGKILL a worker, a worker that SIGKILLs itself
 between its database commit and its offset commit, restart the Kafka broker, restart
-PostgreSQL, SIGKILL an engine mid-step. Then it waits for everything to finish and
-checks, with the store's figures and the audit:
+PostgreSQL (with ``--postgres-ha``: SIGKILL the primary of the pg_auto_failover
+formation, so the standby takes over), SIGKILL an engine mid-step. Then it waits for
+everything to finish and checks, with the store's figures and the audit:
 
 * every job id that got a 202 has exactly one instance, and no other instance exists;
 * every instance completes; no step checkpoint was written twice;
@@ -188,6 +189,30 @@ class _Faults:
         self.dev.postgres.up()
         self._note("restart PostgreSQL")
 
+    def fail_over_postgres(self) -> None:
+        """SIGKILL the primary node of the HA formation (keeper and postgres); wait until
+        a write through the multi-host URL commits on the promoted standby, then start
+        the killed node again, which rejoins as the new standby."""
+        if self.dev is None or not self.dev.postgres_ha:
+            self.log("  (skipped: a failover needs `onceflow dev up --postgres-ha`)")
+            return
+        ha = self.dev.ha
+        old = ha.primary()
+        if old is None:
+            raise RuntimeError("the HA formation has no primary")
+        began = time.monotonic()
+        ha.kill(old)
+        deadline = began + 90
+        while not (ha.primary() not in (None, old) and ha.writable()):
+            if time.monotonic() > deadline:
+                raise RuntimeError("no standby was promoted within 90 s")
+            time.sleep(0.2)
+        self._note(
+            f"SIGKILL PostgreSQL primary {old} (writable again after"
+            f" {time.monotonic() - began:.1f}s)"
+        )
+        ha.start_node(old)
+
 
 def _wait_for_assignment(metrics_port: int, timeout: float) -> set[int]:
     """Until the worker holds partitions of the jobs topic after a rebalance; return
@@ -220,6 +245,7 @@ def run_chaos(
     clients: int = 6,
     timeout: float = 240.0,
     log: Callable[[str], None] = click.echo,
+    postgres_ha: bool = False,
 ) -> ChaosResult:
     rng = random.Random(seed)
     result = ChaosResult(seed, n_jobs)
@@ -231,7 +257,7 @@ def run_chaos(
         batches = _plan_workload(rng, n_jobs, result)
         submitter = _Submitter(stack)
         faults = _Faults(stack, dev, log, submitter.submit)
-        with _FaultLoop(_fault_schedule(rng, faults), result, log):
+        with _FaultLoop(_fault_schedule(rng, faults, postgres_ha), result, log):
             _send_workload(batches, submitter.submit, clients)
         result.faults = faults.done
         result.jobs += faults.extra_jobs
@@ -299,13 +325,15 @@ class _Submitter:
 Fault = Callable[[], None]
 
 
-def _fault_schedule(rng: random.Random, faults: _Faults) -> list[tuple[Fault, float]]:
+def _fault_schedule(
+    rng: random.Random, faults: _Faults, postgres_ha: bool = False
+) -> list[tuple[Fault, float]]:
     """Every fault once, in a seeded order, each after a seeded pause."""
     schedule: list[Fault] = [
         faults.kill_worker,
         faults.worker_dies_after_commit,
         faults.restart_kafka,
-        faults.restart_postgres,
+        faults.fail_over_postgres if postgres_ha else faults.restart_postgres,
         faults.kill_engine,
     ]
     rng.shuffle(schedule)

@@ -28,13 +28,15 @@ BENCH_SCENARIOS = (
     "dbos",
     "scale",
     "console-list",
+    "engine-flow-control",
+    "history",
 )
 
 
-def _dev_services(brokers: int = 1):
+def _dev_services(brokers: int = 1, postgres_ha: bool = False):
     from onceflow_tools.dev import DevServices
 
-    return DevServices(_settings().state_dir, brokers=brokers)
+    return DevServices(_settings().state_dir, brokers=brokers, postgres_ha=postgres_ha)
 
 
 # `--brokers N` (N > 1): Kafka is a KRaft cluster of N nodes on 29092, 29094, … instead of
@@ -49,6 +51,17 @@ _brokers_option = click.option(
 )
 
 
+# `--postgres-ha`: PostgreSQL is a pg_auto_failover formation (monitor 25440, primary and
+# synchronous standby 25441/25442; onceflow_tools.dev.postgres_ha) instead of the single
+# server on 15432; both may run side by side.
+_postgres_ha_option = click.option(
+    "--postgres-ha",
+    envvar="ONCEFLOW_DEV_POSTGRES_HA",
+    is_flag=True,
+    help="PostgreSQL as a primary, a synchronous standby and a pg_auto_failover monitor.",
+)
+
+
 @click.group()
 def dev() -> None:
     """Local Kafka and PostgreSQL on loopback (no Docker needed)."""
@@ -56,36 +69,41 @@ def dev() -> None:
 
 @dev.command("up")
 @_brokers_option
-def dev_up(brokers: int) -> None:
+@_postgres_ha_option
+def dev_up(brokers: int, postgres_ha: bool) -> None:
     """Install what is missing, start Kafka and PostgreSQL, wait until both are ready."""
-    services = _dev_services(brokers)
+    services = _dev_services(brokers, postgres_ha)
     services.up()
     for name, state in services.status().items():
         click.echo(f"{name}: {state}")
 
 
 @dev.command("down")
-def dev_down() -> None:
+@_postgres_ha_option
+def dev_down(postgres_ha: bool) -> None:
     """Stop Kafka (the broker and any cluster) and PostgreSQL (data is kept under the
-    state directory)."""
-    _dev_services().down()
+    state directory); --postgres-ha stops the HA formation alone."""
+    _dev_services(postgres_ha=postgres_ha).down()
     click.echo("stopped")
 
 
 @dev.command("status")
 @_brokers_option
-def dev_status(brokers: int) -> None:
+@_postgres_ha_option
+def dev_status(brokers: int, postgres_ha: bool) -> None:
     """Show whether each service answers (a cluster too, once one was started)."""
-    for name, state in _dev_services(brokers).status().items():
+    for name, state in _dev_services(brokers, postgres_ha).status().items():
         click.echo(f"{name}: {state}")
 
 
 @dev.command("env")
 @_brokers_option
-def dev_env(brokers: int) -> None:
-    """Print the service addresses as shell exports (--brokers N: the cluster's)."""
-    for key, value in _dev_services(brokers).env().items():
-        click.echo(f"export {key}={value}")
+@_postgres_ha_option
+def dev_env(brokers: int, postgres_ha: bool) -> None:
+    """Print the service addresses as shell exports (--brokers N: the cluster's;
+    --postgres-ha: the multi-host URL of the HA formation)."""
+    for key, value in _dev_services(brokers, postgres_ha).env().items():
+        click.echo(f"export {key}='{value}'")
 
 
 @dev.command("schema-snapshot")
@@ -147,7 +165,14 @@ def dashboard(path: Path | None) -> None:
     default=1,
     help="Consecutive runs with seeds seed, seed+1, ...",
 )
-def chaos(seed: int | None, size: str, n_jobs: int | None, runs: int) -> None:
+@click.option(
+    "--postgres-ha",
+    envvar="ONCEFLOW_CHAOS_POSTGRES_HA",
+    is_flag=True,
+    help="Fail over PostgreSQL (SIGKILL the primary of `dev up --postgres-ha`) instead of"
+    " restarting it; DATABASE_URL from `onceflow dev env --postgres-ha`.",
+)
+def chaos(seed: int | None, size: str, n_jobs: int | None, runs: int, postgres_ha: bool) -> None:
     """Inject faults while jobs flow; check nothing is lost or doubled."""
     import random
 
@@ -155,12 +180,18 @@ def chaos(seed: int | None, size: str, n_jobs: int | None, runs: int) -> None:
     from onceflow_tools.dev import local_dev_services
 
     settings = _settings()
+    dev = local_dev_services(settings)
+    if postgres_ha and (dev is None or not dev.postgres_ha):
+        raise OnceflowError(
+            "--postgres-ha needs the HA formation: onceflow dev up --postgres-ha, then"
+            ' eval "$(onceflow dev env --postgres-ha)"'
+        )
     first = seed if seed is not None else random.randrange(1 << 20)
     failed = 0
     for s in range(first, first + runs):
         log_dir = (settings.state_dir / "runs" / f"chaos-{s}").resolve()
         result = run_chaos(
-            settings, s, n_jobs or SIZES[size], log_dir, dev=local_dev_services(settings)
+            settings, s, n_jobs or SIZES[size], log_dir, dev=dev, postgres_ha=postgres_ha
         )
         click.echo(result.render())
         failed += bool(result.violations)

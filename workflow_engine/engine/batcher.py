@@ -34,6 +34,7 @@ from sqlalchemy.engine import Engine
 
 from workflow_engine.engine.metrics import WRITE_BATCH_SIZE
 from workflow_engine.store import execution as store
+from workflow_engine.store.db import is_transient
 from workflow_engine.store.writes import Answer, Write
 
 log = logging.getLogger(__name__)
@@ -143,9 +144,11 @@ class WriteBatcher:
                 pending.future.set_result(answer)
 
     async def _isolate(self, writes: list[Write[Any]], exc: Exception) -> list[Answer]:
-        """Find the write that broke the batch; the others still go through."""
-        if len(writes) == 1:
-            return [exc]
+        """Find the write that broke the batch; the others still go through. If the
+        database itself failed (an outage, a failover), every write gets the error: none
+        is retried here, since the batch may have committed (see ``EngineRunner._give_back``)."""
+        if len(writes) == 1 or is_transient(exc):
+            return [exc] * len(writes)
         log.warning(
             "batch of %d writes failed (%s); applying them one by one",
             len(writes),

@@ -41,6 +41,7 @@ from workflow_engine.clock import FakeClock, SystemClock
 from workflow_engine.definitions import (
     RetryPolicy,
     concurrency_limits,
+    declared_schedules,
     get_workflow,
     load_workflow_modules,
     registered_versions,
@@ -65,12 +66,20 @@ from workflow_engine.engine.outcomes import (
     Suspended,
 )
 from workflow_engine.engine.presence import Presence
+from workflow_engine.engine.scheduler import Scheduler
 from workflow_engine.engine.services import LeaseKeeper, Maintenance, Rescuer, Service
 from workflow_engine.engine.tracing import JobSpans
 from workflow_engine.errors import ControlRequested, LeaseLost, Suspend, WorkflowError
+from workflow_engine.flow import flow_controls
 from workflow_engine.store import control as control_ops
 from workflow_engine.store import execution as store
-from workflow_engine.store.db import check_connection, database_ready, make_engine
+from workflow_engine.store.db import (
+    check_connection,
+    database_ready,
+    is_transient,
+    libpq_dsn,
+    make_engine,
+)
 from workflow_engine.store.writes import FinishInstance, Write
 
 log = logging.getLogger(__name__)
@@ -118,8 +127,7 @@ class EngineRunner:
     # --- main loops ---------------------------------------------------------------
 
     async def run(self) -> None:
-        dsn = self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-        listener = Listener(dsn, self._wake.set)
+        listener = Listener(libpq_dsn(self.engine), self._wake.set)
         listener.start()
         log.info(
             "engine started",
@@ -153,8 +161,11 @@ class EngineRunner:
                 s.maintenance_interval_seconds,
                 s.retention_instances_seconds,
                 s.retention_job_ids_seconds,
+                s.retention_partition_seconds,
+                s.retention_partitions_ahead,
             ),
             Presence(self.engine, self.owner, registered_versions(), s.engine_lease_seconds / 3),
+            Scheduler(self.engine, self.clock, declared_schedules(), registered_versions()),
         ]
 
     def stop(self) -> None:
@@ -193,6 +204,7 @@ class EngineRunner:
                 self.clock.db_now(),
                 concurrency_limits(),
                 registered_versions(),
+                flow_controls(),
             )
         except Exception:
             log.exception("claim failed; retrying", extra={"event": "engine.claim_error"})
@@ -247,13 +259,16 @@ class EngineRunner:
             log.warning("%s", exc, extra={"event": "engine.lease_lost", "job_id": job})
         except asyncio.CancelledError:
             log.info("run cancelled", extra={"event": "instance.cancelled", "job_id": job})
-        except Exception:
-            # A database outage mid-run: leave the lease to expire so it is retried.
+        except Exception as exc:
             log.exception("run crashed", extra={"event": "instance.crashed", "job_id": job})
+            if is_transient(exc):
+                await self._give_back(job)
         finally:
             self._inflight.pop(job, None)
             INFLIGHT.set(len(self._inflight))
             self._slot_free.set()
+            if inst.workflow in flow_controls() or inst.workflow in concurrency_limits():
+                self._wake.set()  # it freed a limited slot: an instance it held may go
 
     async def _execute(self, inst: store.Claimed) -> Outcome:
         """Run the workflow function (from the top: replay) and say how it ended."""
@@ -292,7 +307,32 @@ class EngineRunner:
         except WorkflowError as exc:
             return Failed(str(exc))
         except Exception as exc:
+            if is_transient(exc):
+                raise  # the database failed, not the workflow: _run_instance gives it back
             return Failed(f"{type(exc).__name__}: {exc}")
+
+    async def _give_back(self, job_id: str) -> None:
+        """A database outage or failover cut a run: its last write may or may not have
+        committed, so it is not retried; the instance goes back to the queue and its next
+        claim replays it from what did commit (a step whose checkpoint was lost runs
+        again, with the same idempotency key). Tried until the database answers; if the
+        lease expires first, the rescuer re-queues it and this release changes nothing
+        (it is guarded by the lease owner), so trying longer is harmless."""
+        delay = 0.1
+        while not self._stopping.is_set():
+            try:
+                given = await self.db(store.release, self.owner, [job_id])
+            except Exception as exc:
+                if not is_transient(exc):
+                    return
+            else:
+                if given:
+                    log.info(
+                        "run given back", extra={"event": "engine.gave_back", "job_id": job_id}
+                    )
+                return
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 2.0)
 
     async def _settle(self, inst: store.Claimed, outcome: Outcome) -> None:
         """Record how a run ended."""

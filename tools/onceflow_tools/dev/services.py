@@ -433,7 +433,9 @@ class Kafka(Protocol):
 class DevServices:
     """Both services together, as the CLI, the demo and CI use them. ``brokers > 1``
     makes Kafka a cluster (:mod:`onceflow_tools.dev.cluster`) beside the single broker's
-    ports, in the same state directory."""
+    ports, in the same state directory; ``postgres_ha`` makes PostgreSQL a primary and a
+    synchronous standby under pg_auto_failover (:mod:`onceflow_tools.dev.postgres_ha`)
+    beside the single server's port."""
 
     def __init__(
         self,
@@ -441,8 +443,10 @@ class DevServices:
         kafka_port: int = 19092,
         postgres_port: int = 15432,
         brokers: int = 1,
+        postgres_ha: bool = False,
     ):
         from onceflow_tools.dev.cluster import KafkaCluster
+        from onceflow_tools.dev.postgres_ha import PostgresHA
 
         self.state_dir = state_dir.resolve()
         self.brokers = brokers
@@ -454,18 +458,26 @@ class DevServices:
         else:
             self.kafka, self.cluster = self.single, KafkaCluster.found(self.state_dir)
         self.postgres = PostgresService(self.state_dir, postgres_port)
+        self.postgres_ha = postgres_ha
+        self.ha = PostgresHA(self.state_dir)
 
     def up(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.postgres.up()
+        if self.postgres_ha:
+            self.ha.up()
+        else:
+            self.postgres.up()
         self.kafka.up()
 
     def down(self) -> None:
-        """Stop everything this state directory runs: the broker, a cluster, PostgreSQL."""
-        self.single.down()
-        if self.cluster is not None:
-            self.cluster.down()
-        self.postgres.down()
+        """Stop everything this state directory runs: the broker, a cluster, PostgreSQL
+        (and its HA formation, if one was started); with ``postgres_ha``, that alone."""
+        if not self.postgres_ha:
+            self.single.down()
+            if self.cluster is not None:
+                self.cluster.down()
+            self.postgres.down()
+        self.ha.down()
 
     def status(self) -> dict[str, str]:
         status = {
@@ -477,10 +489,13 @@ class DevServices:
             status["kafka-cluster"] = (
                 f"{state} {self.cluster.brokers} brokers {self.cluster.bootstrap}"
             )
+        if self.postgres_ha or self.ha.pid("monitor") is not None:
+            status["postgres-ha"] = self.ha.status()
         return status
 
     def env(self) -> dict[str, str]:
-        env = {"KAFKA_BOOTSTRAP_SERVERS": self.kafka.bootstrap, "DATABASE_URL": self.postgres.url}
+        postgres = self.ha.url if self.postgres_ha else self.postgres.url
+        env = {"KAFKA_BOOTSTRAP_SERVERS": self.kafka.bootstrap, "DATABASE_URL": postgres}
         if self.brokers > 1:
             # The topics then get min(3, brokers) replicas and a majority as min ISR.
             env["ONCEFLOW_TOPIC_REPLICATION_FACTOR"] = "auto"
@@ -491,6 +506,8 @@ def local_dev_services(settings: Settings) -> DevServices | None:
     """The dev services, if the configured Kafka and PostgreSQL are them (so chaos runs
     and benchmarks may restart them); None for external services."""
     dev = DevServices(settings.state_dir)
+    if settings.database_url == dev.ha.url:  # `dev env --postgres-ha`
+        dev = DevServices(settings.state_dir, postgres_ha=True)
     same_kafka = settings.kafka_bootstrap_servers == dev.kafka.bootstrap
-    same_pg = f"127.0.0.1:{dev.postgres.port}/" in settings.database_url
+    same_pg = dev.postgres_ha or f"127.0.0.1:{dev.postgres.port}/" in settings.database_url
     return dev if same_kafka and same_pg else None
