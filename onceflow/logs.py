@@ -5,14 +5,20 @@ Use ``logging.getLogger(__name__)`` and pass the ids in ``extra``::
     log.info("instance created", extra={"event": "instance.created", "job_id": job_id})
 
 so that ``grep job_01J…`` across the processes' logs reads as one story.
+
+An event logged thousands of times a second (ingest's ``job.accepted``, one per
+accepted job) goes through :class:`EventLog` instead: the same JSON line, built from a
+plain dict and written without a ``LogRecord`` (BENCHMARKS.md, "Single-job requests").
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
+import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
 
 import orjson
 
@@ -44,13 +50,122 @@ class JsonFormatter(logging.Formatter):
 
 def setup_logging(level: str = "INFO", fmt: str = "json", process_name: str = "") -> None:
     """Configure the root logger once per process."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler: logging.Handler
     if fmt == "json":
-        handler.setFormatter(JsonFormatter(process_name))
+        handler = JsonLines(sys.stderr, process_name)
     else:
+        handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     for noisy in ("aiokafka", "faust", "mode", "uvicorn.access", "httpx"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+class JsonLines(logging.StreamHandler[TextIO]):
+    """The JSON-lines handler :func:`setup_logging` installs, which also takes the
+    ready-made lines of :class:`EventLog`. Those are written once per event-loop
+    iteration, all together (one write instead of one per line); a record logged the
+    ordinary way first writes what is waiting, so the order holds, and ``flush`` (which
+    ``logging.shutdown`` calls at exit) writes it too. A process killed outright
+    (SIGKILL) can lose the lines of its last loop iteration, under a millisecond's
+    worth."""
+
+    def __init__(self, stream: TextIO, process_name: str = "") -> None:
+        super().__init__(stream)
+        self.setFormatter(JsonFormatter(process_name))
+        self.process_name = process_name
+        self._waiting: list[str] = []
+
+    def write_line(self, line: str) -> None:
+        self._waiting.append(line)
+        if len(self._waiting) == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self.write_waiting)
+            except RuntimeError:  # no event loop in this thread: write it now
+                self.write_waiting()
+
+    def write_waiting(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            lines, self._waiting = self._waiting, []
+            if lines:
+                self.stream.write("".join(lines))
+                super().flush()
+
+    def flush(self) -> None:
+        """Also what waits for the loop (``logging.shutdown`` at exit calls this)."""
+        if self._waiting:
+            self.write_waiting()
+        else:
+            super().flush()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._waiting:
+            self.write_waiting()
+        super().emit(record)
+
+
+class EventLog:
+    """The cheap path for one hot event of one logger: ``info(fields)`` writes the
+    line :class:`JsonFormatter` would (``ts``, ``level``, ``logger``, ``event``,
+    ``msg``, ``process``, then ``fields``) straight to the :class:`JsonLines` handler
+    when that is where the record would go; anywhere else (text format, a test's
+    capturing handler, a filter in the way) it is an ordinary ``logger.info``."""
+
+    def __init__(self, logger: logging.Logger, event: str, msg: str) -> None:
+        self.logger = logger
+        self.event = event
+        self.msg = msg
+        self._ms = -1
+        self._ts = ""
+
+    def enabled(self) -> bool:
+        return self.logger.isEnabledFor(logging.INFO)
+
+    def info(self, fields: dict[str, Any]) -> None:
+        """Log ``fields`` (the caller checked :meth:`enabled`)."""
+        handler = _only_json_handler(self.logger)
+        if handler is None:
+            self.logger.info(self.msg, extra={"event": self.event, **fields})
+            return
+        doc: dict[str, Any] = {
+            "ts": self._timestamp(),
+            "level": "info",
+            "logger": self.logger.name,
+            "event": self.event,
+            "msg": self.msg,
+        }
+        if handler.process_name:
+            doc["process"] = handler.process_name
+        doc.update(fields)
+        handler.write_line(orjson.dumps(doc, default=str).decode() + "\n")
+
+    def _timestamp(self) -> str:
+        """The ``ts`` field, formatted once per millisecond."""
+        ns = time.time_ns()
+        ms = ns // 1_000_000
+        if ms != self._ms:
+            when = datetime.fromtimestamp(ms / 1000, UTC)
+            self._ms, self._ts = ms, when.isoformat(timespec="milliseconds")
+        return self._ts
+
+
+def _only_json_handler(logger: logging.Logger) -> JsonLines | None:
+    """The one handler a record of ``logger`` would reach, if it is a filterless
+    :class:`JsonLines` and nothing on the way filters; else None."""
+    found: JsonLines | None = None
+    current: logging.Logger | None = logger
+    while current is not None:
+        if current.filters:
+            return None
+        for handler in current.handlers:
+            if found is not None or type(handler) is not JsonLines:
+                return None
+            if handler.filters or handler.level > logging.INFO:
+                return None
+            found = handler
+        if not current.propagate:
+            break
+        current = current.parent
+    return found

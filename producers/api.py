@@ -2,6 +2,7 @@
 
     producers/routes/jobs.py    POST /v1/jobs, GET /v1/jobs/{job_id}
     producers/routes/admin.py   /v1/instances (inspect and control instances)
+    producers/routes/schedules.py  /v1/schedules (create, pause, backfill schedules)
     producers/routes/health.py  /healthz, /readyz
     /docs                       the API's documentation, from assets this package ships
 
@@ -19,6 +20,7 @@ from functools import partial
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.telemetry import TelemetryConfig
 from fastapi_offline import FastAPIOffline
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -30,10 +32,13 @@ from producers.errors import install_error_handlers
 from producers.kafka import JobProducer, JobSender
 from producers.models import BatchIn, ErrorBody, JobIn
 from producers.responses import error_response
-from producers.routes import admin, health, jobs
+from producers.routes import admin, health, jobs, schedules
 from producers.tracing import TracedSender, TraceRequests
 
 log = logging.getLogger(__name__)
+
+
+_NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
 
 
 def create_app(settings: Settings, producer: JobSender | None = None) -> FastAPI:
@@ -56,19 +61,26 @@ def create_app(settings: Settings, producer: JobSender | None = None) -> FastAPI
         lifespan=_lifespan,
         # Swagger UI would send the spec to validator.swagger.io for a badge.
         swagger_ui_parameters={"validatorUrl": None},
+        # FastAPI's own OpenTelemetry hooks: with onceflow's tracing off there is
+        # nothing to report to, yet their per-request check (provider and environment
+        # lookups) was ~5% of ingest's samples under load; with tracing on they stay.
+        telemetry=None if tracing.enabled() else _NO_TELEMETRY,
     )
     install_error_handlers(app)
     app.state.ingest = ingest
-    # Added first, so innermost: the NUL check and tracing (when on) still wrap it.
-    app.add_middleware(jobs.SubmitFastPath, ingest=ingest)
     app.add_middleware(RefuseNul)
     if tracing.enabled():  # decided once here: with tracing off, no per-request hook
+        # Innermost, so that the request's span covers it.
+        app.add_middleware(jobs.SubmitFastPath, ingest=ingest)
         app.add_middleware(TraceRequests)
         if ingest.producer is not None:
             ingest.producer = TracedSender(ingest.producer, settings.jobs_topic)
+    else:
+        _submit_first(app, ingest)
     app.include_router(jobs.router)
     if settings.admin_api_enabled:
         app.include_router(admin.router)
+        app.include_router(schedules.router)
         app.include_router(jobs.status_router)
     app.include_router(health.router)
     app.openapi = partial(_openapi, app, ingest.known_types)  # type: ignore[method-assign]
@@ -86,6 +98,20 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     yield
     remaining = ingest.producer.close()
     log.info("producer flushed", extra={"event": "ingest.stopped", "undelivered": remaining})
+
+
+def _submit_first(app: FastAPI, ingest: Ingest) -> None:
+    """``POST /v1/jobs`` taken before any middleware: Starlette's error middleware,
+    FastAPI's body-limit and telemetry wrappers and :class:`RefuseNul` cost a
+    single-job request about as much as its submission did (BENCHMARKS.md,
+    "Single-job requests: where the time goes"); ``SubmitFastPath`` keeps their
+    answers itself. Starlette builds the stack once, on the first request."""
+    build = app.build_middleware_stack
+
+    def fast_path_first() -> ASGIApp:
+        return jobs.SubmitFastPath(build(), ingest)
+
+    app.build_middleware_stack = fast_path_first  # type: ignore[method-assign]
 
 
 def _openapi(app: FastAPI, known_types: frozenset[str] | None) -> dict[str, Any]:

@@ -9,6 +9,8 @@ Keys never appear in logs or error messages, only their names.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from fastapi import Request
 
 from onceflow.keys import KeyRing, hash_key, new_key
@@ -28,9 +30,14 @@ class Authenticator:
 
     def authenticate(self, request: Request, scope: str) -> str:
         """The caller's identity if its key holds ``scope``; else RequestError 401/403."""
+        return self.check(request.headers, request.client.host if request.client else None, scope)
+
+    def check(self, headers: Mapping[str, str], host: str | None, scope: str) -> str:
+        """:meth:`authenticate` from the request's headers (lower-case names) and peer
+        address: what the submit fast path has at hand without a ``Request``."""
         if self.disabled:
-            return request.client.host if request.client else "anonymous"
-        presented = _presented_key(request)
+            return host or "anonymous"
+        presented = _presented_key(headers)
         if presented is None:
             raise _unauthorized("an API key is required")
         key = self.identify(presented)
@@ -45,8 +52,8 @@ def _unauthorized(message: str) -> RequestError:
     return RequestError(401, "unauthorized", message, headers={"WWW-Authenticate": "Bearer"})
 
 
-def _presented_key(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
+def _presented_key(headers: Mapping[str, str]) -> str | None:
+    header = headers.get("authorization", "")
     if header.lower().startswith("bearer "):
         return header[7:].strip() or None
-    return request.headers.get("x-api-key") or None
+    return headers.get("x-api-key") or None

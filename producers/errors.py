@@ -37,7 +37,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestError, _request_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_exception)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
-    app.add_exception_handler(Exception, _unexpected)
+    app.add_exception_handler(Exception, unexpected_error)
 
 
 def _answer(request: Request, status: int, body: ErrorBody, headers: Any = None) -> Response:
@@ -85,7 +85,8 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> Re
     return _answer(request, 422, body)
 
 
-async def _unexpected(request: Request, exc: Exception) -> Response:
+async def unexpected_error(request: Request, exc: Exception) -> Response:
+    """The 500 of any route, logged with its traceback."""
     log.error(
         "unexpected error on %s %s",
         request.method,

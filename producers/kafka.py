@@ -1,9 +1,8 @@
 """The Kafka side of ingest: an idempotent producer whose acks become awaitables.
 
 ``send`` returns only when Kafka acknowledged (acks=all) or refused each record, so
-the HTTP layer can answer 202 only for jobs that are durably in the topic.
-A dedicated thread serves librdkafka's delivery callbacks (``poll``) and hands each
-result to the event loop.
+the HTTP layer can answer 202 only for jobs that are durably in the topic. How each
+delivery report reaches its request: :mod:`producers.delivery`.
 """
 
 from __future__ import annotations
@@ -12,29 +11,19 @@ import asyncio
 import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import Producer
 
 from onceflow.envelope import JobEnvelope
 from onceflow.settings import Settings
 from producers.broker_link import RECONNECT_BACKOFF_MAX_MS, BrokerLink
-from producers.metrics import KAFKA_ERRORS, PRODUCE_LATENCY, QUEUE_DEPTH
+from producers.delivery import Ack, Deliveries, Reports, resolve
+from producers.metrics import KAFKA_ERRORS, PRODUCE_LATENCY
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True, slots=True)
-class Ack:
-    job_id: str
-    partition: int | None = None
-    offset: int | None = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
+__all__ = ["Ack", "JobProducer", "JobSender", "producer_config"]
 
 
 class JobSender(Protocol):
@@ -76,37 +65,33 @@ class JobProducer:
         self.link = BrokerLink()
         config = {**producer_config(settings), "error_cb": self.link.on_error}
         self._producer = Producer(config, logger=log)
-        self._running = True
-        self._poller = threading.Thread(target=self._poll, name="kafka-poll", daemon=True)
+        self._deliveries = Deliveries(self._producer, self.link)
+        self._poller = threading.Thread(target=self._deliveries.run, name="kafka-poll", daemon=True)
         self._poller.start()
         self.link.watch(self._answers)
-
-    def _poll(self) -> None:
-        while self._running:
-            self._producer.poll(0.1)
-            QUEUE_DEPTH.set(len(self._producer))
 
     async def send(self, envelopes: Sequence[JobEnvelope]) -> list[Ack]:
         """Produce every envelope; wait for each one's delivery report.
 
-        The reports of one request are collected on librdkafka's poll thread and hand
-        the event loop ONE wake-up when the last arrives (not one per record).
+        While the reports are awaited, this loop polls for them
+        (:mod:`producers.delivery`).
         Raises :class:`KafkaUnreachable` at once, producing nothing, while no broker
         is connected.
         """
         self.link.check()
         loop = asyncio.get_running_loop()
         started = loop.time()
-        reports = _Reports(loop, len(envelopes))
-        for index, env in enumerate(envelopes):
-            self._produce(env, index, reports)
+        reports = Reports(loop, len(envelopes))
+        produced = sum(self._produce(env, index, reports) for index, env in enumerate(envelopes))
+        if produced:
+            self._deliveries.produced(loop, produced)
         if envelopes:
             # librdkafka's delivery.timeout.ms fires first; this is a safety net. A job
             # whose report has not arrived is *not* reported accepted. A timer on the
             # loop rather than asyncio.wait_for(shield(...)): the same deadline without
             # two more futures and their callbacks per request.
             timer = loop.call_later(
-                self.settings.ingest_ack_timeout_seconds + 5, _resolve, reports.done
+                self.settings.ingest_ack_timeout_seconds + 5, resolve, reports.done
             )
             try:
                 await reports.done
@@ -129,29 +114,24 @@ class JobProducer:
             )
         return result
 
-    def _produce(self, env: JobEnvelope, index: int, reports: _Reports) -> None:
+    def _produce(self, env: JobEnvelope, index: int, reports: Reports) -> bool:
+        """Hand one record to librdkafka; False (and its ``Ack`` an error) if refused."""
         job_id = env.job_id
-        link = self.link
-
-        def on_delivery(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                reports.record(index, Ack(job_id, error=err.str()))
-            else:
-                link.on_delivered()
-                reports.record(index, Ack(job_id, msg.partition(), msg.offset()))
-
         try:
             self._producer.produce(
                 self.topic,
                 key=env.key(),
                 value=env.encode(),
                 headers=env.headers(),
-                on_delivery=on_delivery,
+                on_delivery=self._deliveries.callback(reports, index, job_id),
             )
         except BufferError:
             reports.record(index, Ack(job_id, error="producer queue is full"))
         except Exception as exc:  # KafkaException for a record librdkafka refuses
             reports.record(index, Ack(job_id, error=str(exc)))
+        else:
+            return True
+        return False
 
     def _answers(self, timeout: float) -> bool:
         """Does a broker answer a metadata request (the link watcher's probe)?"""
@@ -170,34 +150,12 @@ class JobProducer:
     def close(self, timeout: float = 30.0) -> int:
         """Flush what is queued (clean shutdown); return records still undelivered."""
         self.link.stop()
-        remaining = self._producer.flush(timeout)
-        self._running = False
+        self._deliveries.running = False
         self._poller.join(timeout=2)
+        remaining = self._producer.flush(timeout)
+        try:  # what flush() served here goes to its requests
+            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        self._deliveries.dispatch(here)
         return remaining
-
-
-class _Reports:
-    """The delivery reports of one request, filled in on librdkafka's poll thread;
-    ``done`` resolves (one event-loop wake-up) when the last one arrives."""
-
-    __slots__ = ("_lock", "_loop", "_pending", "acks", "done")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, count: int) -> None:
-        self.acks: list[Ack | None] = [None] * count
-        self.done: asyncio.Future[None] = loop.create_future()
-        self._loop = loop
-        self._pending = count
-        self._lock = threading.Lock()
-
-    def record(self, index: int, ack: Ack) -> None:
-        self.acks[index] = ack
-        with self._lock:
-            self._pending -= 1
-            last = self._pending == 0
-        if last:
-            self._loop.call_soon_threadsafe(_resolve, self.done)
-
-
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 MAX_TRACKED_CLIENTS = 10_000
 
@@ -44,16 +42,32 @@ class ClientLimiter:
             if now - last > full_after:  # its bucket would be full again: forget it
                 del self._buckets[client]
 
-    @contextmanager
-    def slot(self, client: str) -> Iterator[bool]:
-        """Hold one in-flight slot; yields False (and holds nothing) when none is free."""
-        if self.inflight[client] >= self.max_inflight:
-            yield False
-            return
-        self.inflight[client] += 1
-        try:
-            yield True
-        finally:
-            self.inflight[client] -= 1
-            if not self.inflight[client]:
-                del self.inflight[client]
+    def slot(self, client: str) -> _Slot:
+        """Hold one in-flight slot (``with limiter.slot(c) as admitted``); ``admitted``
+        is False (and nothing is held) when none is free. A class rather than a
+        ``@contextmanager`` generator: this runs on every submission."""
+        return _Slot(self.inflight, client, self.max_inflight)
+
+
+class _Slot:
+    __slots__ = ("_client", "_held", "_inflight", "_max")
+
+    def __init__(self, inflight: Counter[str], client: str, max_inflight: int) -> None:
+        self._inflight = inflight
+        self._client = client
+        self._max = max_inflight
+        self._held = False
+
+    def __enter__(self) -> bool:
+        if self._inflight[self._client] >= self._max:
+            return False
+        self._inflight[self._client] += 1
+        self._held = True
+        return True
+
+    def __exit__(self, *exc: object) -> None:
+        if self._held:
+            self._held = False
+            self._inflight[self._client] -= 1
+            if not self._inflight[self._client]:
+                del self._inflight[self._client]

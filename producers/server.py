@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import signal
+import socket
+import sys
 from http.server import ThreadingHTTPServer
 
 import uvicorn
@@ -36,7 +38,7 @@ def serve(settings: Settings) -> None:
     # per-request garbage triggers do not scan it (they showed up as p99 spikes).
     gc.collect()
     gc.freeze()
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.ingest_host,
         port=settings.ingest_port,
@@ -50,6 +52,25 @@ def serve(settings: Settings) -> None:
         access_log=False,
         timeout_graceful_shutdown=30,
     )
+    server = uvicorn.Server(config)
+    if settings.ingest_reuse_port:
+        server.run(sockets=[reuse_port_socket(settings.ingest_host, settings.ingest_port)])
+    else:
+        server.run()
+    if not server.started:  # as uvicorn.run: it could not start (e.g. port in use)
+        sys.exit(3)
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """The listening socket of one of several ingest processes sharing ``port``
+    (``ONCEFLOW_INGEST_REUSE_PORT``): the kernel spreads new connections over them."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
 
 
 def start_probe_server(

@@ -15,14 +15,16 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from onceflow.envelope import JobEnvelope
 from onceflow.ids import new_job_id, new_request_id, new_traceparent
+from onceflow.logs import EventLog
 from onceflow.settings import Settings
 from producers.broker_link import KafkaUnreachable
 from producers.deps import DbDep, Ingest, IngestDep, require
-from producers.errors import error_responses
+from producers.errors import error_responses, unexpected_error
 from producers.kafka import Ack
 from producers.metrics import JOBS_ACCEPTED, JOBS_REJECTED, REQUESTS
 from producers.models import (
@@ -39,6 +41,7 @@ from workflow_engine.store.dead_letters import DeadLetterView, dead_letters_for
 from workflow_engine.store.instances import job_status
 
 log = logging.getLogger(__name__)
+_ACCEPTED_LOG = EventLog(log, "job.accepted", "job accepted")
 _REQUESTS_202 = REQUESTS.labels("202")  # looked up once, not per request
 _REQUEST_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 
@@ -81,10 +84,45 @@ async def submit(
     ingest: IngestDep,
     client: Annotated[str, Depends(require("jobs:submit"))],
 ) -> Response:
-    return await _submit(request, ingest, client)
+    return await _submit(Submission(request.scope, request.receive), ingest, client)
 
 
-async def _submit(request: Request, ingest: Ingest, client: str) -> Response:
+class Submission:
+    """One ``POST /v1/jobs`` as the ASGI server handed it: what the submit path reads of
+    it, looked up once (a dict of the headers, the first of repeated ones, as
+    Starlette's ``Headers.get`` gives) and the body read straight from ``receive``.
+    Starlette's ``Request`` per-lookup header scans and body stream were ~10% of a
+    single-job request's CPU (BENCHMARKS.md, "Single-job requests")."""
+
+    __slots__ = ("_receive", "headers", "host")
+
+    def __init__(self, scope: Scope, receive: Receive) -> None:
+        self.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"][::-1]}
+        client = scope.get("client")
+        self.host: str | None = client[0] if client else None
+        self._receive = receive
+
+    async def body(self, limit: int) -> bytes | None:
+        """The body, or None as soon as it is known to exceed ``limit`` bytes; raises
+        Starlette's ``ClientDisconnect`` if the client went away first."""
+        declared = self.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return None
+        chunks, size, more = [], 0, True
+        while more:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnect()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _submit(request: Submission, ingest: Ingest, client: str) -> Response:
     try:
         _check_rate(ingest, client)
         with ingest.limiter.slot(client) as admitted:
@@ -104,32 +142,59 @@ async def _submit(request: Request, ingest: Ingest, client: str) -> Response:
 
 class SubmitFastPath:
     """``POST /v1/jobs`` handed straight to :func:`submit`'s body, past FastAPI's
-    routing, dependency solving and exception middleware: for a single-job request
-    those cost more CPU than the submission itself (py-spy; BENCHMARKS.md, "Single-job
-    requests: where the time goes"). The route above stays: it documents the endpoint
-    and answers whatever this does not take (another path spelling, a mount prefix).
+    routing, dependency solving and middleware: for a single-job request those cost
+    more CPU than the submission itself (py-spy; BENCHMARKS.md, "Single-job requests:
+    where the time goes"). The route above stays: it documents the endpoint and answers
+    whatever this does not take (another path spelling, a mount prefix, a NUL).
 
-    The answers are the same: the authenticator's 401/403 as the error handler gives
-    them (counted, not a rejected job), everything else from :func:`_submit`. An
-    unexpected exception still reaches the app's 500 handler (this sits inside
-    Starlette's ``ServerErrorMiddleware``)."""
+    It is the outermost middleware (``producers.api._submit_first``); with tracing
+    on, the innermost, inside the tracing one. The answers are
+    the same: the authenticator's 401/403 as the error handler gives them (counted, not
+    a rejected job), everything else from :func:`_submit`, and an unexpected exception
+    the app's 500 (:func:`producers.errors.unexpected_error`)."""
 
     def __init__(self, app: ASGIApp, ingest: Ingest) -> None:
         self.app = app
         self.ingest = ingest
 
+    @staticmethod
+    def takes(scope: Scope) -> bool:
+        return (
+            scope["type"] == "http"
+            and scope["path"] == "/v1/jobs"
+            and scope["method"] == "POST"
+            and b"%00" not in scope.get("query_string", b"")  # RefuseNul's 400
+        )
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != "/v1/jobs" or scope["method"] != "POST":
+        if not self.takes(scope):
             await self.app(scope, receive, send)
             return
-        request = Request(scope, receive)
+        await self.handle(scope, receive, send)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Submission(scope, receive)
         try:
-            client = self.ingest.auth.authenticate(request, "jobs:submit")
-        except RequestError as exc:
-            response = error_response(exc.status, exc.body, exc.headers)
-        else:
-            response = await _submit(request, self.ingest, client)
-        await response(scope, receive, send)
+            try:
+                client = self.ingest.auth.check(request.headers, request.host, "jobs:submit")
+            except RequestError as exc:
+                response = error_response(exc.status, exc.body, exc.headers)
+            else:
+                response = await _submit(request, self.ingest, client)
+        except ClientDisconnect:
+            return  # nobody to answer; nothing was sent to Kafka
+        except Exception as exc:  # what ServerErrorMiddleware would have caught
+            response = await unexpected_error(Request(scope, receive), exc)
+        # The answer's two messages, as Response.__call__ would send them (no
+        # background task to run).
+        await send(
+            {
+                "type": "http.response.start",
+                "status": response.status_code,
+                "headers": response.raw_headers,
+            }
+        )
+        await send({"type": "http.response.body", "body": response.body})
 
 
 def _check_rate(ingest: Ingest, client: str) -> None:
@@ -144,13 +209,13 @@ def _check_rate(ingest: Ingest, client: str) -> None:
         )
 
 
-async def _read_jobs(request: Request, ingest: Ingest) -> list[JobIn]:
+async def _read_jobs(request: Submission, ingest: Ingest) -> list[JobIn]:
     """The request's jobs, or RequestError (415, 413, 400, 422) saying what is wrong."""
     settings = ingest.settings
     content_type = request.headers.get("content-type", "")
     if content_type.split(";")[0].strip().lower() != "application/json":
         raise RequestError(415, "unsupported_media_type", "content-type must be application/json")
-    body = await _read_body(request, settings.ingest_max_body_bytes)
+    body = await request.body(settings.ingest_max_body_bytes)
     if body is None:
         raise RequestError(
             413,
@@ -162,21 +227,7 @@ async def _read_jobs(request: Request, ingest: Ingest) -> list[JobIn]:
     )
 
 
-async def _read_body(request: Request, limit: int) -> bytes | None:
-    """The request body, or None as soon as it is known to exceed ``limit`` bytes."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        return None
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def _accept(request: Request, ingest: Ingest, jobs: list[JobIn]) -> Response:
+async def _accept(request: Submission, ingest: Ingest, jobs: list[JobIn]) -> Response:
     # A caller's own request id is kept (it ties their logs to ours) if it is sane.
     given = request.headers.get("x-request-id", "")
     request_id = given if _REQUEST_ID_RE.fullmatch(given) else new_request_id()
@@ -213,7 +264,15 @@ def _envelopes(jobs: list[JobIn], request_id: str) -> tuple[list[JobEnvelope], i
             continue  # same id twice in one request: written once
         seen.add(job_id)
         envelopes.append(
-            JobEnvelope(job_id, job.workflow, job.params, request_id, now, new_traceparent())
+            JobEnvelope(
+                job_id,
+                job.workflow,
+                job.params,
+                request_id,
+                now,
+                new_traceparent(),
+                job.priority,
+            )
         )
     return envelopes, len(jobs) - len(envelopes)
 
@@ -221,12 +280,13 @@ def _envelopes(jobs: list[JobIn], request_id: str) -> tuple[list[JobEnvelope], i
 def _log_accepted(accepted: list[dict[str, Any]], request_id: str) -> None:
     """The job-id trail: one ``job.accepted`` line per accepted job, and for a batch one
     ``ingest.accepted`` line for the request. A single-job request gets the one line
-    (its ``job.accepted`` names the request too): at INFO the logging was a quarter of
-    ingest's CPU per request."""
-    if not log.isEnabledFor(logging.INFO):
+    (its ``job.accepted`` names the request too). Through :class:`EventLog`: the
+    stdlib's record, formatter and write per line were a quarter of ingest's CPU per
+    single-job request (BENCHMARKS.md, "Single-job requests")."""
+    if not _ACCEPTED_LOG.enabled():
         return
     for a in accepted:
-        log.info("job accepted", extra={"event": "job.accepted", "request_id": request_id, **a})
+        _ACCEPTED_LOG.info({"request_id": request_id, **a})
     if len(accepted) > 1:
         log.info(
             "accepted %d jobs",

@@ -66,3 +66,37 @@ def test_503_with_retry_after_when_kafka_is_unreachable(settings):
     assert body["accepted"] == []
     assert sorted(j["job_id"] for j in body["rejected"]) == ["a", "b"]
     assert ready.status_code == 503
+
+
+def test_concurrent_requests_on_one_loop_each_get_their_own_acks(settings):
+    """Many requests of one event loop waiting at once: the loop polls for their
+    delivery reports (producers/delivery.py) and each request gets exactly its own."""
+    import asyncio
+
+    from producers.kafka import JobProducer
+
+    producer = JobProducer(settings)
+
+    async def submit_all() -> list[list]:
+        singles = [
+            producer.send([JobEnvelope(f"single_{i}", "order-workflow", {"i": i}, "req_s")])
+            for i in range(300)
+        ]
+        batch = producer.send(
+            [JobEnvelope(f"batch_{i}", "order-workflow", {"i": i}, "req_b") for i in range(200)]
+        )
+        return await asyncio.gather(*singles, batch)
+
+    try:
+        results = asyncio.run(submit_all())
+    finally:
+        assert producer.close(10) == 0
+    acks = [ack for result in results for ack in result]
+    assert [len(r) for r in results] == [1] * 300 + [200]
+    assert [a.job_id for a in results[0]] == ["single_0"]
+    assert [a.job_id for a in results[-1]] == [f"batch_{i}" for i in range(200)]
+    assert all(a.ok for a in acks), [a.error for a in acks if not a.ok][:3]
+    positions = {(a.partition, a.offset) for a in acks}
+    assert len(positions) == 500  # every record its own place in the topic
+    records = consume_all(settings.kafka_bootstrap_servers, settings.jobs_topic, 500)
+    assert {(m.partition(), m.offset()) for m in records} == positions

@@ -3,6 +3,10 @@
 Run as its own process (``python -m onceflow_tools.loadgen``) so that the client's work does
 not share an interpreter with what it measures. Writes a JSON summary: requests,
 statuses, accepted job ids count, latency percentiles, wall time.
+
+The client is aiohttp on uvloop: with httpx this process topped out near 100 single-job
+requests/s at 16-64 connections (its own CPU, p50 0.1-0.5 s), far below what ingest
+answers, so it measured itself (BENCHMARKS.md, "Single-job requests").
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ import os
 import time
 from pathlib import Path
 
-import httpx
+import aiohttp
 import orjson
+import uvloop
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -41,7 +46,7 @@ async def run(
     interval = batch / rate if rate > 0 else 0.0
     started = time.perf_counter()
 
-    async def worker(client: httpx.AsyncClient) -> None:
+    async def worker(client: aiohttp.ClientSession) -> None:
         nonlocal next_index, accepted
         while next_index < jobs:
             first = next_index
@@ -63,20 +68,23 @@ async def run(
             }
             for _ in range(100):  # 429/503 are answered with Retry-After: honour them
                 t0 = time.perf_counter()
-                response = await client.post("/v1/jobs", content=orjson.dumps(body))
+                async with client.post("/v1/jobs", data=orjson.dumps(body)) as response:
+                    answer = await response.read()
                 latencies.append(time.perf_counter() - t0)
-                statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
-                if response.status_code == 202:
-                    accepted += len(response.json()["accepted"])
+                statuses[response.status] = statuses.get(response.status, 0) + 1
+                if response.status == 202:
+                    accepted += len(orjson.loads(answer)["accepted"])
                     break
-                if response.status_code not in (429, 503):
+                if response.status not in (429, 503):
                     break
                 await asyncio.sleep(float(response.headers.get("retry-after", "1")))
 
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(
-        base_url=url, headers=headers, timeout=60, limits=limits
+    async with aiohttp.ClientSession(
+        base_url=url,
+        headers=headers,
+        timeout=aiohttp.ClientTimeout(total=60),
+        connector=aiohttp.TCPConnector(limit=concurrency),
     ) as client:
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
     wall = time.perf_counter() - started
@@ -112,7 +120,7 @@ def main() -> None:
     parser.add_argument("--workflow", default="noop-workflow")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    summary = asyncio.run(
+    summary = uvloop.run(
         run(
             args.url,
             args.key,
