@@ -145,8 +145,12 @@ def results(paced: bool = False) -> list[dict[str, Any]]:
                     "onceflow": engine_run(1, c, 100 + c),
                     "dbos_default": dbos_run(c, c * 0.95),
                     "dbos_tuned": dbos_run(c, c * 5.0),
+                    "dbos_start": dbos_run(c, 60.0),
+                    "dbos_direct": dbos_run(c, 75.0),
                     "ratio_vs_dbos_default": (100 + c) / (c * 0.95),
                     "ratio_vs_dbos_tuned": (100 + c) / (c * 5.0),
+                    "ratio_vs_dbos_start": (100 + c) / 60.0,
+                    "ratio_vs_dbos_direct": (100 + c) / 75.0,
                 }
                 for c in (16, 64)
             ],

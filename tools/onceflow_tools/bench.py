@@ -13,12 +13,16 @@ Scenarios (each prints a table, shows progress on stderr and writes JSON):
 * ``engine``: three-step no-op workflows completed per second by engine concurrency,
   with 1 and 2 engine processes (from the first claim to the last completion).
 * ``e2e``: submit-to-first-step and submit-to-complete latency at light load.
-* ``scale``: queue-to-instance with 1, 2, 4 partitions and workers; 1, 2, 4 engines.
+* ``scale``: queue-to-instance by partitions x workers (1/2/4), engine by engines (1/2),
+  each with CPU, WAL bytes and commits per job (:mod:`onceflow_tools.scaling`).
 * ``nobuffer`` / ``nobuffer-outage``: the same burst against onceflow and against HTTP
   handlers writing straight into PostgreSQL (:mod:`onceflow_tools.baselines.direct_http`),
   optionally through a 5 s PostgreSQL outage.
 * ``dbos``: DBOS Transact running the same workflow on the same PostgreSQL
   (:mod:`onceflow_tools.baselines.dbos_bench`, in its own virtualenv), with the ratios.
+* ``engine-flow-control``: workflows/s with every flow control on against the plain
+  claim, and a small tenant's submit -> first step behind a big tenant's burst, with
+  and without fairness (:mod:`onceflow_tools.flowbench`).
 * ``console-list``: the console's queries on 50 instances per ``--jobs`` (1,000,000 at
   the default) in a scratch database: first and deep keyset pages, filtered pages,
   counts (median of 5 runs each, in ms).
@@ -301,7 +305,10 @@ def burst(
 def ingest(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
     """Closed loop (each client waits for its answer) at 1, 4 and 16 clients, batches of
     100 and of 1; then open loop at increasing offered load until saturation."""
-    stack = _stack(base, log_dir, "ingest", ONCEFLOW_ADMIN_API_ENABLED="false")
+    # The job-id trail on, as in production (the other scenarios log at WARNING).
+    stack = _stack(
+        base, log_dir, "ingest", ONCEFLOW_ADMIN_API_ENABLED="false", ONCEFLOW_LOG_LEVEL="INFO"
+    )
     rows = []
     try:
         stack.start_ingest()
@@ -474,19 +481,25 @@ def queue(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
 
 
 def scale(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
-    """How the partition-bound hop and the engine grow with processes: queue-to-instance
-    with 1, 2, 4 partitions and as many workers; engine with 1, 2, 4 processes."""
-    queue_runs = [_queue_run(base, jobs, log_dir, 0.0, n, n) for n in (1, 2, 4)]
-    engine_runs = engine(
-        base, jobs, log_dir, concurrencies=(base.engine_concurrency,), engine_counts=(1, 2, 4)
-    )["runs"]
-    return {"scenario": "scale", "queue": queue_runs, "engine": engine_runs}
+    """How the partition-bound hop and the engine grow with processes, with CPU, WAL
+    and commits per job (:mod:`onceflow_tools.scaling`, which builds on this module)."""
+    from onceflow_tools import scaling
+
+    return scaling.scale(base, jobs, log_dir)
 
 
 # DBOS lives in its own virtualenv: dbos >= 3.3 needs croniter >= 6, which faust's
 # ``mode`` refuses (croniter < 6), so it never enters onceflow's own environment.
 DBOS_REQUIREMENT = "dbos==3.4.0"
 DBOS_TUNED_POLL = 0.05
+# (label, --mode, queue poll s, name in the table): the queue at its default poll and
+# tuned, then DBOS's no-queue paths (DBOS.start_workflow, a direct workflow call).
+DBOS_RUNS = (
+    ("dbos_default", "queue", 1.0, "DBOS queue, 1 s poll"),
+    ("dbos_tuned", "queue", DBOS_TUNED_POLL, "DBOS queue, 0.05 s poll"),
+    ("dbos_start", "start", 1.0, "DBOS start_workflow"),
+    ("dbos_direct", "direct", 1.0, "DBOS direct call"),
+)
 
 
 def dbos_python(state_dir: Path) -> Path:
@@ -505,7 +518,14 @@ def dbos_python(state_dir: Path) -> Path:
 
 
 def _run_dbos(
-    base: Settings, jobs: int, concurrency: int, poll: float, light: int, rate: float, out: Path
+    base: Settings,
+    jobs: int,
+    concurrency: int,
+    poll: float,
+    light: int,
+    rate: float,
+    out: Path,
+    mode: str = "queue",
 ) -> dict[str, Any]:
     script = Path(__file__).parent / "baselines" / "dbos_bench.py"
     subprocess.run(
@@ -514,6 +534,8 @@ def _run_dbos(
             str(script),
             "--database-url",
             base.database_url,
+            "--mode",
+            mode,
             "--jobs",
             str(jobs),
             "--concurrency",
@@ -543,10 +565,14 @@ def dbos(
 ) -> dict[str, Any]:
     """DBOS Transact and onceflow side by side in one run on the same PostgreSQL: the
     same three no-op steps, the same number of workflows, the same concurrency. DBOS
-    runs at its default queue poll (1 s) and tuned (0.05 s). Light-load latency: DBOS
-    enqueues in-process; onceflow's figure is end to end (HTTP, Kafka, worker, engine)."""
+    runs through its queue at the default poll (1 s) and tuned (0.05 s), then without a
+    queue (``DBOS.start_workflow`` and a direct call, workflow id = job id), with at most
+    ``concurrency`` workflows in flight. Light-load latency (at the first concurrency
+    only): DBOS submits in-process; onceflow's figure is end to end (HTTP, Kafka, worker,
+    engine)."""
     rows = []
     for concurrency in concurrencies:
+        light_here = light if concurrency == concurrencies[0] else 0
         ours = engine(
             base,
             jobs,
@@ -555,9 +581,9 @@ def dbos(
             engine_counts=(1,),
         )
         row: dict[str, Any] = {"concurrency": concurrency, "onceflow": ours["runs"][0]}
-        for label, poll in (("dbos_default", 1.0), ("dbos_tuned", DBOS_TUNED_POLL)):
+        for label, mode, poll, _ in DBOS_RUNS:
             out = log_dir / f"{label}-{concurrency}.json"
-            theirs = _run_dbos(base, jobs, concurrency, poll, light, rate, out)
+            theirs = _run_dbos(base, jobs, concurrency, poll, light_here, rate, out, mode)
             row[label] = theirs
             row[f"ratio_vs_{label}"] = ours["runs"][0]["workflows_per_second"] / max(
                 theirs["processing_workflows_per_second"], 1e-9
@@ -751,10 +777,9 @@ def _render_dbos(result: dict[str, Any]) -> list[str]:
     for r in result["runs"]:
         ours = r["onceflow"]["workflows_per_second"]
         lines.append(f"  {r['concurrency']:>11}  {'onceflow engine':<24}  {ours:>11.0f}")
-        for label, name in (
-            ("dbos_default", "DBOS, 1 s poll"),
-            ("dbos_tuned", "DBOS, 0.05 s poll"),
-        ):
+        for label, _, _, name in DBOS_RUNS:
+            if label not in r:  # older result files lack the no-queue runs
+                continue
             theirs = r[label]["processing_workflows_per_second"]
             lines.append(
                 f"  {r['concurrency']:>11}  {name:<24}  {theirs:>11.0f}"
@@ -762,10 +787,12 @@ def _render_dbos(result: dict[str, Any]) -> list[str]:
             )
     lat = result["onceflow_e2e"]["latency"]
     lines.append(f"  light load, onceflow end to end: {_latency_line(lat)}")
-    for label in ("dbos_default", "dbos_tuned"):
+    for label, _, _, _ in DBOS_RUNS:
+        if label not in result["runs"][0]:
+            continue
         lt = result["runs"][0][label]["light"]
         lines.append(
-            f"  light load, {label} (in-process enqueue): submit-to-first-step p50"
+            f"  light load, {label} (in-process submit): submit-to-first-step p50"
             f" {lt['first_step_p50_ms'] or 0:.0f} ms, p99 {lt['first_step_p99_ms'] or 0:.0f} ms;"
             f" submit-to-complete p50 {lt['complete_p50_ms'] or 0:.0f} ms,"
             f" p99 {lt['complete_p99_ms'] or 0:.0f} ms"
@@ -774,19 +801,9 @@ def _render_dbos(result: dict[str, Any]) -> list[str]:
 
 
 def _render_scale(result: dict[str, Any]) -> list[str]:
-    return [
-        *_table(
-            "scale (queue to instance)",
-            [
-                ("partitions", lambda r: str(r["partitions"])),
-                ("workers", lambda r: str(r["workers"])),
-                ("records", lambda r: str(r["records"])),
-                ("records/s", lambda r: f"{r['records_per_second']:.0f}"),
-            ],
-            result["queue"],
-        ),
-        *_render_engine({"runs": result["engine"]}),
-    ]
+    from onceflow_tools import scaling
+
+    return scaling.render(result)
 
 
 RENDERERS = {
@@ -880,6 +897,37 @@ def _render_console_list(result: dict[str, Any]) -> list[str]:
 RENDERERS["console-list"] = _render_console_list
 
 
+def _engine_flow_control(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
+    from onceflow_tools import flowbench  # imports this module: loaded late
+
+    return flowbench.engine_flow_control(base, jobs, log_dir)
+
+
+def _render_engine_flow_control(result: dict[str, Any]) -> list[str]:
+    from onceflow_tools import flowbench
+
+    return flowbench.render(result)
+
+
+RENDERERS["engine-flow-control"] = _render_engine_flow_control
+
+
+def _history(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
+    """History before/after partitioning (onceflow_tools.history_bench), ``jobs`` rows."""
+    from onceflow_tools import history_bench
+
+    return history_bench.history(base.database_url, jobs)
+
+
+def _render_history(result: dict[str, Any]) -> list[str]:
+    from onceflow_tools import history_bench
+
+    return history_bench.render(result)
+
+
+RENDERERS["history"] = _render_history
+
+
 def render(result: dict[str, Any]) -> str:
     return "\n".join(RENDERERS[result["scenario"]](result))
 
@@ -896,6 +944,8 @@ SCENARIOS = {
     "burst-paced": lambda base, jobs, log_dir: burst(base, jobs, log_dir, rate=5000),
     "nobuffer-outage": lambda base, jobs, log_dir: nobuffer(base, jobs, log_dir, outage=True),
     "console-list": console_list,
+    "engine-flow-control": _engine_flow_control,
+    "history": _history,
 }
 
 

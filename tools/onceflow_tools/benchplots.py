@@ -142,6 +142,8 @@ def engine_throughput(ax: Axes, by: Results) -> bool:
     for label, name, marker in (
         ("dbos_default", "DBOS, 1 s poll", "s"),
         ("dbos_tuned", "DBOS, 0.05 s poll", "^"),
+        ("dbos_start", "DBOS start_workflow (no queue)", "v"),
+        ("dbos_direct", "DBOS direct call (no queue)", "D"),
     ):
         pts = [(row["concurrency"], row[label]) for row in dbos_runs if label in row]
         ys = [d.get("processing_workflows_per_second", d["workflows_per_second"]) for _, d in pts]

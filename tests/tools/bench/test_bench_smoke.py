@@ -67,6 +67,32 @@ def test_dbos_smoke(base_settings, tmp_path):
     result = dbos(settings, 20, tmp_path, concurrencies=(4,), light=5, rate=5.0)
     run = result["runs"][0]
     assert run["onceflow"]["workflows"] == 20
-    assert run["dbos_default"]["completed"] == run["dbos_tuned"]["completed"] == 20
-    assert run["dbos_default"]["distinct_workflows"] == 20  # resubmitted ids collapsed
-    assert "ratio" in render(result)
+    labels = ("dbos_default", "dbos_tuned", "dbos_start", "dbos_direct")
+    assert [run[label]["completed"] for label in labels] == [20] * 4
+    # Resubmitted ids collapsed, whether enqueued, started or called directly.
+    assert [run[label]["distinct_workflows"] for label in labels] == [20] * 4
+    assert [run[label]["mode"] for label in labels] == ["queue", "queue", "start", "direct"]
+    assert run["dbos_direct"]["light"]["completed"] == 5
+    table = render(result)
+    assert "ratio" in table and "DBOS start_workflow" in table and "DBOS direct call" in table
+
+
+@pytest.mark.timeout(600)
+def test_scale_smoke(base_settings, tmp_path):
+    """Every pairing runs, creates every instance, and reports what a job cost."""
+    from onceflow_tools.bench import scale
+
+    result = scale(base_settings.model_copy(update={"state_dir": tmp_path}), 200, tmp_path)
+    grid = [(r["partitions"], r["workers"]) for r in result["queue"]]
+    assert grid == [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4)]
+    assert all(r["instances"] == 200 for r in result["queue"])
+    assert [r["engines"] for r in result["engine"]] == [1, 2]
+    runs = result["queue"] + result["engine"]
+    # CPU is counted in clock ticks (10 ms): a 200-job run may show none on its own.
+    assert sum(r["onceflow_cpu_seconds"] for r in runs) > 0
+    assert sum(r["postgres_cpu_seconds"] for r in runs) > 0
+    for run in runs:
+        # Each job wrote WAL in the run's own database, and at least one commit.
+        assert 0 < run["wal_bytes_per_job"] <= run["wal_bytes_cluster_per_job"]
+        assert run["wal_commit_records_per_job"] > 0 and run["xact_commits_per_job"] > 0
+    assert "WAL B/job" in render(result)

@@ -5,13 +5,24 @@ workflows and steps in a PostgreSQL "system database". This module measures it o
 of work onceflow's ``engine`` bench uses, so the two can be read side by side:
 
 * throughput: ``--jobs`` workflows, each three ``@DBOS.step()`` no-ops returning a small dict,
-  enqueued on one DBOS queue with ``worker_concurrency=--concurrency`` and the workflow id set
-  to the job id (``SetWorkflowID``). Wall time runs from the first enqueue to the last
-  workflow's SUCCESS row (its ``updated_at``). 10% of the ids are enqueued a second time to
-  check that they collapse to one workflow each (``distinct_workflows``);
+  the workflow id set to the job id (``SetWorkflowID``), started one of three ways
+  (``--mode``):
+
+  - ``queue``: enqueued on one DBOS queue with ``worker_concurrency=--concurrency``;
+  - ``start``: ``DBOS.start_workflow`` (no queue; it runs on DBOS's own executor threads), from
+    ``--concurrency`` client threads that each wait for their workflow's result before
+    starting the next, so at most ``--concurrency`` workflows are in flight, as in a queue;
+  - ``direct``: the workflow function called directly (it runs in the calling thread),
+    from ``--concurrency`` threads.
+
+  Wall time runs from the first submission to the last workflow's SUCCESS row (its
+  ``updated_at``). 10% of the ids are submitted a second time to check that they collapse
+  to one workflow each (``distinct_workflows``);
 * light-load latency: ``--light-jobs`` workflows paced at ``--light-rate``/s, from just before
-  the enqueue to step 1 running and to the workflow body returning (``complete``), plus the
-  durable SUCCESS write (``complete_durable``). Times are taken in this process (one clock).
+  the submission (enqueue, ``start_workflow`` or call, the last two handed to a small pool so
+  that pacing never waits for a workflow) to step 1 running and to the workflow body
+  returning (``complete``), plus the durable SUCCESS write (``complete_durable``). Times are
+  taken in this process (one clock).
 
 Fair-comparison choices: the system database lives on the same PostgreSQL server onceflow
 uses, in a fresh database per run (dropped at the end, even on failure), with synchronous
@@ -20,7 +31,8 @@ commit on (the server default); every DBOS setting keeps its default except the 
 ``--polling-interval`` changes it. DBOS queues are polled, not pushed: each poll claims at most
 ``worker_concurrency`` minus running workflows, so the interval bounds both latency and (for
 short workflows) throughput; the JSON reports it under ``settings``. Enqueueing uses
-``--enqueue-threads`` threads, timed separately (``enqueue_seconds``).
+``--enqueue-threads`` threads, timed separately (``enqueue_seconds``; in the no-queue modes,
+the time until every client thread is done).
 Run: ``python -m onceflow_tools.baselines.dbos_bench --database-url postgresql://... --out x.json``.
 """
 
@@ -31,8 +43,10 @@ import sys
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import version
 from pathlib import Path
+from queue import Empty, SimpleQueue
 from typing import Any
 
 import orjson
@@ -52,6 +66,7 @@ DBOS_DEFAULTS: dict[str, Any] = {  # read from dbos 3.4 source; left as they are
     "notification_listener_polling_interval_sec": 1.0,
     "system_database": "fresh database on the same PostgreSQL server",
 }
+MODES = ("queue", "start", "direct")
 first_step: dict[str, float] = {}
 finished: dict[str, float] = {}
 
@@ -126,19 +141,57 @@ def _enqueue(queue: Any, ids: list[str], submit: dict[str, float] | None = None)
             queue.enqueue(noop_workflow, job_id)
 
 
-def _throughput(db: Engine, queue: Any, jobs: int, threads: int, timeout: float) -> dict[str, Any]:
+def _run_to_end(mode: str, job_id: str) -> None:
+    """Start one workflow without a queue and return once it has finished (its result,
+    like the workflow's own SUCCESS row, is durable by then)."""
+    with SetWorkflowID(job_id):
+        if mode == "start":
+            DBOS.start_workflow(noop_workflow, job_id).get_result()
+        else:
+            noop_workflow(job_id)
+
+
+def _drain(mode: str, pending: SimpleQueue[str]) -> None:
+    """One client thread: take ids until none are left, each run to its end."""
+    while True:
+        try:
+            job_id = pending.get_nowait()
+        except Empty:
+            return
+        _run_to_end(mode, job_id)
+
+
+def _submitters(
+    mode: str, queue: Any, submissions: list[str], threads: int, concurrency: int
+) -> list[threading.Thread]:
+    """Threads that submit every id: enqueuers for a queue (they do not wait for the
+    workflows), else ``concurrency`` clients each keeping one workflow in flight."""
+    if mode == "queue":
+        chunks = [submissions[k::threads] for k in range(threads)]
+        return [threading.Thread(target=_enqueue, args=(queue, c), daemon=True) for c in chunks]
+    pending: SimpleQueue[str] = SimpleQueue()
+    for job_id in submissions:
+        pending.put(job_id)
+    return [
+        threading.Thread(target=_drain, args=(mode, pending), daemon=True)
+        for _ in range(concurrency)
+    ]
+
+
+def _throughput(
+    db: Engine, mode: str, queue: Any, jobs: int, threads: int, concurrency: int, timeout: float
+) -> dict[str, Any]:
     deadline = time.time() + timeout
     ids = [f"tp-{i:07d}" for i in range(jobs)]
     submissions = ids + ids[::10][: jobs // 10]  # 10% of the ids a second time
-    chunks = [submissions[k::threads] for k in range(threads)]
-    workers = [threading.Thread(target=_enqueue, args=(queue, c), daemon=True) for c in chunks]
+    workers = _submitters(mode, queue, submissions, threads, concurrency)
     t0 = time.time()
     for w in workers:
         w.start()
     for w in workers:
         w.join(max(0.0, deadline - time.time()))
     enqueue_seconds = time.time() - t0
-    print(f"[dbos] enqueued {len(submissions)} in {enqueue_seconds:.2f}s", file=sys.stderr)
+    print(f"[dbos] submitted {len(submissions)} in {enqueue_seconds:.2f}s", file=sys.stderr)
     rows, ok, last = _wait_db(db, "tp-", jobs, deadline, t0)
     wall = max(last - t0, 1e-9)
     # Like onceflow's engine figure: from the first step run to the last SUCCESS row.
@@ -158,18 +211,27 @@ def _throughput(db: Engine, queue: Any, jobs: int, threads: int, timeout: float)
     }
 
 
-def _light(db: Engine, queue: Any, jobs: int, rate: float, timeout: float) -> dict[str, Any]:
+def _light(
+    db: Engine, mode: str, queue: Any, jobs: int, rate: float, timeout: float
+) -> dict[str, Any]:
     submit: dict[str, float] = {}
     t0 = time.time()
     deadline = t0 + timeout
-    for i in range(jobs):
-        time.sleep(max(0.0, t0 + i / rate - time.time()))
-        if time.time() > deadline:
-            break
-        _enqueue(queue, [f"lt-{i:07d}"], submit)
-        if i % max(1, int(rate) * 5) == 0:
-            print(f"[dbos] lt: submitted {i + 1}/{jobs}, done {_done('lt-')}", file=sys.stderr)
-    _, ok, _ = _wait_db(db, "lt-", len(submit), deadline, t0)
+    # Paced submissions must not wait for a workflow: direct calls run on a pool.
+    with ThreadPoolExecutor(max_workers=8, thread_name_prefix="light") as pool:
+        for i in range(jobs):
+            time.sleep(max(0.0, t0 + i / rate - time.time()))
+            if time.time() > deadline:
+                break
+            job_id = f"lt-{i:07d}"
+            if mode == "queue":
+                _enqueue(queue, [job_id], submit)
+            else:
+                submit.setdefault(job_id, time.time())
+                pool.submit(_run_to_end, mode, job_id)
+            if i % max(1, int(rate) * 5) == 0:
+                print(f"[dbos] lt: submitted {i + 1}/{jobs}, done {_done('lt-')}", file=sys.stderr)
+        _, ok, _ = _wait_db(db, "lt-", len(submit), deadline, t0)
     sql = "SELECT workflow_uuid, updated_at FROM dbos.workflow_status WHERE status = 'SUCCESS'"
     sql += " AND workflow_uuid LIKE 'lt-%'"
     with db.connect() as conn:
@@ -192,17 +254,33 @@ def _light(db: Engine, queue: Any, jobs: int, rate: float, timeout: float) -> di
     }
 
 
+def _register_queue(concurrency: int, polling_interval: float, deadline: float) -> Any:
+    """The bench's DBOS queue, returned once its worker thread polls (timing starts then)."""
+    queue = DBOS.register_queue(
+        "bench", worker_concurrency=concurrency, polling_interval_sec=polling_interval
+    )
+    # The queue manager notices a new queue within ~1 s.
+    while not any(t.name == "queue-worker-bench" for t in threading.enumerate()):
+        if time.time() > deadline:
+            raise TimeoutError("DBOS queue worker thread never started")
+        time.sleep(0.05)
+    return queue
+
+
 def run(
     database_url: str,
     jobs: int,
     concurrency: int,
     light_jobs: int,
     light_rate: float,
+    mode: str = "queue",
     polling_interval: float = DBOS_DEFAULT_POLLING_INTERVAL,
     enqueue_threads: int = 4,
     timeout: float = DEADLINE_SECONDS,
 ) -> dict[str, Any]:
     """Benchmark DBOS in this process on a fresh system database; returns the JSON result."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     admin = create_engine(database_url, isolation_level="AUTOCOMMIT")
     db_name = f"dbos_bench_{uuid.uuid4().hex[:12]}"
     sys_url = make_url(database_url).set(database=db_name).render_as_string(False)
@@ -219,26 +297,22 @@ def run(
         db = create_engine(sys_url, pool_size=1, max_overflow=0)
         try:
             DBOS.launch()
-            queue = DBOS.register_queue(
-                "bench", worker_concurrency=concurrency, polling_interval_sec=polling_interval
-            )
-            # The queue manager notices a new queue within ~1 s; start timing once it polls.
-            while not any(t.name == "queue-worker-bench" for t in threading.enumerate()):
-                if time.time() > deadline:
-                    raise TimeoutError("DBOS queue worker thread never started")
-                time.sleep(0.05)
+            queue = None
+            if mode == "queue":
+                queue = _register_queue(concurrency, polling_interval, deadline)
             result: dict[str, Any] = {
                 "system": "dbos",
                 "dbos_version": version("dbos"),
+                "mode": mode,
                 "jobs": jobs,
                 "concurrency": concurrency,
             }
             with db.connect() as conn:
                 sync_commit = conn.execute(text("SHOW synchronous_commit")).scalar()
-            result |= _throughput(db, queue, jobs, enqueue_threads, timeout)
+            result |= _throughput(db, mode, queue, jobs, enqueue_threads, concurrency, timeout)
             # After a timed-out throughput run the backlog would swamp the light run: skip it.
             light_jobs = 0 if result["timed_out"] else light_jobs
-            result["light"] = _light(db, queue, light_jobs, light_rate, timeout)
+            result["light"] = _light(db, mode, queue, light_jobs, light_rate, timeout)
         finally:
             db.dispose()
             DBOS.destroy()
@@ -246,11 +320,14 @@ def run(
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)'))
         admin.dispose()
+    queued = mode == "queue"
     result["settings"] = DBOS_DEFAULTS | {
-        "queue_polling_interval_sec": polling_interval,
-        "worker_concurrency": concurrency,
-        "poll_bound_workflows_per_second": concurrency / polling_interval,
-        "enqueue_threads": enqueue_threads,
+        "mode": mode,
+        "queue_polling_interval_sec": polling_interval if queued else None,
+        "worker_concurrency": concurrency if queued else None,
+        "client_threads": None if queued else concurrency,
+        "poll_bound_workflows_per_second": concurrency / polling_interval if queued else None,
+        "enqueue_threads": enqueue_threads if queued else None,
         "log_level": "WARNING",
         "synchronous_commit": sync_commit,
     }
@@ -265,12 +342,13 @@ def render(r: dict[str, Any]) -> str:
 
     return "\n".join(
         [
-            f"DBOS {r['dbos_version']}  jobs {r['jobs']}  concurrency {r['concurrency']}"
-            f"  queue poll {r['settings']['queue_polling_interval_sec']} s",
-            f"  enqueue   {r['enqueue_seconds']:>8.2f} s for {r['submissions']} submissions",
+            f"DBOS {r['dbos_version']}  mode {r.get('mode', 'queue')}  jobs {r['jobs']}"
+            f"  concurrency {r['concurrency']}  queue poll"
+            f" {r['settings']['queue_polling_interval_sec'] or '-'} s",
+            f"  submit    {r['enqueue_seconds']:>8.2f} s for {r['submissions']} submissions",
             f"  wall      {r['wall_seconds']:>8.2f} s  ({r['completed']} SUCCESS"
             f"{', TIMED OUT' if r['timed_out'] else ''})",
-            f"  workflows {r['workflows_per_second']:>8.1f} /s from the first enqueue,"
+            f"  workflows {r['workflows_per_second']:>8.1f} /s from the first submission,"
             f" {r['processing_workflows_per_second']:.1f} /s from the first step run"
             f"   steps {r['steps_per_second']:.1f} /s",
             f"  distinct  {r['distinct_workflows']:>8d} workflows for {r['jobs']} ids",
@@ -290,7 +368,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--database-url", required=True, help="admin URL; a fresh db is made")
     p.add_argument("--jobs", type=int, default=2000)
-    p.add_argument("--concurrency", type=int, default=16, help="queue worker_concurrency")
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default="queue",
+        help="queue: DBOS queue; start: DBOS.start_workflow; direct: call the workflow",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=16,
+        help="workflows in flight: the queue's worker_concurrency, or client threads",
+    )
     p.add_argument("--light-jobs", type=int, default=200)
     p.add_argument("--light-rate", type=float, default=20.0)
     p.add_argument("--polling-interval", type=float, default=DBOS_DEFAULT_POLLING_INTERVAL)

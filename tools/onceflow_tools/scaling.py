@@ -1,0 +1,369 @@
+"""``onceflow bench scale``: how the queue hop and the engine grow with processes, and
+what each job costs in CPU, in WAL and in commits.
+
+* queue to instance: every pairing of 1, 2, 4 partitions with 1, 2, 4 streams worker
+  processes (no more workers than partitions: a spare one would sit idle); the topic is
+  filled once the partition assignment has settled (no rebalance mid-run);
+* engine: 1 and 2 engine processes on a pre-filled table of three-step no-op workflows.
+
+Each run reports its rate from the database's own timestamps (as the ``queue`` and
+``engine`` scenarios do) and what it cost:
+
+* **CPU per job**: CPU seconds (user + system, from ``/proc/<pid>/stat``) of the
+  onceflow processes and, separately, of the PostgreSQL backends serving the run's
+  database, from the moment every process is ready (start-up and imports excluded) to
+  the last job, divided by the jobs done in that window;
+* **WAL bytes and commits per job**: the WAL flush position before and after (the
+  whole cluster: other databases on the same server add to it) and, attributed to the
+  run's database with ``pg_walinspect``, the bytes of the WAL records that touch its
+  relations or belong to its transactions, with their full-page images apart (they
+  depend on when the last checkpoint ran); commits are ``pg_stat_database.xact_commit``
+  (every transaction, read-only ones too) and the commit records in that WAL (the
+  transactions that wrote, i.e. the WAL flushes a synchronous commit waits for).
+
+The statements here read PostgreSQL's own statistics, never onceflow's tables (those go
+through :mod:`workflow_engine.store.stats`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy.engine import Engine
+from sqlalchemy.pool import NullPool
+
+from onceflow.settings import Settings
+from onceflow.vocabulary import InstanceStatus
+from onceflow_tools import bench
+from onceflow_tools.stack import Stack
+from workflow_engine.store.stats import (
+    consumption,
+    count_instances,
+    receipt_span_seconds,
+    run_span_seconds,
+)
+
+QUEUE_GRID = ((1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4))  # (partitions, workers)
+ENGINE_COUNTS = (1, 2)
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+APP_NAME = "onceflow-bench-scale"  # PGAPPNAME of the run's processes
+
+_WAL_OF_DATABASE = sa.text(
+    "WITH r AS (SELECT xid, resource_manager, record_type, record_length, fpi_length,"
+    "  block_ref FROM pg_get_wal_records_info(CAST(:start AS pg_lsn), CAST(:end AS pg_lsn))),"
+    " touching AS (SELECT DISTINCT xid FROM r WHERE block_ref LIKE :rel AND xid <> '0'),"
+    " mine AS (SELECT * FROM r WHERE block_ref LIKE :rel OR xid IN (SELECT xid FROM touching))"
+    " SELECT count(*) FILTER (WHERE resource_manager = 'Transaction'"
+    "   AND record_type LIKE 'COMMIT%'),"
+    " count(*), coalesce(sum(record_length), 0), coalesce(sum(fpi_length), 0) FROM mine"
+)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a live process (and of its reaped children), in seconds."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / CLOCK_TICKS  # utime stime cutime cstime
+
+
+def _backend_pids(db: Engine) -> list[int]:
+    """The backends of the run's processes (libpq names them from ``PGAPPNAME``), not
+    the harness's own connections."""
+    with db.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT pid FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name = :app"
+            ),
+            {"app": APP_NAME},
+        )
+        return [int(pid) for (pid,) in rows]
+
+
+def _wait_backends_gone(db: Engine, timeout: float = 15.0) -> None:
+    """A backend reports its commit counts to pg_stat_database as it exits: wait for
+    the run's backends to be gone before reading them."""
+    deadline = time.monotonic() + timeout
+    while _backend_pids(db) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+@dataclass
+class CpuWindow:
+    """CPU of the onceflow processes and of the run database's backends since start."""
+
+    stack: Stack
+    procs: dict[int, float]
+    backends: dict[int, float]
+
+    @classmethod
+    def start(cls, stack: Stack) -> CpuWindow:
+        assert stack.group is not None and stack.db is not None
+        procs = {p.pid: cpu_seconds(p.pid) for p in stack.group.procs.values()}
+        return cls(stack, procs, {pid: cpu_seconds(pid) for pid in _backend_pids(stack.db)})
+
+    def finish(self) -> dict[str, float]:
+        """CPU seconds since :meth:`start` (backends opened since then count in full)."""
+        assert self.stack.db is not None
+        ours = sum(cpu_seconds(pid) - t0 for pid, t0 in self.procs.items())
+        pids = _backend_pids(self.stack.db)
+        pg = sum(cpu_seconds(pid) - self.backends.get(pid, 0.0) for pid in pids)
+        return {"onceflow_cpu_seconds": ours, "postgres_cpu_seconds": pg}
+
+
+class PgCounters:
+    """WAL position and commit count of the run's database, taken around a run.
+
+    Other engineers' databases come and go on the same server (each DROP DATABASE is a
+    checkpoint), so the WAL of a run may be recycled before it is read: a temporary
+    physical replication slot, held by this object's own session, keeps it until
+    :meth:`finish` has read it, and goes with the session even if the run fails."""
+
+    def __init__(self, db: Engine) -> None:
+        self.db = db
+        self._engine = sa.create_engine(db.url, poolclass=NullPool)
+        self._conn: sa.Connection | None = None
+        self.lsn, self.xact_commit, self.oid = "0/0", 0, 0
+
+    def __enter__(self) -> PgCounters:
+        with self.db.begin() as conn:
+            conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS pg_walinspect"))
+        self._conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        self._conn.execute(
+            sa.text("SELECT pg_create_physical_replication_slot(:n, true, true)"),
+            {"n": f"onceflow_bench_{os.getpid()}_{int(time.time() * 1000)}"},
+        )
+        self.lsn, self.xact_commit, self.oid = self._read()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._conn is not None:
+            self._conn.close()  # the session ends: its temporary slot is dropped
+        self._engine.dispose()
+
+    def _read(self) -> tuple[str, int, int]:
+        """(WAL flushed up to, commits so far, database oid). The flush position: the
+        run's commits are flushed (synchronous commit), and pg_walinspect reads no
+        further than it."""
+        assert self._conn is not None
+        self._conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
+        row = self._conn.execute(
+            sa.text(
+                "SELECT pg_current_wal_flush_lsn()::text, xact_commit, datid FROM"
+                " pg_stat_database WHERE datname = current_database()"
+            )
+        ).one()
+        return str(row[0]), int(row[1]), int(row[2])
+
+    def finish(self, jobs: int) -> dict[str, Any]:
+        """Per-job figures since entering; call once the run's processes have exited."""
+        assert self._conn is not None
+        _wait_backends_gone(self.db)
+        lsn, commits, _ = self._read()
+        cluster = self._conn.execute(
+            sa.text("SELECT CAST(:e AS pg_lsn) - CAST(:s AS pg_lsn)"), {"s": self.lsn, "e": lsn}
+        ).scalar()
+        n = max(jobs, 1)
+        figures: dict[str, Any] = {
+            "wal_bytes_cluster_per_job": float(cluster or 0) / n,
+            "xact_commits_per_job": (commits - self.xact_commit) / n,
+        }
+        params = {"start": self.lsn, "end": lsn, "rel": f"%/{self.oid}/%"}
+        try:
+            row = self._conn.execute(_WAL_OF_DATABASE, params).one()
+        except sa.exc.DBAPIError as exc:  # keep the run's other figures
+            return figures | {"wal_error": str(exc.orig)}
+        commit_records, records, wal, fpi = (float(v) for v in row)
+        return figures | {
+            "wal_bytes_per_job": wal / n,
+            "wal_fpi_bytes_per_job": fpi / n,
+            "wal_records_per_job": records / n,
+            "wal_commit_records_per_job": commit_records / n,
+        }
+
+
+def _costs(cpu: dict[str, float], jobs_in_window: int) -> dict[str, float]:
+    n = max(jobs_in_window, 1)
+    return {
+        **cpu,
+        "jobs_in_cpu_window": jobs_in_window,
+        "onceflow_cpu_ms_per_job": 1000 * cpu["onceflow_cpu_seconds"] / n,
+        "postgres_cpu_ms_per_job": 1000 * cpu["postgres_cpu_seconds"] / n,
+    }
+
+
+def _assignment(port: int) -> tuple[frozenset[str], float]:
+    """(partitions held, rebalances seen) from one streams worker's /metrics."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    held: set[str] = set()
+    rebalances = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "onceflow_streams_assigned_partition" and sample.value == 1:
+                held.add(sample.labels["partition"])
+            elif sample.name == "onceflow_streams_rebalances_total":
+                rebalances = sample.value
+    return frozenset(held), rebalances
+
+
+def _wait_assignment_settled(ports: list[int], partitions: int, timeout: float = 60) -> None:
+    """Wait until the workers hold every partition between them, each holds one, and no
+    rebalance has come for 3 s: a group that is only "stable" may still rebalance once
+    more, and a rebalance mid-run redelivers records (and slows the run)."""
+    deadline = time.monotonic() + timeout
+    last, settled_since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        state = [_assignment(port) for port in ports]
+        held = [h for h, _ in state]
+        complete = len(frozenset().union(*held)) == partitions and all(held)
+        if state != last or not complete:
+            last, settled_since = state, time.monotonic()
+        elif time.monotonic() - settled_since >= 3.0:
+            return
+        time.sleep(0.25)
+    raise TimeoutError(f"partition assignment never settled: {last}")
+
+
+def queue_run(
+    base: Settings, jobs: int, log_dir: Path, partitions: int, workers: int
+) -> dict[str, Any]:
+    """Instances created per second from ``jobs`` records by ``workers`` streams workers
+    on ``partitions`` partitions. The workers join the group first (no rebalance
+    mid-run), then the topic is filled while they consume."""
+    stack = bench._stack(
+        base, log_dir, f"scale-p{partitions}w{workers}", partitions, PGAPPNAME=APP_NAME
+    )
+    assert stack.db is not None and stack.settings is not None and stack.group is not None
+    db = stack.db
+    try:
+        ports = [stack.start_worker(f"streams-{w}") for w in range(workers)]
+        bench._wait_group(stack.settings, workers)
+        _wait_assignment_settled(ports, partitions)
+        with PgCounters(db) as counters:
+            cpu = CpuWindow.start(stack)
+            bench._fill_topic(stack.settings, jobs, 0.0)
+            bench._wait_for("records consumed", lambda: consumption(db).records, jobs, 600)
+            spent = cpu.finish()
+            stack.group.stop_all()
+            pg = counters.finish(jobs)
+        span = receipt_span_seconds(db)
+        return {
+            "partitions": partitions,
+            "workers": workers,
+            "records": jobs,
+            "instances": count_instances(db),
+            # Records read twice (a rebalance mid-run redelivers them): none expected.
+            "redeliveries": consumption(db).duplicates,
+            "seconds": span,
+            "records_per_second": jobs / span if span else 0.0,
+            **_costs(spent, jobs),
+            **pg,
+        }
+    finally:
+        stack.close()
+
+
+def engine_run(
+    base: Settings, jobs: int, log_dir: Path, engines: int, concurrency: int
+) -> dict[str, Any]:
+    """Three-step no-op workflows completed per second by ``engines`` engine processes
+    from a pre-filled table, with what they cost."""
+    stack = bench._stack(
+        base,
+        log_dir,
+        f"scale-engine{engines}",
+        ONCEFLOW_ENGINE_CONCURRENCY=str(concurrency),
+        PGAPPNAME=APP_NAME,
+    )
+    assert stack.db is not None and stack.group is not None
+    db = stack.db
+    try:
+        bench._prefill(stack, jobs, "noop-workflow", "e")
+        with PgCounters(db) as counters:
+            for i in range(engines):
+                stack.start_engine(f"engine-{i}")
+            cpu = CpuWindow.start(stack)  # every engine is up (metrics answer); some ran
+            done_at_start = count_instances(db, InstanceStatus.COMPLETE)
+            bench._wait_complete(stack, jobs, 600)
+            spent = cpu.finish()
+            stack.group.stop_all()
+            pg = counters.finish(jobs)
+        span = max(run_span_seconds(db), 1e-3)
+        return {
+            "workflow": "noop-workflow",
+            "concurrency": concurrency,
+            "engines": engines,
+            "workflows": jobs,
+            "seconds": span,
+            "workflows_per_second": jobs / span,
+            "checkpoints_per_second": 3 * jobs / span,
+            **_costs(spent, jobs - done_at_start),
+            **pg,
+        }
+    finally:
+        stack.close()
+
+
+def scale(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
+    """Every queue pairing of :data:`QUEUE_GRID`, then 1 and 2 engines (at the default
+    engine concurrency), ``jobs`` records or workflows each."""
+    queue_runs = [queue_run(base, jobs, log_dir, p, w) for p, w in QUEUE_GRID]
+    engine_runs = [
+        engine_run(base, jobs, log_dir, n, base.engine_concurrency) for n in ENGINE_COUNTS
+    ]
+    return {"scenario": "scale", "queue": queue_runs, "engine": engine_runs}
+
+
+def _cost_columns() -> list[bench.Column]:
+    return [
+        ("cpu ms/job", lambda r: _fmt(r, "onceflow_cpu_ms_per_job", ".2f")),
+        ("pg cpu ms/job", lambda r: _fmt(r, "postgres_cpu_ms_per_job", ".2f")),
+        ("WAL B/job", lambda r: _fmt(r, "wal_bytes_per_job", ".0f")),
+        ("FPI B/job", lambda r: _fmt(r, "wal_fpi_bytes_per_job", ".0f")),
+        ("cluster WAL B/job", lambda r: _fmt(r, "wal_bytes_cluster_per_job", ".0f")),
+        ("commits/job", lambda r: _fmt(r, "xact_commits_per_job", ".3f")),
+        ("WAL commits/job", lambda r: _fmt(r, "wal_commit_records_per_job", ".3f")),
+    ]
+
+
+def _fmt(row: dict[str, Any], key: str, spec: str) -> str:
+    """A cost column's cell; ``-`` where it was not measured."""
+    return "-" if row.get(key) is None else format(row[key], spec)
+
+
+def render(result: dict[str, Any]) -> list[str]:
+    costs = _cost_columns()
+    return [
+        *bench._table(
+            "scale (queue to instance)",
+            [
+                ("partitions", lambda r: str(r["partitions"])),
+                ("workers", lambda r: str(r["workers"])),
+                ("records", lambda r: str(r["records"])),
+                ("records/s", lambda r: f"{r['records_per_second']:.0f}"),
+                ("redelivered", lambda r: _fmt(r, "redeliveries", "d")),
+                *costs,
+            ],
+            result["queue"],
+        ),
+        *bench._table(
+            "scale (engine)",
+            [
+                ("engines", lambda r: str(r["engines"])),
+                ("concurrency", lambda r: str(r["concurrency"])),
+                ("workflows", lambda r: str(r["workflows"])),
+                ("workflows/s", lambda r: f"{r['workflows_per_second']:.0f}"),
+                *costs,
+            ],
+            result["engine"],
+        ),
+    ]
