@@ -7,22 +7,69 @@ CREATE FUNCTION public.job_trace(p_job_id text) RETURNS TABLE(at timestamp with 
     LANGUAGE sql STABLE
     AS $$
 SELECT t.at, t.event, t.detail, t.layer FROM (
+    -- A child has no HTTP request nor Kafka record: its 'received' / 'enqueued' rows
+    -- would only say "-"; its own 'instance created' row names its parent instead.
+    SELECT b.at, b.event, coalesce(b.detail, '') AS detail, b.layer, b.n AS ord, 0 AS src
+    FROM job_trace_without_children(p_job_id) WITH ORDINALITY AS b(at, event, detail, layer, n)
+    WHERE NOT (b.event IN ('received', 'enqueued', 'instance created') AND EXISTS (
+        SELECT 1 FROM onceflow_jobs j WHERE j.job_id = p_job_id AND j.origin = 'child'))
+    UNION ALL
+    SELECT i.created_at, 'instance created',
+           'workflow ' || i.workflow || ', started by parent ' || i.parent_job_id
+             || ' (on parent close: ' || i.parent_close_policy || ')',
+           'engine', 0, 0
+    FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
+    WHERE i.job_id = p_job_id AND j.origin = 'child'
+    UNION ALL
+    SELECT s.started_at, 'child started',
+           '"' || s.name || '" ' || s.child_job_id
+             || coalesce(' (workflow ' || c.workflow || ')', ''), 'engine', 0, 1
+    FROM onceflow_steps s LEFT JOIN onceflow_instances c ON c.job_id = s.child_job_id
+    WHERE s.job_id = p_job_id AND s.kind = 'child'
+    UNION ALL
+    SELECT c.finished_at, 'child ' || c.status,
+           '"' || s.name || '" ' || s.child_job_id || coalesce(': ' || c.error, ''), 'engine', 0, 2
+    FROM onceflow_steps s JOIN onceflow_instances c ON c.job_id = s.child_job_id
+    WHERE s.job_id = p_job_id AND s.kind = 'child' AND c.finished_at IS NOT NULL
+    UNION ALL
+    SELECT s.finished_at,
+           CASE s.status WHEN 'complete' THEN 'child result taken' ELSE 'child failure raised' END,
+           '"' || s.name || '" ' || s.child_job_id || coalesce(': ' || s.error, ''), 'engine', 0, 3
+    FROM onceflow_steps s
+    WHERE s.job_id = p_job_id AND s.kind = 'child' AND s.finished_at IS NOT NULL
+) AS t
+ORDER BY date_trunc('milliseconds', t.at), t.src, t.ord, t.at
+$$;
+
+CREATE FUNCTION public.job_trace_without_children(p_job_id text) RETURNS TABLE(at timestamp with time zone, event text, detail text, layer text)
+    LANGUAGE sql STABLE
+    AS $$
+SELECT t.at, t.event, t.detail, t.layer FROM (
     SELECT j.submitted_at AS at, 1 AS ord, 'received' AS event,
            CASE j.origin
                WHEN 'http' THEN 'HTTP request ' || coalesce(j.request_id, '-')
+               WHEN 'schedule' THEN coalesce(
+                   'schedule ' || k.schedule || ', tick ' || k.tick_at || ' (' || k.trigger
+                     || ', ' || round(k.lateness_seconds::numeric, 3) || ' s late)',
+                   'schedule tick')
                ELSE 'produced directly to Kafka'
                     || coalesce(' (request ' || j.request_id || ')', '') END
              || coalesce(', traceparent ' || j.traceparent, '') AS detail,
-           CASE j.origin WHEN 'http' THEN 'ingest' ELSE 'kafka' END AS layer
-    FROM onceflow_jobs j WHERE j.job_id = p_job_id
+           CASE j.origin WHEN 'http' THEN 'ingest' WHEN 'schedule' THEN 'engine'
+                ELSE 'kafka' END AS layer
+    FROM onceflow_jobs j LEFT JOIN onceflow_schedule_ticks k USING (job_id)
+    WHERE j.job_id = p_job_id
     UNION ALL
     SELECT coalesce(j.enqueued_at, j.submitted_at), 2, 'enqueued',
            j.source_topic || '/' || j.source_partition || '@' || j.source_offset, 'kafka'
-    FROM onceflow_jobs j WHERE j.job_id = p_job_id
+    FROM onceflow_jobs j WHERE j.job_id = p_job_id AND j.origin <> 'schedule'
     UNION ALL
     SELECT i.created_at, 3, 'instance created',
-           'workflow ' || i.workflow || ' from ' || j.source_topic || '/' || j.source_partition
-             || '@' || j.source_offset, 'streams'
+           'workflow ' || i.workflow || CASE j.origin
+               WHEN 'schedule' THEN ' by the scheduler'
+               ELSE ' from ' || j.source_topic || '/' || j.source_partition
+                    || '@' || j.source_offset END,
+           CASE j.origin WHEN 'schedule' THEN 'engine' ELSE 'streams' END
     FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id) WHERE i.job_id = p_job_id
     UNION ALL
     SELECT t.created_at, 3, 'task run created', 'task ' || t.task, 'streams'
@@ -87,6 +134,147 @@ SELECT t.at, t.event, t.detail, t.layer FROM (
 ORDER BY date_trunc('milliseconds', t.at), t.ord, t.at
 $$;
 
+CREATE FUNCTION public.onceflow_add_partition(p_parent text, p_from timestamp with time zone, p_to timestamp with time zone) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO '$user', 'public'
+    AS $_$
+DECLARE
+    v_key text := CASE p_parent WHEN 'onceflow_step_attempts' THEN 'started_at'
+                                WHEN 'onceflow_duplicate_deliveries' THEN 'job_received_at' END;
+    v_from timestamp := p_from AT TIME ZONE 'UTC';
+    v_name text;
+BEGIN
+    IF v_key IS NULL THEN
+        RAISE EXCEPTION USING MESSAGE = 'onceflow_add_partition: ' || p_parent
+                                        || ' is not a partitioned history table';
+    END IF;
+    IF p_to <= p_from THEN
+        RAISE EXCEPTION USING MESSAGE = 'onceflow_add_partition: empty range';
+    END IF;
+    v_name := p_parent || '_p' || to_char(v_from, 'YYYYMMDD')
+              || CASE WHEN v_from = date_trunc('day', v_from) THEN ''
+                      ELSE to_char(v_from, '_HH24MISS') END;
+    IF to_regclass(v_name) IS NOT NULL THEN
+        RETURN NULL;  -- exists already (another engine made it)
+    END IF;
+    -- Create, fill from the default partition, then attach: ATTACH takes only SHARE
+    -- UPDATE EXCLUSIVE on the parent, so inserts into the other partitions go on.
+    -- (No format(): the migration runner's driver would read its percent signs.)
+    EXECUTE 'CREATE TABLE ' || quote_ident(v_name) || ' (LIKE ' || quote_ident(p_parent)
+            || ' INCLUDING DEFAULTS INCLUDING CONSTRAINTS)';
+    EXECUTE 'WITH moved AS (DELETE FROM ' || quote_ident(p_parent || '_default')
+            || ' WHERE ' || quote_ident(v_key) || ' >= $1 AND ' || quote_ident(v_key)
+            || ' < $2 RETURNING *) INSERT INTO ' || quote_ident(v_name)
+            || ' SELECT * FROM moved' USING p_from, p_to;
+    EXECUTE 'ALTER TABLE ' || quote_ident(p_parent) || ' ATTACH PARTITION '
+            || quote_ident(v_name) || ' FOR VALUES FROM (' || quote_literal(p_from)
+            || ') TO (' || quote_literal(p_to) || ')';
+    RETURN v_name;
+END
+$_$;
+
+CREATE FUNCTION public.onceflow_claim_order(run_after timestamp with time zone, priority smallint) RETURNS timestamp with time zone
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT run_after + priority * interval '30 seconds' $$;
+
+CREATE FUNCTION public.onceflow_hold_reason(p_job_id text) RETURNS text
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    i record;
+    s jsonb;
+    k text;
+    n bigint;
+BEGIN
+    SELECT * INTO i FROM onceflow_instances WHERE job_id = p_job_id;
+    IF NOT FOUND OR i.status NOT IN ('queued', 'sleeping', 'waiting') OR i.run_after > now() THEN
+        RETURN NULL;
+    END IF;
+    SELECT spec INTO s FROM onceflow_flow_controls WHERE workflow = i.workflow;
+    IF s IS NOT NULL AND onceflow_path(s, 'concurrency_key') IS NOT NULL
+       AND NOT (i.status <> 'queued' AND coalesce((s ->> 'hold_while_waiting')::boolean, false)) THEN
+        k := i.params #>> onceflow_path(s, 'concurrency_key');
+        SELECT count(*) INTO n FROM onceflow_instances o
+        WHERE o.workflow = i.workflow
+          AND (o.status = 'running' OR (coalesce((s ->> 'hold_while_waiting')::boolean, false)
+                                        AND o.status IN ('sleeping', 'waiting')))
+          AND o.params #>> onceflow_path(s, 'concurrency_key') IS NOT DISTINCT FROM k;
+        IF n >= (s ->> 'max_per_key')::int THEN
+            RETURN format('per-key limit for key %s: %s of %s slots held',
+                          coalesce(k, '(none)'), n, s ->> 'max_per_key');
+        END IF;
+    END IF;
+    IF s IS NOT NULL AND s ? 'rate_limit' AND i.started_at IS NULL THEN
+        k := i.params #>> onceflow_path(s, 'rate_key');
+        SELECT count(*) INTO n FROM onceflow_rate_starts r
+        WHERE r.workflow = i.workflow AND r.key IS NOT DISTINCT FROM k
+          AND r.started_at > now() - make_interval(secs => (s ->> 'rate_period')::float8);
+        IF n >= (s ->> 'rate_limit')::int THEN
+            RETURN format('rate limit for key %s: %s starts in the last %s s (limit %s)',
+                          coalesce(k, '(none)'), n, s ->> 'rate_period', s ->> 'rate_limit');
+        END IF;
+    END IF;
+    IF s IS NOT NULL AND s ? 'concurrency' THEN
+        SELECT count(*) INTO n FROM onceflow_instances o
+        WHERE o.workflow = i.workflow AND o.status = 'running';
+        IF n >= (s ->> 'concurrency')::int THEN
+            RETURN format('workflow concurrency limit: %s of %s running', n, s ->> 'concurrency');
+        END IF;
+    END IF;
+    RETURN format('waiting for its turn (priority %s%s)', i.priority,
+                  CASE WHEN onceflow_path(s, 'fairness_key') IS NOT NULL
+                       THEN ', fairness key ' || coalesce(i.params #>> onceflow_path(s, 'fairness_key'), '(none)')
+                       ELSE '' END);
+END
+$$;
+
+CREATE FUNCTION public.onceflow_path(spec jsonb, field text) RETURNS text[]
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT CASE WHEN jsonb_typeof(spec -> field) = 'array'
+             THEN ARRAY(SELECT jsonb_array_elements_text(spec -> field)) END $$;
+
+CREATE FUNCTION public.onceflow_retire_partition(p_partition text, p_cutoff timestamp with time zone) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO '$user', 'public'
+    AS $_$
+DECLARE
+    v_parent text;
+    v_kept bigint;
+BEGIN
+    SELECT p.relname INTO v_parent
+    FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent
+    WHERE i.inhrelid = to_regclass(p_partition);
+    IF v_parent IS NULL OR v_parent NOT IN ('onceflow_step_attempts',
+                                            'onceflow_duplicate_deliveries')
+       OR p_partition = v_parent || '_default' THEN
+        RAISE EXCEPTION USING MESSAGE = 'onceflow_retire_partition: ' || p_partition
+                                        || ' is not a retirable history partition';
+    END IF;
+    EXECUTE 'LOCK TABLE ' || quote_ident(p_partition) || ' IN SHARE MODE';
+    IF v_parent = 'onceflow_step_attempts' THEN
+        EXECUTE 'CREATE TEMP TABLE onceflow_survivors ON COMMIT DROP AS SELECT a.* FROM '
+                || quote_ident(p_partition) || ' a WHERE EXISTS (SELECT 1 FROM'
+                || ' onceflow_instances i WHERE i.job_id = a.job_id'
+                || ' AND (i.finished_at IS NULL OR i.finished_at >= $1))'
+            USING p_cutoff;
+    ELSE
+        EXECUTE 'CREATE TEMP TABLE onceflow_survivors ON COMMIT DROP AS SELECT d.* FROM '
+                || quote_ident(p_partition) || ' d WHERE EXISTS (SELECT 1 FROM'
+                || ' onceflow_instances i WHERE i.job_id = d.job_id) OR EXISTS (SELECT 1 FROM'
+                || ' onceflow_task_runs t WHERE t.job_id = d.job_id)';
+    END IF;
+    EXECUTE 'ALTER TABLE ' || quote_ident(v_parent) || ' DETACH PARTITION '
+            || quote_ident(p_partition);
+    -- The range is detached: the survivors route to the default partition.
+    EXECUTE 'INSERT INTO ' || quote_ident(v_parent)
+            || ' OVERRIDING SYSTEM VALUE SELECT * FROM pg_temp.onceflow_survivors';
+    GET DIAGNOSTICS v_kept = ROW_COUNT;
+    EXECUTE 'DROP TABLE ' || quote_ident(p_partition);
+    DROP TABLE pg_temp.onceflow_survivors;
+    RETURN v_kept;
+END
+$_$;
+
 CREATE TABLE public.onceflow_bulk_operation_items (
     operation_id bigint NOT NULL,
     job_id text NOT NULL
@@ -136,7 +324,7 @@ CREATE TABLE public.onceflow_dead_letters (
     headers jsonb DEFAULT '{}'::jsonb NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT onceflow_dead_letters_dlq_position_check CHECK (((dlq_partition IS NULL) = (dlq_offset IS NULL))),
-    CONSTRAINT onceflow_dead_letters_reason_check CHECK ((reason = ANY (ARRAY['no_value'::text, 'not_json'::text, 'not_an_object'::text, 'unsupported_version'::text, 'invalid_job_id'::text, 'key_mismatch'::text, 'missing_workflow'::text, 'invalid_params'::text, 'invalid_submitted_at'::text, 'too_large'::text, 'unknown_type'::text, 'task_failed'::text, 'database_refused'::text])))
+    CONSTRAINT onceflow_dead_letters_reason_check CHECK ((reason = ANY (ARRAY['no_value'::text, 'not_json'::text, 'not_an_object'::text, 'unsupported_version'::text, 'invalid_job_id'::text, 'key_mismatch'::text, 'missing_workflow'::text, 'invalid_params'::text, 'invalid_submitted_at'::text, 'invalid_priority'::text, 'too_large'::text, 'unknown_type'::text, 'task_failed'::text, 'database_refused'::text])))
 );
 
 ALTER TABLE public.onceflow_dead_letters ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
@@ -163,6 +351,27 @@ CREATE TABLE public.onceflow_duplicate_deliveries (
     enqueued_at timestamp with time zone,
     workflow text,
     workflow_match boolean,
+    job_received_at timestamp with time zone NOT NULL,
+    CONSTRAINT onceflow_duplicate_deliveries_workflow_check CHECK (((workflow IS NULL) = (workflow_match IS NULL)))
+)
+PARTITION BY RANGE (job_received_at);
+
+CREATE TABLE public.onceflow_duplicate_deliveries_default (
+    id bigint NOT NULL,
+    job_id text NOT NULL,
+    source_topic text NOT NULL,
+    source_partition integer NOT NULL,
+    source_offset bigint NOT NULL,
+    params_digest text NOT NULL,
+    params_match boolean NOT NULL,
+    redelivery boolean NOT NULL,
+    request_id text,
+    submitted_at timestamp with time zone,
+    received_at timestamp with time zone DEFAULT now() NOT NULL,
+    enqueued_at timestamp with time zone,
+    workflow text,
+    workflow_match boolean,
+    job_received_at timestamp with time zone NOT NULL,
     CONSTRAINT onceflow_duplicate_deliveries_workflow_check CHECK (((workflow IS NULL) = (workflow_match IS NULL)))
 );
 
@@ -203,6 +412,13 @@ ALTER TABLE public.onceflow_events ALTER COLUMN id ADD GENERATED ALWAYS AS IDENT
     CACHE 1
 );
 
+CREATE TABLE public.onceflow_flow_controls (
+    workflow text NOT NULL,
+    spec jsonb NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT onceflow_flow_controls_spec_check CHECK ((jsonb_typeof(spec) = 'object'::text))
+);
+
 CREATE TABLE public.onceflow_instances (
     job_id text NOT NULL,
     workflow text NOT NULL,
@@ -221,8 +437,15 @@ CREATE TABLE public.onceflow_instances (
     requested_action text,
     restart_count integer DEFAULT 0 NOT NULL,
     version text,
+    priority smallint DEFAULT 3 NOT NULL,
+    flow_lane text,
+    parent_job_id text,
+    parent_close_policy text,
     CONSTRAINT onceflow_instances_finished_check CHECK (((status = ANY (ARRAY['complete'::text, 'errored'::text, 'terminated'::text])) = (finished_at IS NOT NULL))),
     CONSTRAINT onceflow_instances_lease_check CHECK (((status = 'running'::text) = ((lease_owner IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT onceflow_instances_parent_check CHECK (((parent_job_id IS NULL) = (parent_close_policy IS NULL))),
+    CONSTRAINT onceflow_instances_parent_close_policy_check CHECK ((parent_close_policy = ANY (ARRAY['terminate'::text, 'abandon'::text]))),
+    CONSTRAINT onceflow_instances_priority_check CHECK (((priority >= 1) AND (priority <= 5))),
     CONSTRAINT onceflow_instances_requested_action_check CHECK ((requested_action = ANY (ARRAY['pause'::text, 'terminate'::text, 'restart'::text]))),
     CONSTRAINT onceflow_instances_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'sleeping'::text, 'waiting'::text, 'paused'::text, 'complete'::text, 'errored'::text, 'terminated'::text])))
 );
@@ -235,15 +458,16 @@ CREATE TABLE public.onceflow_jobs (
     request_id text,
     submitted_at timestamp with time zone,
     traceparent text,
-    source_topic text NOT NULL,
-    source_partition integer NOT NULL,
-    source_offset bigint NOT NULL,
+    source_topic text,
+    source_partition integer,
+    source_offset bigint,
     received_at timestamp with time zone DEFAULT now() NOT NULL,
     last_seen_at timestamp with time zone DEFAULT now() NOT NULL,
     enqueued_at timestamp with time zone,
     origin text DEFAULT 'http'::text NOT NULL,
     CONSTRAINT onceflow_jobs_kind_check CHECK ((kind = ANY (ARRAY['workflow'::text, 'task'::text]))),
-    CONSTRAINT onceflow_jobs_origin_check CHECK ((origin = ANY (ARRAY['http'::text, 'kafka'::text])))
+    CONSTRAINT onceflow_jobs_origin_check CHECK ((origin = ANY (ARRAY['http'::text, 'kafka'::text, 'schedule'::text, 'child'::text]))),
+    CONSTRAINT onceflow_jobs_source_check CHECK (((origin <> ALL (ARRAY['http'::text, 'kafka'::text])) OR ((source_topic IS NOT NULL) AND (source_partition IS NOT NULL) AND (source_offset IS NOT NULL))))
 );
 
 CREATE TABLE public.onceflow_migrations (
@@ -253,7 +477,65 @@ CREATE TABLE public.onceflow_migrations (
     checksum text
 );
 
+CREATE TABLE public.onceflow_rate_starts (
+    workflow text NOT NULL,
+    key text,
+    job_id text NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE public.onceflow_schedule_ticks (
+    schedule text NOT NULL,
+    tick_at timestamp with time zone NOT NULL,
+    job_id text NOT NULL,
+    trigger text NOT NULL,
+    fired_at timestamp with time zone DEFAULT now() NOT NULL,
+    lateness_seconds double precision NOT NULL,
+    CONSTRAINT onceflow_schedule_ticks_trigger_check CHECK ((trigger = ANY (ARRAY['on_time'::text, 'catch_up'::text, 'buffered'::text, 'backfill'::text])))
+);
+
+CREATE TABLE public.onceflow_schedules (
+    name text NOT NULL,
+    workflow text NOT NULL,
+    cron text,
+    every_seconds integer,
+    timezone text DEFAULT 'UTC'::text NOT NULL,
+    params jsonb DEFAULT '{}'::jsonb NOT NULL,
+    catchup text DEFAULT 'run-once'::text NOT NULL,
+    overlap text DEFAULT 'skip'::text NOT NULL,
+    max_catchup integer DEFAULT 100 NOT NULL,
+    declared boolean DEFAULT false NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    next_fire_at timestamp with time zone NOT NULL,
+    buffered_tick_at timestamp with time zone,
+    last_tick_at timestamp with time zone,
+    last_job_id text,
+    last_fired_at timestamp with time zone,
+    ticks_fired bigint DEFAULT 0 NOT NULL,
+    ticks_skipped bigint DEFAULT 0 NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT onceflow_schedules_catchup_check CHECK ((catchup = ANY (ARRAY['skip'::text, 'run-once'::text, 'run-all'::text]))),
+    CONSTRAINT onceflow_schedules_every_check CHECK (((every_seconds IS NULL) OR (every_seconds >= 1))),
+    CONSTRAINT onceflow_schedules_max_catchup_check CHECK (((max_catchup >= 1) AND (max_catchup <= 1000))),
+    CONSTRAINT onceflow_schedules_overlap_check CHECK ((overlap = ANY (ARRAY['skip'::text, 'allow'::text, 'buffer-one'::text]))),
+    CONSTRAINT onceflow_schedules_spec_check CHECK (((cron IS NULL) <> (every_seconds IS NULL)))
+);
+
 CREATE TABLE public.onceflow_step_attempts (
+    job_id text NOT NULL,
+    "position" integer NOT NULL,
+    attempt integer NOT NULL,
+    engine_id text NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    outcome text,
+    error text,
+    CONSTRAINT onceflow_step_attempts_outcome_check CHECK (((outcome IS NULL) OR (outcome = ANY (ARRAY['complete'::text, 'retry'::text, 'failed'::text, 'abandoned'::text]))))
+)
+PARTITION BY RANGE (started_at);
+
+CREATE TABLE public.onceflow_step_attempts_default (
     job_id text NOT NULL,
     "position" integer NOT NULL,
     attempt integer NOT NULL,
@@ -278,9 +560,11 @@ CREATE TABLE public.onceflow_steps (
     kind text DEFAULT 'step'::text NOT NULL,
     wake_at timestamp with time zone,
     event_type text,
+    child_job_id text,
+    CONSTRAINT onceflow_steps_child_check CHECK (((kind = 'child'::text) = (child_job_id IS NOT NULL))),
     CONSTRAINT onceflow_steps_event_type_check CHECK (((kind = 'event'::text) = (event_type IS NOT NULL))),
     CONSTRAINT onceflow_steps_finished_check CHECK (((status = ANY (ARRAY['running'::text, 'sleeping'::text, 'waiting'::text])) = (finished_at IS NULL))),
-    CONSTRAINT onceflow_steps_kind_check CHECK ((kind = ANY (ARRAY['step'::text, 'sleep'::text, 'event'::text, 'patch'::text]))),
+    CONSTRAINT onceflow_steps_kind_check CHECK ((kind = ANY (ARRAY['event'::text, 'patch'::text, 'sleep'::text, 'step'::text, 'child'::text]))),
     CONSTRAINT onceflow_steps_status_check CHECK ((status = ANY (ARRAY['running'::text, 'sleeping'::text, 'waiting'::text, 'complete'::text, 'failed'::text])))
 );
 
@@ -298,6 +582,10 @@ CREATE TABLE public.onceflow_task_runs (
     CONSTRAINT onceflow_task_runs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'succeeded'::text, 'dead_lettered'::text])))
 );
 
+ALTER TABLE ONLY public.onceflow_duplicate_deliveries ATTACH PARTITION public.onceflow_duplicate_deliveries_default DEFAULT;
+
+ALTER TABLE ONLY public.onceflow_step_attempts ATTACH PARTITION public.onceflow_step_attempts_default DEFAULT;
+
 ALTER TABLE ONLY public.onceflow_bulk_operation_items
     ADD CONSTRAINT onceflow_bulk_operation_items_pkey PRIMARY KEY (operation_id, job_id);
 
@@ -311,16 +599,25 @@ ALTER TABLE ONLY public.onceflow_dead_letters
     ADD CONSTRAINT onceflow_dead_letters_source_key UNIQUE (source_topic, source_partition, source_offset);
 
 ALTER TABLE ONLY public.onceflow_duplicate_deliveries
-    ADD CONSTRAINT onceflow_duplicate_deliveries_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT onceflow_duplicate_deliveries_pkey PRIMARY KEY (id, job_received_at);
+
+ALTER TABLE ONLY public.onceflow_duplicate_deliveries_default
+    ADD CONSTRAINT onceflow_duplicate_deliveries_default_pkey PRIMARY KEY (id, job_received_at);
 
 ALTER TABLE ONLY public.onceflow_duplicate_deliveries
-    ADD CONSTRAINT onceflow_duplicate_deliveries_position_key UNIQUE (source_topic, source_partition, source_offset);
+    ADD CONSTRAINT onceflow_duplicate_deliveries_position_key UNIQUE (source_topic, source_partition, source_offset, job_received_at);
+
+ALTER TABLE ONLY public.onceflow_duplicate_deliveries_default
+    ADD CONSTRAINT onceflow_duplicate_deliveries_source_topic_source_partition_key UNIQUE (source_topic, source_partition, source_offset, job_received_at);
 
 ALTER TABLE ONLY public.onceflow_engines
     ADD CONSTRAINT onceflow_engines_pkey PRIMARY KEY (engine_id);
 
 ALTER TABLE ONLY public.onceflow_events
     ADD CONSTRAINT onceflow_events_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.onceflow_flow_controls
+    ADD CONSTRAINT onceflow_flow_controls_pkey PRIMARY KEY (workflow);
 
 ALTER TABLE ONLY public.onceflow_instances
     ADD CONSTRAINT onceflow_instances_job_id_key PRIMARY KEY (job_id);
@@ -331,8 +628,20 @@ ALTER TABLE ONLY public.onceflow_jobs
 ALTER TABLE ONLY public.onceflow_migrations
     ADD CONSTRAINT onceflow_migrations_pkey PRIMARY KEY (version);
 
+ALTER TABLE ONLY public.onceflow_schedule_ticks
+    ADD CONSTRAINT onceflow_schedule_ticks_job_key UNIQUE (job_id);
+
+ALTER TABLE ONLY public.onceflow_schedule_ticks
+    ADD CONSTRAINT onceflow_schedule_ticks_pkey PRIMARY KEY (schedule, tick_at);
+
+ALTER TABLE ONLY public.onceflow_schedules
+    ADD CONSTRAINT onceflow_schedules_pkey PRIMARY KEY (name);
+
 ALTER TABLE ONLY public.onceflow_step_attempts
-    ADD CONSTRAINT onceflow_step_attempts_pkey PRIMARY KEY (job_id, "position", attempt);
+    ADD CONSTRAINT onceflow_step_attempts_pkey PRIMARY KEY (job_id, "position", attempt, started_at);
+
+ALTER TABLE ONLY public.onceflow_step_attempts_default
+    ADD CONSTRAINT onceflow_step_attempts_default_pkey PRIMARY KEY (job_id, "position", attempt, started_at);
 
 ALTER TABLE ONLY public.onceflow_steps
     ADD CONSTRAINT onceflow_steps_name_key UNIQUE (job_id, name);
@@ -345,15 +654,23 @@ ALTER TABLE ONLY public.onceflow_task_runs
 
 CREATE INDEX onceflow_dead_letters_job_idx ON public.onceflow_dead_letters USING btree (job_id);
 
-CREATE INDEX onceflow_duplicate_deliveries_job_idx ON public.onceflow_duplicate_deliveries USING btree (job_id);
+CREATE INDEX onceflow_duplicate_deliveries_job_idx ON ONLY public.onceflow_duplicate_deliveries USING btree (job_id);
+
+CREATE INDEX onceflow_duplicate_deliveries_default_job_id_idx ON public.onceflow_duplicate_deliveries_default USING btree (job_id);
 
 CREATE INDEX onceflow_events_pending_idx ON public.onceflow_events USING btree (job_id, type, id) WHERE (consumed_at IS NULL);
+
+CREATE INDEX onceflow_instances_claim_order_idx ON public.onceflow_instances USING btree (public.onceflow_claim_order(run_after, priority)) WHERE ((status = ANY (ARRAY['queued'::text, 'sleeping'::text, 'waiting'::text])) AND (flow_lane IS NULL));
 
 CREATE INDEX onceflow_instances_created_idx ON public.onceflow_instances USING btree (created_at, job_id);
 
 CREATE INDEX onceflow_instances_finished_idx ON public.onceflow_instances USING btree (finished_at) WHERE (finished_at IS NOT NULL);
 
+CREATE INDEX onceflow_instances_lane_idx ON public.onceflow_instances USING btree (workflow, flow_lane, public.onceflow_claim_order(run_after, priority)) WHERE (status = ANY (ARRAY['queued'::text, 'sleeping'::text, 'waiting'::text]));
+
 CREATE INDEX onceflow_instances_leased_idx ON public.onceflow_instances USING btree (lease_expires_at) WHERE (status = 'running'::text);
+
+CREATE INDEX onceflow_instances_parent_idx ON public.onceflow_instances USING btree (parent_job_id) WHERE (parent_job_id IS NOT NULL);
 
 CREATE INDEX onceflow_instances_runnable_idx ON public.onceflow_instances USING btree (run_after) WHERE (status = ANY (ARRAY['queued'::text, 'sleeping'::text, 'waiting'::text]));
 
@@ -363,11 +680,20 @@ CREATE INDEX onceflow_instances_workflow_created_idx ON public.onceflow_instance
 
 CREATE INDEX onceflow_instances_workflow_status_idx ON public.onceflow_instances USING btree (workflow, status);
 
+CREATE INDEX onceflow_rate_starts_idx ON public.onceflow_rate_starts USING btree (workflow, started_at);
+
+CREATE INDEX onceflow_schedules_due_idx ON public.onceflow_schedules USING btree (next_fire_at) WHERE (NOT paused);
+
+ALTER INDEX public.onceflow_duplicate_deliveries_job_idx ATTACH PARTITION public.onceflow_duplicate_deliveries_default_job_id_idx;
+
+ALTER INDEX public.onceflow_duplicate_deliveries_pkey ATTACH PARTITION public.onceflow_duplicate_deliveries_default_pkey;
+
+ALTER INDEX public.onceflow_duplicate_deliveries_position_key ATTACH PARTITION public.onceflow_duplicate_deliveries_source_topic_source_partition_key;
+
+ALTER INDEX public.onceflow_step_attempts_pkey ATTACH PARTITION public.onceflow_step_attempts_default_pkey;
+
 ALTER TABLE ONLY public.onceflow_bulk_operation_items
     ADD CONSTRAINT onceflow_bulk_operation_items_operation_fkey FOREIGN KEY (operation_id) REFERENCES public.onceflow_bulk_operations(id) ON DELETE CASCADE;
-
-ALTER TABLE ONLY public.onceflow_duplicate_deliveries
-    ADD CONSTRAINT onceflow_duplicate_deliveries_job_fkey FOREIGN KEY (job_id) REFERENCES public.onceflow_jobs(job_id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY public.onceflow_events
     ADD CONSTRAINT onceflow_events_instance_fkey FOREIGN KEY (job_id) REFERENCES public.onceflow_instances(job_id) ON DELETE CASCADE;
@@ -375,8 +701,8 @@ ALTER TABLE ONLY public.onceflow_events
 ALTER TABLE ONLY public.onceflow_instances
     ADD CONSTRAINT onceflow_instances_job_fkey FOREIGN KEY (job_id) REFERENCES public.onceflow_jobs(job_id) ON DELETE CASCADE;
 
-ALTER TABLE ONLY public.onceflow_step_attempts
-    ADD CONSTRAINT onceflow_step_attempts_step_fkey FOREIGN KEY (job_id, "position") REFERENCES public.onceflow_steps(job_id, "position") ON DELETE CASCADE;
+ALTER TABLE ONLY public.onceflow_schedule_ticks
+    ADD CONSTRAINT onceflow_schedule_ticks_job_fkey FOREIGN KEY (job_id) REFERENCES public.onceflow_jobs(job_id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY public.onceflow_steps
     ADD CONSTRAINT onceflow_steps_instance_fkey FOREIGN KEY (job_id) REFERENCES public.onceflow_instances(job_id) ON DELETE CASCADE;
