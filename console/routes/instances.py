@@ -10,8 +10,8 @@ from fastapi.responses import Response
 
 from console.deps import ConsoleDep, reader, render
 from onceflow.vocabulary import TERMINAL_STATUSES, InstanceStatus
+from workflow_engine.store.claim import load_steps
 from workflow_engine.store.dead_letters import dead_letters_for
-from workflow_engine.store.execution import load_steps
 from workflow_engine.store.instances import describe_instance
 from workflow_engine.store.listing import SORTS, InstanceFilter, count_matching, list_page
 from workflow_engine.store.trace import job_trace

@@ -24,7 +24,8 @@ from tests.integration import child_workflows
 from tests.integration.test_engine_durable import Harness as FakeClockHarness
 from tests.integration.test_engine_durable import create, status, wait_for
 from workflow_engine.clock import SystemClock
-from workflow_engine.store import children
+from workflow_engine.store import children, waits
+from workflow_engine.store import claim as claims
 from workflow_engine.store import control as ops
 from workflow_engine.store import execution as store
 from workflow_engine.store.instances import describe_instance
@@ -331,14 +332,14 @@ def _parent_awaiting_its_child(db, parent):
     """A parent leased by engine A that started a child (leased by engine B) and marked
     it awaited, as ``ctx.child_result`` does, but has not suspended yet."""
     create(db, parent, "test-parent")
-    assert [c.job_id for c in store.claim(db, "A", 1, 30)] == [parent]
+    assert [c.job_id for c in claims.claim(db, "A", 1, 30)] == [parent]
     child = children.child_job_id(parent, "charge")
     start = children.StartChild(
         parent, 0, "charge", child, "test-child", {}, ParentClosePolicy.TERMINATE, None
     )
     assert children.start_children(db, "A", [start]) == [True]
     assert status(db, child) == "queued"
-    assert [c.job_id for c in store.claim(db, "B", 1, 30)] == [child]
+    assert [c.job_id for c in claims.claim(db, "B", 1, 30)] == [child]
     awaited = [children.Awaited(0, child)]
     assert children.collect(db, "A", parent, awaited) == [None]  # not finished: awaited
     return child
@@ -357,13 +358,13 @@ def test_a_child_finishing_before_its_parent_suspends_still_wakes_it(db):
     child = _parent_awaiting_its_child(db, "r1")
     store.write_batch(db, "B", [FinishInstance(child, InstanceStatus.COMPLETE, b"1")])
     assert status(db, "r1") == "running"  # the finish found the parent still running
-    store.suspend(db, "A", "r1", InstanceStatus.WAITING, None)
+    waits.suspend(db, "A", "r1", InstanceStatus.WAITING, None)
     assert _runnable_now(db, "r1")  # the suspend saw the finished child
 
 
 def test_a_child_finishing_after_its_parent_suspended_wakes_it(db):
     child = _parent_awaiting_its_child(db, "r2")
-    store.suspend(db, "A", "r2", InstanceStatus.WAITING, None)
+    waits.suspend(db, "A", "r2", InstanceStatus.WAITING, None)
     assert not _runnable_now(db, "r2")  # waits, forever unless woken
     store.write_batch(db, "B", [FinishInstance(child, InstanceStatus.ERRORED, None, "no")])
     assert _runnable_now(db, "r2")
@@ -371,14 +372,14 @@ def test_a_child_finishing_after_its_parent_suspended_wakes_it(db):
 
 def test_a_parent_waiting_for_an_event_is_not_woken_by_a_child_it_does_not_await(db):
     create(db, "r3", "test-parent")
-    store.claim(db, "A", 1, 30)
+    claims.claim(db, "A", 1, 30)
     child = children.child_job_id("r3", "charge")
     start = children.StartChild(
         "r3", 0, "charge", child, "test-child", {}, ParentClosePolicy.ABANDON, None
     )
     children.start_children(db, "A", [start])
-    store.claim(db, "B", 1, 30)
-    store.suspend(db, "A", "r3", InstanceStatus.WAITING, None)
+    claims.claim(db, "B", 1, 30)
+    waits.suspend(db, "A", "r3", InstanceStatus.WAITING, None)
     store.write_batch(db, "B", [FinishInstance(child, InstanceStatus.COMPLETE, b"1")])
     assert not _runnable_now(db, "r3")  # no spurious replay
 

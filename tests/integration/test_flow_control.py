@@ -25,8 +25,9 @@ from tests.conftest import settings_env
 from tests.integration import flow_workflows as wf
 from workflow_engine.engine.runner import EngineRunner
 from workflow_engine.flow import flow_controls, lane_path
-from workflow_engine.store import execution
+from workflow_engine.store import claim as claims
 from workflow_engine.store import flow as store_flow
+from workflow_engine.store import waits
 from workflow_engine.store.instances import Delivery, create_instances, describe_instance
 from workflow_engine.store.trace import job_trace
 
@@ -63,7 +64,7 @@ def scalar(db, sql, **params):
 
 def claim(db, limit):
     """One claim by this process, with every test workflow's flow control."""
-    return execution.claim(db, "test-owner", limit, 30, flows=flow_controls())
+    return claims.claim(db, "test-owner", limit, 30, flows=flow_controls())
 
 
 def run_until(settings, db, done, timeout=60.0, **overrides):
@@ -282,7 +283,7 @@ def test_hold_while_waiting_keeps_the_slot_of_a_sleeping_instance(db):
     create(db, wf.HOLDING, [(f"hold_{i}", {"customer": "c1"}) for i in range(2)])
     first = claim(db, 10)
     assert len(first) == 1
-    execution.suspend(db, "test-owner", first[0].job_id, InstanceStatus.SLEEPING, None, delay=60)
+    waits.suspend(db, "test-owner", first[0].job_id, InstanceStatus.SLEEPING, None, delay=60)
     assert claim(db, 10) == []  # the sleeper holds the key's one slot
     held = describe_instance(db, "hold_1" if first[0].job_id == "hold_0" else "hold_0")
     assert held.held_because == "per-key limit for key c1: 1 of 1 slots held"
@@ -341,7 +342,7 @@ def test_the_claims_are_served_by_the_claim_order_indexes(db):
         conn.execute(sa.text("SET enable_seqscan = off"))
         plan = "\n".join(
             row[0]
-            for row in conn.execute(sa.text("EXPLAIN " + execution._CLAIM_UNLIMITED.text), params)
+            for row in conn.execute(sa.text("EXPLAIN " + claims._CLAIM_UNLIMITED.text), params)
         )
         assert "Index Scan using onceflow_instances_claim_order_idx" in plan
         assert "Seq Scan on onceflow_instances" not in plan
@@ -390,7 +391,7 @@ def test_a_workflow_without_flow_control_is_claimed_with_or_without_a_lane(db):
         ("had_a_lane", "x"),
         ("no_lane", None),
     ]
-    got = execution.claim(db, "o", 10, 30, versions={wf.UNFAIR: "any"}, flows=flow_controls())
+    got = claims.claim(db, "o", 10, 30, versions={wf.UNFAIR: "any"}, flows=flow_controls())
     assert sorted(c.job_id for c in got) == ["had_a_lane", "no_lane"]
 
 

@@ -14,7 +14,7 @@ from workflow_engine.definitions import ChildHandle
 from workflow_engine.engine.branches import Cursor, merge_waits
 from workflow_engine.errors import ChildWorkflowFailed, NonDeterminismError, Suspend
 from workflow_engine.store import children
-from workflow_engine.store.execution import RecordedStep
+from workflow_engine.store.claim import RecordedStep
 from workflow_engine.store.writes import StartStep
 
 

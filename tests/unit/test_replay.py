@@ -16,7 +16,7 @@ from workflow_engine.engine.context import WorkflowContext
 from workflow_engine.engine.runtime import Runtime
 from workflow_engine.errors import NonDeterminismError, StepFailed, Suspend
 from workflow_engine.steps import current_step
-from workflow_engine.store.execution import RecordedStep
+from workflow_engine.store.claim import RecordedStep
 from workflow_engine.store.writes import FinishStep, StartStep, Write
 
 T = TypeVar("T")

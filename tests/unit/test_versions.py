@@ -20,7 +20,7 @@ from workflow_engine.clock import FakeClock
 from workflow_engine.definitions import registered_versions, workflow, workflow_version
 from workflow_engine.engine.context import WorkflowContext
 from workflow_engine.errors import NonDeterminismError
-from workflow_engine.store.execution import RecordedStep
+from workflow_engine.store.claim import RecordedStep
 from workflow_engine.store.writes import StartStep, Write
 from workflow_engine.versions import check_version, fingerprint
 

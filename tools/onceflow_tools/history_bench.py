@@ -41,7 +41,8 @@ from sqlalchemy.engine import Engine
 from onceflow.settings import Settings
 from onceflow.vocabulary import TERMINAL_STATUSES
 from onceflow_tools.stack import database_url_for, recreate_database
-from workflow_engine.store import execution, listing, maintenance, partitions, trace
+from workflow_engine.store import claim as claims
+from workflow_engine.store import listing, maintenance, partitions, trace
 from workflow_engine.store.db import make_engine
 from workflow_engine.store.instances import describe_instance
 from workflow_engine.store.schema import available_migrations
@@ -195,7 +196,7 @@ def _latencies(
     claimed: list[str] = []
 
     def claim() -> None:
-        batch = execution.claim(engine, owner, 32, 30.0)
+        batch = claims.claim(engine, owner, 32, 30.0)
         claimed.extend(c.job_id for c in batch)
 
     out = {
@@ -208,7 +209,7 @@ def _latencies(
             lambda: listing.count_matching(engine, everything, cap=10000), 10
         ),
     }
-    execution.release(engine, owner, claimed)
+    claims.release(engine, owner, claimed)
 
     def insert_attempts() -> None:
         with engine.begin() as conn:

@@ -55,8 +55,9 @@ from workflow_engine.errors import (
     Suspend,
 )
 from workflow_engine.steps import StepInfo, _current_step, idempotency_key
-from workflow_engine.store import children
+from workflow_engine.store import children, waits
 from workflow_engine.store import execution as store
+from workflow_engine.store.claim import RecordedStep
 from workflow_engine.store.writes import FinishStep, StartStep, Write
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class WorkflowContext:
         runtime: Runtime,
         job_id: str,
         workflow: str,
-        recorded: list[store.RecordedStep],
+        recorded: list[RecordedStep],
         version: str | None = None,
         engine_version: str | None = None,
     ) -> None:
@@ -109,7 +110,7 @@ class WorkflowContext:
     def idempotency_key(self, step_name: str) -> str:
         return idempotency_key(self.job_id, step_name)
 
-    def _next(self, name: str, kind: StepKind) -> tuple[int, store.RecordedStep | None]:
+    def _next(self, name: str, kind: StepKind) -> tuple[int, RecordedStep | None]:
         """The next history position, checked against what was recorded there."""
         position = self._cursor().take()
         recorded = self._recorded.get(position)
@@ -139,7 +140,7 @@ class WorkflowContext:
                 cursor.take()
         else:
             position = cursor.take()
-            await self._db(store.record_marker, self._rt.owner, self.job_id, position, patch_id)
+            await self._db(waits.record_marker, self._rt.owner, self.job_id, position, patch_id)
             taken = True
         self._patches[patch_id] = taken
         return taken
@@ -261,7 +262,7 @@ class WorkflowContext:
         if recorded is not None and recorded.status == StepStatus.COMPLETE:
             return
         wake, due = await self._db(
-            store.begin_wait,
+            waits.begin_wait,
             self._rt.owner,
             self.job_id,
             position,
@@ -274,7 +275,7 @@ class WorkflowContext:
         if not due:
             raise Suspend(InstanceStatus.SLEEPING, wake)
         await self._db(
-            store.close_entry, self._rt.owner, self.job_id, position, StepStatus.COMPLETE, b"null"
+            waits.close_entry, self._rt.owner, self.job_id, position, StepStatus.COMPLETE, b"null"
         )
         if self.spans:
             self.spans.waited("sleep", name, position, tracing.sleep_start_ns(wake, delay))
@@ -296,7 +297,7 @@ class WorkflowContext:
         rt = self._rt
         reached_ns = time.time_ns()
         wake, due = await self._db(
-            store.begin_wait,
+            waits.begin_wait,
             rt.owner,
             self.job_id,
             position,
@@ -307,7 +308,7 @@ class WorkflowContext:
             None,
             type,
         )
-        found, payload = await self._db(store.consume_event, rt.owner, self.job_id, position)
+        found, payload = await self._db(waits.consume_event, rt.owner, self.job_id, position)
         if found:
             if self.spans:
                 self.spans.waited("wait", name, position, reached_ns, event=type)
@@ -315,7 +316,7 @@ class WorkflowContext:
         if due:
             message = f"timed out waiting for event {type!r} ({name!r})"
             await self._db(
-                store.close_entry, rt.owner, self.job_id, position, StepStatus.FAILED, None, message
+                waits.close_entry, rt.owner, self.job_id, position, StepStatus.FAILED, None, message
             )
             if self.spans:
                 self.spans.waited("wait", name, position, reached_ns, timed_out=type)

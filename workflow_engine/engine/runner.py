@@ -71,8 +71,10 @@ from workflow_engine.engine.services import LeaseKeeper, Maintenance, Rescuer, S
 from workflow_engine.engine.tracing import JobSpans
 from workflow_engine.errors import ControlRequested, LeaseLost, Suspend, WorkflowError
 from workflow_engine.flow import flow_controls
+from workflow_engine.store import claim as claims
 from workflow_engine.store import control as control_ops
 from workflow_engine.store import execution as store
+from workflow_engine.store import waits
 from workflow_engine.store.db import (
     check_connection,
     database_ready,
@@ -192,12 +194,12 @@ class EngineRunner:
             if len(claimed) < want:
                 await self._wait_wake(await self._idle_wait())
 
-    async def _claim(self, limit: int) -> list[store.Claimed] | None:
+    async def _claim(self, limit: int) -> list[claims.Claimed] | None:
         """Claim up to ``limit`` instances; ``None`` if the claim failed."""
         started = time.perf_counter()
         try:
             claimed = await self.db(
-                store.claim,
+                claims.claim,
                 self.owner,
                 limit,
                 self.settings.engine_lease_seconds,
@@ -217,7 +219,7 @@ class EngineRunner:
         """Sleep until the next timer falls due, a notification, or the poll interval."""
         poll = self.settings.engine_poll_interval_seconds
         try:
-            due = await self.db(store.seconds_until_next_due, self.clock.db_now())
+            due = await self.db(claims.seconds_until_next_due, self.clock.db_now())
         except Exception:
             return poll
         if due is None or due <= 0:
@@ -243,7 +245,7 @@ class EngineRunner:
         if pending:
             await asyncio.wait(pending)
         if unfinished:
-            released = await self.db(store.release, self.owner, unfinished)
+            released = await self.db(claims.release, self.owner, unfinished)
             log.info(
                 "released unfinished instances",
                 extra={"event": "engine.released", "count": released},
@@ -251,7 +253,7 @@ class EngineRunner:
 
     # --- one instance ----------------------------------------------------------------
 
-    async def _run_instance(self, inst: store.Claimed) -> None:
+    async def _run_instance(self, inst: claims.Claimed) -> None:
         job = inst.job_id
         try:
             await self._settle(inst, await self._execute(inst))
@@ -270,7 +272,7 @@ class EngineRunner:
             if inst.workflow in flow_controls() or inst.workflow in concurrency_limits():
                 self._wake.set()  # it freed a limited slot: an instance it held may go
 
-    async def _execute(self, inst: store.Claimed) -> Outcome:
+    async def _execute(self, inst: claims.Claimed) -> Outcome:
         """Run the workflow function (from the top: replay) and say how it ended."""
         fn = get_workflow(inst.workflow)
         if fn is None:
@@ -321,7 +323,7 @@ class EngineRunner:
         delay = 0.1
         while not self._stopping.is_set():
             try:
-                given = await self.db(store.release, self.owner, [job_id])
+                given = await self.db(claims.release, self.owner, [job_id])
             except Exception as exc:
                 if not is_transient(exc):
                     return
@@ -334,7 +336,7 @@ class EngineRunner:
             await asyncio.sleep(delay)
             delay = min(2 * delay, 2.0)
 
-    async def _settle(self, inst: store.Claimed, outcome: Outcome) -> None:
+    async def _settle(self, inst: claims.Claimed, outcome: Outcome) -> None:
         """Record how a run ended."""
         match outcome:
             case Completed(result):
@@ -350,9 +352,9 @@ class EngineRunner:
                     "%s", reason, extra={"event": "engine.lease_lost", "job_id": inst.job_id}
                 )
 
-    async def _suspend(self, inst: store.Claimed, wait: Suspended) -> None:
+    async def _suspend(self, inst: claims.Claimed, wait: Suspended) -> None:
         await self.db(
-            store.suspend,
+            waits.suspend,
             self.owner,
             inst.job_id,
             wait.status,
@@ -371,7 +373,7 @@ class EngineRunner:
             },
         )
 
-    async def _apply_control(self, inst: store.Claimed, action: ControlAction) -> None:
+    async def _apply_control(self, inst: claims.Claimed, action: ControlAction) -> None:
         new_status = await self.db(control_ops.apply_requested, self.owner, inst.job_id, action)
         if new_status == InstanceStatus.TERMINATED:
             FINISHED.labels(inst.workflow, new_status).inc()
@@ -383,7 +385,7 @@ class EngineRunner:
 
     async def _finish(
         self,
-        inst: store.Claimed,
+        inst: claims.Claimed,
         status: InstanceStatus,
         result: bytes | None = None,
         error: str | None = None,
@@ -435,5 +437,5 @@ async def _main(runner: EngineRunner, concurrency: int) -> None:
     await runner.run()
 
 
-def _ids(inst: store.Claimed) -> tuple[str, str, int]:
+def _ids(inst: claims.Claimed) -> tuple[str, str, int]:
     return inst.job_id, inst.workflow, inst.claim_count

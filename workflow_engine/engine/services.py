@@ -27,7 +27,7 @@ from workflow_engine.engine.metrics import (
     RESCUED,
     RUNNABLE_BACKLOG,
 )
-from workflow_engine.store import execution as store
+from workflow_engine.store import claim as claims
 from workflow_engine.store import maintenance
 from workflow_engine.store.writes import Heartbeat
 
@@ -99,7 +99,7 @@ class Rescuer(Service):
     async def run(self) -> None:
         while True:
             try:
-                rescued = await asyncio.to_thread(store.rescue_expired, self.engine)
+                rescued = await asyncio.to_thread(claims.rescue_expired, self.engine)
             except Exception:
                 log.exception("rescue failed", extra={"event": "engine.rescue_error"})
                 rescued = []

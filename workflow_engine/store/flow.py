@@ -1,7 +1,7 @@
 """The flow-controlled claim: per-key concurrency, rate limits, priority and fairness.
 
 A workflow that declares flow control is claimed by :func:`claim_flow`, under the
-per-workflow advisory lock :func:`~workflow_engine.store.execution.claim` takes (tried,
+per-workflow advisory lock :func:`~workflow_engine.store.claim.claim` takes (tried,
 in the plain claim's statement, before this one), in ONE statement with
 ``FOR UPDATE SKIP LOCKED``:
 
@@ -34,10 +34,11 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from onceflow.vocabulary import RUNNABLE_STATUSES, InstanceStatus
+from onceflow.vocabulary import InstanceStatus
+from workflow_engine.store.fragments import NOW as _NOW
+from workflow_engine.store.fragments import RUNNABLE as _RUNNABLE
+from workflow_engine.store.fragments import mark_running
 
-_RUNNABLE = ", ".join(f"'{status}'" for status in sorted(RUNNABLE_STATUSES))
-_NOW = "coalesce(CAST(:now AS timestamptz), now())"
 _ORDER = "onceflow_claim_order(run_after, priority)"
 
 #: Key paths: the keys under ``params`` (``params.customer.id`` -> ``("customer", "id")``);
@@ -171,16 +172,7 @@ locked AS (
     WHERE i.status IN ({_RUNNABLE}) AND i.run_after <= {_NOW}
     FOR UPDATE OF i SKIP LOCKED
 ),
-claimed AS (
-    UPDATE onceflow_instances i
-    SET status = '{InstanceStatus.RUNNING}', lease_owner = :owner,
-        lease_expires_at = now() + make_interval(secs => :lease),
-        started_at = coalesce(i.started_at, now()), updated_at = now(),
-        claim_count = i.claim_count + 1
-    FROM locked l, onceflow_jobs j
-    WHERE i.job_id = l.job_id AND j.job_id = l.job_id
-    RETURNING i.job_id, i.workflow, i.params, i.created_at, j.submitted_at, i.claim_count,
-              j.traceparent, i.version
+claimed AS ({mark_running("locked")}
 ),
 starts AS (
     INSERT INTO onceflow_rate_starts (workflow, key, job_id)

@@ -1,0 +1,263 @@
+"""Claiming runnable instances, and giving them back.
+
+:func:`claim` leases a batch of runnable instances in one transaction: one SKIP LOCKED
+statement for the workflows without flow control, then one per flow-controlled workflow
+under its advisory lock (:mod:`workflow_engine.store.flow`), and the histories of all
+of them in one query. :func:`rescue_expired` re-queues the instances of a dead engine;
+:func:`release` gives back those a stopping engine will not finish.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from onceflow.vocabulary import InstanceStatus, StepKind, StepStatus
+from workflow_engine.store.flow import FlowControl, claim_flow
+from workflow_engine.store.fragments import NOW as _NOW
+from workflow_engine.store.fragments import RUNNABLE as _RUNNABLE
+from workflow_engine.store.fragments import mark_running
+from workflow_engine.store.instances import notify_runnable
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    job_id: str
+    workflow: str
+    params: dict[str, Any]
+    created_at: datetime
+    submitted_at: datetime | None
+    claim_count: int
+    history: list[RecordedStep] = field(default_factory=list)
+    #: The job's W3C trace context (``onceflow_jobs.traceparent``): the parent of its spans.
+    traceparent: str | None = None
+    version: str | None = None  # the definition version it was created with
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedStep:
+    position: int
+    name: str
+    status: StepStatus
+    attempts: int
+    result: Any
+    kind: StepKind = StepKind.STEP
+    wake_at: datetime | None = None
+    error: str | None = None
+
+
+_HAVE_VERSION = """
+      -- only the definition versions this engine has (no version: created before
+      -- versioning, any engine runs it)
+      AND (version IS NULL OR (workflow, version) IN (
+          SELECT * FROM unnest(CAST(:have_workflows AS text[]), CAST(:have_versions AS text[]))))
+"""
+
+_CLAIM_SQL = f"""
+WITH plain AS (
+    -- instances of workflows without flow control (no lane), priority first, aged by
+    -- time waited (migration 0009): onceflow_instances_claim_order_idx
+    SELECT job_id, onceflow_claim_order(run_after, priority) AS ord FROM onceflow_instances
+    WHERE status IN ({_RUNNABLE}) AND run_after <= {_NOW} AND flow_lane IS NULL
+      AND workflow <> ALL(:limited)
+      {_HAVE_VERSION}
+    ORDER BY onceflow_claim_order(run_after, priority)
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+),
+laned AS (
+    -- instances given a lane while their workflow had flow control, which it has no
+    -- longer: normally none (one probe of onceflow_instances_lane_idx per workflow)
+    SELECT job_id, onceflow_claim_order(run_after, priority) AS ord FROM onceflow_instances
+    WHERE status IN ({_RUNNABLE}) AND run_after <= {_NOW}
+      AND workflow = ANY(CAST(:uncontrolled AS text[])) AND flow_lane IS NOT NULL
+      {_HAVE_VERSION}
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+),
+candidates AS (
+    SELECT job_id FROM (SELECT * FROM plain UNION ALL SELECT * FROM laned) AS both_kinds
+    ORDER BY ord LIMIT :limit
+),
+claimed AS ({mark_running("candidates")}
+),
+locks AS (
+    -- the advisory locks of the flow-controlled workflows, tried in this round trip;
+    -- their claims are the next statements, whose snapshots are taken after the locks
+    SELECT array_agg(w) AS got FROM unnest(CAST(:limited AS text[])) AS w
+    WHERE pg_try_advisory_xact_lock(hashtext('onceflow.limit.' || w))
+)
+SELECT c.*, CAST(NULL AS text[]) AS locked FROM claimed c
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, got FROM locks
+"""
+_CLAIM_UNLIMITED = sa.text(_CLAIM_SQL)
+_RUNNING_OF = sa.text(
+    "SELECT count(*) FROM onceflow_instances"
+    f" WHERE workflow = :workflow AND status = '{InstanceStatus.RUNNING}'"
+)
+
+
+def claim(
+    engine: Engine,
+    owner: str,
+    limit: int,
+    lease_seconds: float,
+    now: datetime | None = None,
+    limits: dict[str, int] | None = None,
+    versions: dict[str, str] | None = None,
+    flows: dict[str, FlowControl] | None = None,
+) -> list[Claimed]:
+    """Claim up to ``limit`` runnable instances of the workflow ``versions`` this engine
+    has (``{workflow: version}``); instances without a recorded version are claimed by
+    any engine. Higher priority first, aged by time waited (``onceflow_claim_order``).
+
+    Workflows with flow control (``limits``: a concurrency limit; ``flows``: per-key
+    limits, rate limits, fairness, :mod:`workflow_engine.store.flow`) are claimed under
+    a per-workflow advisory lock held to commit, so that engines claiming at the same
+    time cannot exceed a limit. Sleeping and waiting instances do not count toward a
+    limit unless ``hold_while_waiting`` says so.
+    """
+    controlled = {w: FlowControl(concurrency=cap) for w, cap in (limits or {}).items()}
+    controlled.update(flows or {})
+    versions = versions or {}
+    params = {
+        "owner": owner,
+        "lease": lease_seconds,
+        "now": now,
+        "have_workflows": list(versions),
+        "have_versions": list(versions.values()),
+    }
+    with engine.begin() as conn:
+        rows: list[Any] = []
+        locked: list[str] = []
+        for *row, got in conn.execute(
+            _CLAIM_UNLIMITED,
+            {
+                **params,
+                "limit": limit,
+                "limited": list(controlled),
+                "uncontrolled": [w for w in versions if w not in controlled],
+            },
+        ):
+            if row[0] is None:
+                locked = got or []
+            else:
+                rows.append(row)
+        # The locks were only tried (a workflow another engine is claiming right now is
+        # left to it), so two engines cannot deadlock on them; a random first workflow,
+        # so one busy workflow does not always fill the batch.
+        order = list(locked)
+        start = random.randrange(len(order)) if order else 0
+        for workflow in order[start:] + order[:start]:
+            room = limit - len(rows)
+            if room <= 0:
+                break
+            rows += _claim_controlled(conn, workflow, controlled[workflow], room, params)
+        # The histories of everything claimed, in one query, in this transaction.
+        history = load_steps(conn, [row[0] for row in rows])
+        return [
+            Claimed(
+                job_id,
+                workflow,
+                params,
+                created,
+                submitted,
+                claims,
+                history.get(job_id, []),
+                tp,
+                version,
+            )
+            for job_id, workflow, params, created, submitted, claims, tp, version in rows
+        ]
+
+
+def _claim_controlled(
+    conn: sa.Connection, workflow: str, flow: FlowControl, room: int, params: dict[str, Any]
+) -> list[Any]:
+    """Claim up to ``room`` instances of one flow-controlled workflow, under its lock."""
+    take = room
+    if flow.concurrency is not None:
+        running = conn.execute(_RUNNING_OF, {"workflow": workflow}).scalar() or 0
+        take = min(room, flow.concurrency - running)
+    if take <= 0:
+        return []
+    return claim_flow(conn, workflow, flow, take, params)
+
+
+_LOAD_STEPS = sa.text(
+    "SELECT job_id, position, name, status, attempts, result, kind, wake_at, error"
+    " FROM onceflow_steps WHERE job_id = ANY(:job_ids) ORDER BY job_id, position"
+)
+
+
+def load_steps(conn: sa.Connection, job_ids: list[str]) -> dict[str, list[RecordedStep]]:
+    """The recorded history of several instances, in one query."""
+    history: dict[str, list[RecordedStep]] = {job: [] for job in job_ids}
+    if job_ids:
+        for job_id, position, name, status, attempts, result, kind, wake_at, error in conn.execute(
+            _LOAD_STEPS, {"job_ids": job_ids}
+        ):
+            entry = RecordedStep(
+                position, name, StepStatus(status), attempts, result, StepKind(kind), wake_at, error
+            )
+            history[job_id].append(entry)
+    return history
+
+
+_RESCUE = sa.text(
+    f"""
+UPDATE onceflow_instances
+SET status = '{InstanceStatus.QUEUED}', lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = now()
+WHERE status = '{InstanceStatus.RUNNING}' AND lease_expires_at < now()
+RETURNING job_id
+"""
+)
+
+
+def rescue_expired(engine: Engine) -> list[str]:
+    """Re-queue instances whose engine died (lease expired); return their ids."""
+    with engine.begin() as conn:
+        rescued = list(conn.execute(_RESCUE).scalars())
+        if rescued:
+            notify_runnable(conn)
+        return rescued
+
+
+_RELEASE = sa.text(
+    f"""
+UPDATE onceflow_instances
+SET status = '{InstanceStatus.QUEUED}', lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = now()
+WHERE lease_owner = :owner AND status = '{InstanceStatus.RUNNING}' AND job_id = ANY(:ids)
+"""
+)
+
+
+def release(engine: Engine, owner: str, job_ids: list[str]) -> int:
+    """Give back instances this engine will not finish (clean shutdown)."""
+    if not job_ids:
+        return 0
+    with engine.begin() as conn:
+        return conn.execute(_RELEASE, {"owner": owner, "ids": job_ids}).rowcount
+
+
+_NEXT_DUE = sa.text(
+    f"""
+SELECT extract(epoch FROM min(run_after) - {_NOW}) FROM onceflow_instances
+WHERE status IN ({_RUNNABLE}) AND run_after <> 'infinity'
+"""
+)
+
+
+def seconds_until_next_due(engine: Engine, now: datetime | None) -> float | None:
+    """Seconds until the earliest timer (sleep, retry delay, event timeout) falls due."""
+    with engine.connect() as conn:
+        value = conn.execute(_NEXT_DUE, {"now": now}).scalar()
+    return None if value is None else float(value)

@@ -1,0 +1,43 @@
+"""SQL text shared by the claims (:mod:`~workflow_engine.store.claim`, the
+flow-controlled :mod:`~workflow_engine.store.flow`) and the lease-guarded writes."""
+
+from __future__ import annotations
+
+from onceflow.vocabulary import RUNNABLE_STATUSES, InstanceStatus
+
+#: ``'queued', 'sleeping', 'waiting'`` spelled out in the SQL text, not passed as a
+#: parameter: the planner matches the literal list against the partial index
+#: ``onceflow_instances_runnable_idx``, which a parameter array would defeat.
+RUNNABLE = ", ".join(f"'{status}'" for status in sorted(RUNNABLE_STATUSES))
+
+#: The statement's notion of now: the test clock's ``:now`` when given, else the server's.
+NOW = "coalesce(CAST(:now AS timestamptz), now())"
+
+
+def mark_running(source: str) -> str:
+    """The CTE body that leases the instances whose ``job_id`` the CTE ``source`` holds
+    and returns what the runner needs of each (one shape for every claim)."""
+    return f"""
+    UPDATE onceflow_instances i
+    SET status = '{InstanceStatus.RUNNING}', lease_owner = :owner,
+        lease_expires_at = now() + make_interval(secs => :lease),
+        started_at = coalesce(i.started_at, now()), updated_at = now(),
+        claim_count = i.claim_count + 1
+    FROM {source} src, onceflow_jobs j
+    WHERE i.job_id = src.job_id AND j.job_id = src.job_id
+    RETURNING i.job_id, i.workflow, i.params, i.created_at, j.submitted_at, i.claim_count,
+              j.traceparent, i.version"""
+
+
+#: Locks the running instance ``:job_id`` if ``:owner`` holds its lease (one row or none).
+LEASE_CTE = f"""
+lease AS (
+    SELECT job_id, requested_action FROM onceflow_instances
+    WHERE job_id = :job_id AND lease_owner = :owner AND status = '{InstanceStatus.RUNNING}'
+    FOR SHARE
+)"""
+
+
+def json_text(data: bytes | None) -> str | None:
+    """JSON already encoded by the engine (orjson bytes), as the text a jsonb cast takes."""
+    return data.decode() if data is not None else None
