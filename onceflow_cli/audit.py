@@ -50,6 +50,8 @@ class AuditReport:
     doubled: list[str] = field(default_factory=list)
     invalid_not_dead_lettered: list[str] = field(default_factory=list)
     unknown_origin: int = 0
+    # Instances started inside onceflow (schedule ticks, child workflows): no record.
+    started_inside: int = 0
     # Records of the jobs topic the workers dead-lettered, by reason code, and the job
     # ids that have nothing but dead letters (consumed; no instance will ever exist).
     dead_lettered_by_reason: dict[str, int] = field(default_factory=dict)
@@ -84,6 +86,7 @@ class AuditReport:
             ("task runs", self.task_runs),
             ("records on the dead-letter topic", self.dead_lettered_records),
             ("invalid records in the jobs topic", self.invalid_records),
+            ("instances started by schedules or parents", self.started_inside),
             ("instances/runs not from the topic (retention)", self.unknown_origin),
             *self._dead_letter_rows(),
             ("job ids delivered again as another workflow", self.workflow_mismatch_job_ids),
@@ -229,7 +232,8 @@ def run_audit(settings: Settings, engine: Engine) -> AuditReport:
     )
     report.missing = sorted(j for j, v in consumed.items() if v and j not in stored.all)
     report.doubled = sorted(stored.doubled)
-    report.unknown_origin = len(stored.all - seen)
+    report.started_inside = len(stored.started_inside)
+    report.unknown_origin = len(stored.all - seen - stored.started_inside)
     report.workflow_mismatch_job_ids = len(workflow_mismatch_job_ids(engine))
     report.not_progressing = not_progressing(settings, lags, first_at)
     return report

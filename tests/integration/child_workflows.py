@@ -95,3 +95,16 @@ async def parent_close(ctx: Context, params: dict[str, Any]) -> Any:
     await ctx.start_child("test-child", "doomed", {"hold": True}, on_parent_close="terminate")
     await ctx.start_child("test-child", "spared", {"hold": True}, on_parent_close="abandon")
     await ctx.wait_for_event("forever", type="never")
+
+
+@workflow("test-fair-child", fairness_key="params.tenant")
+async def fair_child(ctx: Context, params: dict[str, Any]) -> Any:
+    return await ctx.step("work", _effect, {})
+
+
+@workflow("test-fair-parent")
+async def fair_parent(ctx: Context, params: dict[str, Any]) -> Any:
+    handles = await ctx.gather(
+        *(ctx.start_child("test-fair-child", t, {"tenant": t}) for t in params["tenants"])
+    )
+    return await ctx.gather(*(ctx.child_result(h) for h in handles))

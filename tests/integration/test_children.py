@@ -87,6 +87,16 @@ def test_child_result_is_returned_to_the_parent_and_the_tree_is_described(settin
     assert 'id="parent"><a href="/instances/p1"' in console.get("/instances/p1__charge").text
 
 
+def test_a_child_of_a_fairness_keyed_workflow_gets_its_lane(settings, db):
+    """Children are created by their own statement, not the worker's create path: they
+    must still store the fairness lane the flow-controlled claim rotates over."""
+    create(db, "fp", "test-fair-parent", {"tenants": ["acme", "globex"]})
+    with Harness(settings, db):
+        wait_for(lambda: status(db, "fp") == "complete", "parent complete")
+    lanes = q(db, "SELECT job_id, flow_lane FROM onceflow_instances WHERE parent_job_id = 'fp'")
+    assert sorted(lanes) == [("fp__acme", "acme"), ("fp__globex", "globex")]
+
+
 def test_the_parent_waits_without_holding_a_worker_and_is_woken_by_the_child(settings, db):
     create(db, "p2", "test-parent", {"child": {"hold": True, "amount": 3}})
     with Harness(settings, db) as h:

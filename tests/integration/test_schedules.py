@@ -354,3 +354,17 @@ def test_admin_api_over_http(settings, tmp_path):
         assert tick["schedule_tick"]["trigger"] == "backfill"
         assert a.delete(f"{base}/api").status_code == 204
         assert r.get(f"{base}/api").status_code == 404
+
+
+def test_the_audit_counts_tick_instances_as_started_inside_not_as_retention(db):
+    """A tick has no record in the jobs topic; the audit must not put it with the
+    instances whose records retention removed."""
+    from workflow_engine.store.audit import stored_job_ids
+
+    store.create_schedule(db, _define("audited"), now=T0)
+    store.fire_due(db, now=T0 + timedelta(minutes=5, seconds=1))
+    ticks = set(_instances(db, "audited"))
+    assert len(ticks) == 1
+    stored = stored_job_ids(db)
+    assert stored.started_inside == ticks
+    assert ticks <= stored.instances

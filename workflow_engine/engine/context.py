@@ -54,6 +54,7 @@ from workflow_engine.errors import (
     StepFailed,
     Suspend,
 )
+from workflow_engine.flow import lane_path
 from workflow_engine.steps import StepInfo, _current_step, idempotency_key
 from workflow_engine.store import children, waits
 from workflow_engine.store import execution as store
@@ -352,6 +353,7 @@ class WorkflowContext:
             child_params,
             policy,
             workflow_version(workflow),
+            lane_path(workflow),
         )
         created = await self._starts.submit(start)
         log.info(

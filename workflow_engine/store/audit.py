@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from onceflow.vocabulary import Origin
+
 
 @dataclass(frozen=True, slots=True)
 class StoredJobIds:
@@ -18,6 +20,8 @@ class StoredJobIds:
 
     instances: frozenset[str]
     task_runs: frozenset[str]
+    #: Instances no record of the topic asked for: a schedule's ticks, parents' children.
+    started_inside: frozenset[str] = frozenset()
 
     @property
     def all(self) -> frozenset[str]:
@@ -36,7 +40,12 @@ def stored_job_ids(engine: Engine) -> StoredJobIds:
         instance_ids = frozenset(instances)
         tasks = conn.execute(sa.text("SELECT job_id FROM onceflow_task_runs")).scalars()
         task_ids = frozenset(tasks)
-    return StoredJobIds(instance_ids, task_ids)
+        inside = conn.execute(
+            sa.text("SELECT job_id FROM onceflow_jobs WHERE origin IN (:schedule, :child)"),
+            {"schedule": Origin.SCHEDULE.value, "child": Origin.CHILD.value},
+        ).scalars()
+        inside_ids = frozenset(inside) & instance_ids
+    return StoredJobIds(instance_ids, task_ids, inside_ids)
 
 
 def workflow_mismatch_job_ids(engine: Engine) -> frozenset[str]:

@@ -86,6 +86,9 @@ class StartChild:
     params: dict[str, Any]
     policy: ParentClosePolicy
     version: str | None  # the child workflow's version in the starting engine
+    #: The params path of the child workflow's fairness lane (workflow_engine.flow
+    #: .lane_path): None without flow control, () with flow control but no key.
+    lane_path: tuple[str, ...] | None = None
 
 
 _LEASE = sa.text(
@@ -106,7 +109,7 @@ _START = sa.text(
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
         child text, workflow text, digest text, params jsonb, version text, policy text,
-        position integer, name text)
+        position integer, name text, lane_path text[])
 ),
 job AS (
     INSERT INTO onceflow_jobs AS j (job_id, kind, type_name, params_digest, submitted_at,
@@ -118,8 +121,12 @@ job AS (
 ),
 inst AS (
     INSERT INTO onceflow_instances (job_id, workflow, params, version, parent_job_id,
-                                    parent_close_policy)
-    SELECT i.child, i.workflow, i.params, i.version, :parent, i.policy
+                                    parent_close_policy, flow_lane)
+    SELECT i.child, i.workflow, i.params, i.version, :parent, i.policy,
+           -- the fairness lane, as the create path stores it (store.instances)
+           CASE WHEN i.lane_path IS NULL THEN NULL
+                WHEN cardinality(i.lane_path) = 0 THEN ''
+                ELSE coalesce(i.params #>> i.lane_path, '') END
     FROM input i JOIN job ON job.job_id = i.child WHERE job.inserted
     RETURNING job_id
 ),
@@ -187,6 +194,7 @@ def start_children(engine: Engine, owner: str, starts: list[StartChild]) -> list
 def _start_row(start: StartChild) -> dict[str, Any]:
     return {
         "child": start.child_job_id,
+        "lane_path": None if start.lane_path is None else list(start.lane_path),
         "workflow": start.workflow,
         "digest": params_digest(start.params),
         "params": start.params,
