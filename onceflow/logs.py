@@ -79,8 +79,13 @@ class JsonLines(logging.StreamHandler[TextIO]):
         self._waiting: list[str] = []
 
     def write_line(self, line: str) -> None:
-        self._waiting.append(line)
-        if len(self._waiting) == 1:
+        # Under the handler's lock: another thread's record (librdkafka's logger, the
+        # broker watcher) swaps the list in write_waiting; an append racing that swap
+        # would land on the list already written, and the line would be lost.
+        with self.lock:  # type: ignore[union-attr]
+            self._waiting.append(line)
+            first = len(self._waiting) == 1
+        if first:
             try:
                 asyncio.get_running_loop().call_soon(self.write_waiting)
             except RuntimeError:  # no event loop in this thread: write it now
