@@ -9,9 +9,11 @@ The DDL runs inside two SECURITY DEFINER functions of the migration
 (``onceflow_add_partition``, ``onceflow_retire_partition``) so the services' database
 role, which cannot change the schema, can still maintain partitions; each call is its
 own short transaction under ``lock_timeout`` so a busy table makes maintenance wait for
-the next round, never the hot path. Two engines maintaining at once is harmless (the
-functions skip a partition that exists or is gone) but :mod:`.maintenance` serialises
-them anyway.
+the next round, never the hot path (a deadlock that aborts maintenance postpones it the
+same way). Retiring holds nothing stronger than ACCESS SHARE on the partition until
+its detach (migration 0013), so the engine's checkpoints never wait on it. Two engines
+maintaining at once is harmless (the functions skip a partition that exists or is
+gone) but :mod:`.maintenance` serialises them anyway.
 """
 
 from __future__ import annotations
@@ -42,7 +44,10 @@ _ORPHAN = {
 # Maintenance waits at most this long for a table lock, then retries next round:
 # attaching needs SHARE UPDATE EXCLUSIVE on the parent, detaching ACCESS EXCLUSIVE.
 LOCK_TIMEOUT = "2s"
-_LOCK_NOT_AVAILABLE = "55P03"
+# What postpones a partition to the next round instead of failing it: the lock was
+# not free in time (55P03), or PostgreSQL broke a lock cycle by aborting this
+# maintenance transaction (40P01, deadlock_detected) - the DDL is retried as a whole.
+_POSTPONED = {"55P03": "busy", "40P01": "deadlock"}
 _BOUND_RE = re.compile(r"FROM \('([^']+)'\) TO \('([^']+)'\)")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -62,7 +67,7 @@ class Retired:
 
     dropped: tuple[str, ...] = ()
     kept_rows: int = 0  # rows of live history moved to the default partition
-    skipped: int = 0  # partitions left for the next round (lock not available)
+    skipped: int = 0  # partitions left for the next round (lock busy, or a deadlock)
 
 
 def partitions(conn: Connection, parent: str) -> list[Partition]:
@@ -125,12 +130,12 @@ def ensure_partitions(
                 with conn.begin():
                     name = add_partition(conn, parent, start, start + interval)
             except sa.exc.DBAPIError as exc:
-                if getattr(exc.orig, "pgcode", None) != _LOCK_NOT_AVAILABLE:
-                    raise
+                reason = _postponed(exc)
                 log.warning(
-                    "partition creation postponed: %s is busy",
+                    "partition creation postponed: %s (%s)",
                     parent,
-                    extra={"event": "store.partition_busy", "table": parent},
+                    reason,
+                    extra={"event": "store.partition_busy", "table": parent, "reason": reason},
                 )
                 break
             if name:
@@ -142,6 +147,14 @@ def ensure_partitions(
                 )
             start += interval
     return created
+
+
+def _postponed(exc: sa.exc.DBAPIError) -> str:
+    """Why maintenance left a partition for the next round; re-raises anything else."""
+    reason = _POSTPONED.get(getattr(exc.orig, "pgcode", None) or "")
+    if reason is None:
+        raise exc
+    return reason
 
 
 def retire_expired(conn: Connection, parent: str, expired_before: datetime) -> Retired:
@@ -166,8 +179,13 @@ def retire_expired(conn: Connection, parent: str, expired_before: datetime) -> R
                     {"name": partition.name, "cutoff": expired_before},
                 ).scalar_one()
         except sa.exc.DBAPIError as exc:
-            if getattr(exc.orig, "pgcode", None) != _LOCK_NOT_AVAILABLE:
-                raise
+            reason = _postponed(exc)
+            log.warning(
+                "partition retirement postponed: %s (%s)",
+                partition.name,
+                reason,
+                extra={"event": "store.partition_busy", "table": parent, "reason": reason},
+            )
             skipped += 1
             continue
         dropped.append(partition.name)

@@ -239,6 +239,7 @@ CREATE FUNCTION public.onceflow_retire_partition(p_partition text, p_cutoff time
     AS $_$
 DECLARE
     v_parent text;
+    v_keep text[];
     v_kept bigint;
 BEGIN
     SELECT p.relname INTO v_parent
@@ -250,27 +251,40 @@ BEGIN
         RAISE EXCEPTION USING MESSAGE = 'onceflow_retire_partition: ' || p_partition
                                         || ' is not a retirable history partition';
     END IF;
-    EXECUTE 'LOCK TABLE ' || quote_ident(p_partition) || ' IN SHARE MODE';
-    IF v_parent = 'onceflow_step_attempts' THEN
-        EXECUTE 'CREATE TEMP TABLE onceflow_survivors ON COMMIT DROP AS SELECT a.* FROM '
-                || quote_ident(p_partition) || ' a WHERE EXISTS (SELECT 1 FROM'
-                || ' onceflow_instances i WHERE i.job_id = a.job_id'
-                || ' AND (i.finished_at IS NULL OR i.finished_at >= $1))'
-            USING p_cutoff;
-    ELSE
-        EXECUTE 'CREATE TEMP TABLE onceflow_survivors ON COMMIT DROP AS SELECT d.* FROM '
-                || quote_ident(p_partition) || ' d WHERE EXISTS (SELECT 1 FROM'
-                || ' onceflow_instances i WHERE i.job_id = d.job_id) OR EXISTS (SELECT 1 FROM'
-                || ' onceflow_task_runs t WHERE t.job_id = d.job_id)';
+    -- Step 3 must see the writes committed while the detach waited: each statement
+    -- needs its own snapshot.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION USING MESSAGE = 'onceflow_retire_partition: run it in a READ'
+                                        || ' COMMITTED transaction';
     END IF;
+    -- 1. The job ids to keep (no table lock beyond the read's ACCESS SHARE).
+    IF v_parent = 'onceflow_step_attempts' THEN
+        EXECUTE 'SELECT array_agg(DISTINCT a.job_id) FROM ' || quote_ident(p_partition)
+                || ' a WHERE EXISTS (SELECT 1 FROM onceflow_instances i'
+                || ' WHERE i.job_id = a.job_id'
+                || ' AND (i.finished_at IS NULL OR i.finished_at >= $1))'
+            INTO v_keep USING p_cutoff;
+    ELSE
+        EXECUTE 'SELECT array_agg(DISTINCT d.job_id) FROM ' || quote_ident(p_partition)
+                || ' d WHERE EXISTS (SELECT 1 FROM onceflow_instances i'
+                || ' WHERE i.job_id = d.job_id) OR EXISTS (SELECT 1 FROM'
+                || ' onceflow_task_runs t WHERE t.job_id = d.job_id)'
+            INTO v_keep;
+    END IF;
+    -- 2. Detach: from here the range routes to the default partition and no statement
+    --    can write the detached table.
     EXECUTE 'ALTER TABLE ' || quote_ident(v_parent) || ' DETACH PARTITION '
             || quote_ident(p_partition);
-    -- The range is detached: the survivors route to the default partition.
-    EXECUTE 'INSERT INTO ' || quote_ident(v_parent)
-            || ' OVERRIDING SYSTEM VALUE SELECT * FROM pg_temp.onceflow_survivors';
-    GET DIAGNOSTICS v_kept = ROW_COUNT;
+    -- 3. The kept job ids' rows as they are now (with every write committed before the
+    --    detach), back into the parent, then the rest goes in one DROP.
+    v_kept := 0;
+    IF v_keep IS NOT NULL THEN
+        EXECUTE 'INSERT INTO ' || quote_ident(v_parent) || ' OVERRIDING SYSTEM VALUE'
+                || ' SELECT * FROM ' || quote_ident(p_partition) || ' WHERE job_id = ANY($1)'
+            USING v_keep;
+        GET DIAGNOSTICS v_kept = ROW_COUNT;
+    END IF;
     EXECUTE 'DROP TABLE ' || quote_ident(p_partition);
-    DROP TABLE pg_temp.onceflow_survivors;
     RETURN v_kept;
 END
 $_$;
