@@ -14,6 +14,8 @@ FAIR = "test-flow-fair"
 UNFAIR = "test-flow-unfair"
 HOLDING = "test-flow-holding"
 CAPPED = "test-flow-capped"
+FAIR_PER_KEY = "test-flow-fair-per-key"
+FAIR_RATED = "test-flow-fair-rated"
 
 
 async def pause(seconds: float) -> float:
@@ -49,4 +51,20 @@ async def holding(ctx, params):
 
 @workflow(CAPPED, concurrency=1)
 async def capped(ctx, params):
+    await ctx.step("work", pause, 0)
+
+
+@workflow(
+    FAIR_PER_KEY, fairness_key="params.tenant", concurrency_key="params.customer", max_per_key=1
+)
+async def fair_per_key(ctx, params):
+    await ctx.step("work", pause, 0)
+
+
+@workflow(
+    FAIR_RATED,
+    fairness_key="params.tenant",
+    rate_limit=RateLimit(1, timedelta(seconds=60), key="params.customer"),
+)
+async def fair_rated(ctx, params):
     await ctx.step("work", pause, 0)

@@ -279,6 +279,25 @@ def test_describe_and_trace_say_why_a_queued_instance_waits(db):
     assert describe_instance(db, "why_turn").held_because == "waiting for its turn (priority 2)"
 
 
+@pytest.mark.parametrize("workflow", [wf.FAIR_PER_KEY, wf.FAIR_RATED])
+def test_a_held_key_at_the_head_of_a_lane_does_not_block_the_lane(db, workflow):
+    """Fairness on the tenant, one running (or one start a minute) per customer: the
+    tenant's first 30 jobs are customer c1's, its other customers' jobs come after them.
+    The claim looks past c1's held-back jobs (the lane mixes customers)."""
+    create(
+        db,
+        workflow,
+        [(f"hol_c1_{i:02d}", {"tenant": "acme", "customer": "c1"}) for i in range(30)],
+    )
+    create(
+        db, workflow, [(f"hol_c{c}", {"tenant": "acme", "customer": f"c{c}"}) for c in range(2, 7)]
+    )
+    got = claim(db, 10)
+    assert sorted(c.params["customer"] for c in got) == ["c1", "c2", "c3", "c4", "c5", "c6"]
+    assert claim(db, 10) == []  # every customer's slot (or start) is used: c1's others wait
+    assert scalar(db, "SELECT count(*) FROM onceflow_instances WHERE status = 'queued'") == 29
+
+
 def test_hold_while_waiting_keeps_the_slot_of_a_sleeping_instance(db):
     create(db, wf.HOLDING, [(f"hold_{i}", {"customer": "c1"}) for i in range(2)])
     first = claim(db, 10)
@@ -355,6 +374,8 @@ def test_the_claims_are_served_by_the_claim_order_indexes(db):
                     **params,
                     "workflow": wf.PER_KEY,
                     "min_per_lane": 2,
+                    "depth": store_flow.LOOKAHEAD,  # the deepest read
+                    "lone_depth": store_flow.LOOKAHEAD,
                     "ckey": list(flow.concurrency_key or ()),
                     "max_per_key": 2,
                     "hold": False,

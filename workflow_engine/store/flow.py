@@ -10,6 +10,9 @@ in the plain claim's statement, before this one), in ONE statement with
    ``onceflow_instances_lane_idx``; and the first few runnable instances of each lane,
    in claim order (``onceflow_claim_order``: priority, aged by time waited). So a lane's
    burst never hides another lane's head (no head-of-line blocking), whatever its size.
+   When a lane mixes values of a limit's key (fairness on the tenant, one running per
+   customer), it reads deeper (:data:`LOOKAHEAD`, shared among the lanes), so heads held
+   back by one customer's full key do not hide the tenant's other customers.
 2. **limits**, computed from the database: the slots held per concurrency key
    (``running``, plus ``sleeping``/``waiting`` when declared), the starts per rate key
    in the last period (``onceflow_rate_starts``). A candidate passes when its rank
@@ -64,6 +67,12 @@ class FlowControl:
         """The key an instance's ``flow_lane`` is taken from when it is created."""
         return self.fairness_key or self.concurrency_key or self.rate_key
 
+    @property
+    def limit_keys(self) -> list[KeyPath]:
+        """The keys that hold instances back: the concurrency key, the rate key."""
+        rate = self.rate_key if self.rate_limit is not None else None
+        return [key for key in (self.concurrency_key, rate) if key is not None]
+
     def spec(self) -> dict[str, Any]:
         """As stored in ``onceflow_flow_controls`` (read by ``onceflow_hold_reason``)."""
         doc: dict[str, Any] = {}
@@ -105,9 +114,12 @@ WITH RECURSIVE lanes(lane) AS (
 ),
 lane_count AS (SELECT count(*) AS n FROM lanes WHERE lane IS NOT NULL),
 per_lane AS (
-    -- enough heads per lane to fill a batch twice over, at least :min_per_lane
-    SELECT least(CAST(:limit AS int), greatest(CAST(:min_per_lane AS int),
-                 ceil(2.0 * :limit / greatest(n, 1))::int)) AS n FROM lane_count
+    -- how many instances of each lane to read: enough heads to fill a batch twice over
+    -- (at least :min_per_lane), or, when a limit's key is not the lane, an equal share
+    -- of :depth, so the heads held back by a full key do not hide the rest of the lane
+    SELECT greatest(h, ceil(CAST(:depth AS float8) / greatest(n, 1))::int) AS n
+    FROM lane_count, LATERAL (SELECT least(CAST(:limit AS int), greatest(
+        CAST(:min_per_lane AS int), ceil(2.0 * :limit / greatest(n, 1))::int))) AS heads(h)
 ),
 pool AS (
     SELECT p.* FROM lanes l CROSS JOIN LATERAL (
@@ -120,7 +132,7 @@ pool AS (
         -- instances created without a lane; "flow_lane," in the order makes the planner
         -- read onceflow_instances_lane_idx (this workflow's rows only)
         {_CANDIDATE} AND flow_lane IS NULL
-        ORDER BY flow_lane, {_ORDER} LIMIT :limit
+        ORDER BY flow_lane, {_ORDER} LIMIT greatest(CAST(:limit AS int), :lone_depth)
     )
 ),
 keyed AS (
@@ -195,6 +207,16 @@ SELECT * FROM claimed
 """
 )
 
+#: How many instances one claim may read past the heads of the lanes (shared among the
+#: lanes, at least the heads of each) when a lane mixes values of a limit's key (the
+#: concurrency or rate key is not the lane's key, e.g. fairness on the tenant and one
+#: running per customer); and of the instances without a lane, which always mix them.
+#: The heads of a lane can then all belong to a key that is full (or to one key beyond
+#: its free slots): the claim looks behind them, so one customer's backlog does not stall
+#: its tenant's other customers. Bounded, so a claim's cost does not grow with a backlog:
+#: behind more than its share of one held key, a lane still waits for that key.
+LOOKAHEAD = 1024
+
 #: What holds a per-key slot, without and with ``hold_while_waiting``.
 _HOLDING = [str(InstanceStatus.RUNNING)]
 _HOLDING_WAITING = [
@@ -215,6 +237,7 @@ def claim_flow(
     caller's transaction (which holds the workflow's advisory lock). ``params``: owner,
     lease, now, have_workflows, have_versions, as the plain claim takes them."""
     rate = flow.rate_limit is not None
+    keys = flow.limit_keys
     return list(
         conn.execute(
             _CLAIM_FLOW,
@@ -223,6 +246,8 @@ def claim_flow(
                 "workflow": workflow,
                 "limit": limit,
                 "min_per_lane": 2,
+                "depth": LOOKAHEAD if any(key != flow.lane for key in keys) else 0,
+                "lone_depth": LOOKAHEAD if keys else 0,
                 "ckey": list(flow.concurrency_key) if flow.concurrency_key else None,
                 "max_per_key": flow.max_per_key,
                 "hold": flow.hold_while_waiting,
