@@ -23,13 +23,13 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from onceflow.ticks import MAX_EVERY_SECONDS, SCHEDULE_NAME_PATTERN, InvalidSchedule, TickSpec
 from onceflow.vocabulary import CatchupPolicy, OverlapPolicy
 from producers.deps import DbDep, require
 from producers.errors import error_responses
-from producers.models import RequestError
+from producers.models import RequestError, params_problem
 from workflow_engine.store import schedules as store
 
 T = TypeVar("T")
@@ -53,6 +53,22 @@ class ScheduleIn(BaseModel):
     catchup: CatchupPolicy = CatchupPolicy.RUN_ONCE
     overlap: OverlapPolicy = OverlapPolicy.SKIP
     max_catchup: int = Field(default=100, ge=1, le=1000)
+
+    @field_validator("workflow", "timezone", "cron")
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        # PostgreSQL text cannot hold NUL: a 422 here, not a driver error (a 500) later
+        if value is not None and "\x00" in value:
+            raise ValueError("contains a NUL character (\\u0000)")
+        return value
+
+    @field_validator("params")
+    @classmethod
+    def _storable(cls, value: dict[str, Any]) -> dict[str, Any]:
+        problem = params_problem(value)  # the same rule as a job's params
+        if problem is not None:
+            raise ValueError(f"params {problem}")
+        return value
 
 
 class BackfillIn(BaseModel):

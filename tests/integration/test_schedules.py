@@ -223,6 +223,11 @@ def test_overlap_policies_while_the_previous_tick_runs(db):
     assert _instances(db, "allow") == [tick_job_id("allow", tick(n)) for n in (1, 2, 3, 4)]
     assert _instances(db, "buffer") == [tick_job_id("buffer", tick(n)) for n in (1, 2)]
     assert store.get_schedule(db, "buffer").buffered_tick_at == tick(4)
+    # Resuming starts from the first tick after now: the tick buffered before the pause
+    # is dropped, not fired at once.
+    store.pause_schedule(db, "buffer")
+    store.resume_schedule(db, "buffer", now=T0 + timedelta(seconds=250))
+    assert store.get_schedule(db, "buffer").buffered_tick_at is None
 
 
 def test_declared_schedules_are_upserted_keeping_their_place(db):
@@ -368,3 +373,20 @@ def test_the_audit_counts_tick_instances_as_started_inside_not_as_retention(db):
     stored = stored_job_ids(db)
     assert stored.started_inside == ticks
     assert ticks <= stored.instances
+
+
+def test_an_engine_fires_only_the_schedules_of_workflows_it_has(db):
+    """So a tick always records its definition version and no engine without the
+    workflow (a fleet split by workflow modules) ever creates it."""
+    store.create_schedule(db, _define("split"), now=T0)
+    due = T0 + timedelta(minutes=5, seconds=1)
+    assert store.fire_due(db, now=due, versions={"another-workflow": "v1"}) == []
+    assert _instances(db, "split") == []
+    fired = store.fire_due(db, now=due, versions={"noop-workflow": "v7"})
+    assert [r.schedule for r in fired] == ["split"]
+    with db.connect() as conn:
+        version = conn.execute(
+            sa.text("SELECT version FROM onceflow_instances WHERE job_id = :j"),
+            {"j": tick_job_id("split", T0 + timedelta(minutes=5))},
+        ).scalar()
+    assert version == "v7"

@@ -198,3 +198,14 @@ def test_child_ids_are_valid_job_ids_and_split_back_uniquely():
     assert children.child_job_id("job", "_b".lstrip("_")) != children.child_job_id("job_", "b")
     with pytest.raises(ValueError, match="100 characters"):
         children.child_job_id("p" * 95, "toolong")
+
+
+def test_a_schedule_tick_may_start_children():
+    """A tick's job id (``<schedule>@<instant>``) has ``@`` and ``:``, which client ids
+    may not: its children's ids keep them (no client id can collide with one)."""
+    tick = "nightly@2026-11-30T06:00:00Z"
+    assert children.child_job_id(tick, "c1") == f"{tick}__c1"
+    grandchild = children.child_job_id(f"{tick}__c1", "c2")
+    assert grandchild == f"{tick}__c1__c2"
+    with pytest.raises(ValueError, match="200 characters"):
+        children.child_job_id("n" * 80 + "@2026-11-30T06:00:00Z", "x" * 100)

@@ -32,6 +32,7 @@ from onceflow.vocabulary import (
     InstanceStatus,
 )
 from workflow_engine.store import control
+from workflow_engine.store.db import retry_on_deadlock
 from workflow_engine.store.instances import notify_runnable
 from workflow_engine.store.listing import InstanceFilter, where_clause
 
@@ -168,6 +169,7 @@ def run_bulk(
             return op
 
 
+@retry_on_deadlock
 def _run_batch(engine: Engine, op_id: int, batch: int) -> tuple[BulkOperation, bool]:
     with engine.begin() as conn:
         head = conn.execute(

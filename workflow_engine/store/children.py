@@ -51,6 +51,10 @@ from workflow_engine.store.instances import notify_runnable
 SEPARATOR = "__"
 _NAME = re.compile(r"[A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*")
 _FINAL = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))
+#: The longest child id of a schedule's tick (``<schedule>@<instant>``, up to 101
+#: characters) or of its descendants: their ids carry the tick's ``@`` and ``:``, which
+#: no client-supplied id has, so they can never collide with one.
+MAX_TICK_CHILD_ID = 200
 
 
 class ChildIdTaken(NonRetryableError):
@@ -66,7 +70,13 @@ def child_job_id(parent_job_id: str, name: str) -> str:
             " (no '__', no leading or trailing '_')"
         )
     job_id = f"{parent_job_id}{SEPARATOR}{name}"
-    if not is_valid_job_id(job_id):
+    if "@" in parent_job_id:  # started by a schedule's tick (or below one)
+        if len(job_id) > MAX_TICK_CHILD_ID:
+            raise ValueError(
+                f"child id {job_id!r} is over {MAX_TICK_CHILD_ID} characters:"
+                " choose a shorter child name"
+            )
+    elif not is_valid_job_id(job_id):
         raise ValueError(
             f"child id {job_id!r} is not a valid job id (at most 100 characters):"
             " choose a shorter child name"

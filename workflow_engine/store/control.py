@@ -24,6 +24,7 @@ from onceflow.vocabulary import (
     ParentClosePolicy,
 )
 from workflow_engine.store import children
+from workflow_engine.store.db import retry_on_deadlock
 from workflow_engine.store.instances import notify_runnable as _notify
 
 #: What :func:`apply_requested` answers when this engine no longer holds the instance.
@@ -136,6 +137,7 @@ def transition(
     return Transition(InstanceStatus.QUEUED, runnable=True)
 
 
+@retry_on_deadlock
 def _operate(engine: Engine, action: BulkAction, workflow: str, job_id: str) -> ControlResult:
     with engine.begin() as conn:
         status, requested = _lock(conn, workflow, job_id)
@@ -235,6 +237,7 @@ def apply_pause(conn: Connection, job_id: str) -> None:
     )
 
 
+@retry_on_deadlock
 def apply_requested(engine: Engine, owner: str, job_id: str, action: str) -> str:
     """Carry out a requested action (a :class:`ControlAction`) on an instance this
     engine holds; its new status, or :data:`LOST` if the engine no longer holds it."""

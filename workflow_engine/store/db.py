@@ -18,6 +18,7 @@ import psycopg2.errorcodes
 import psycopg2.extensions
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, ExceptionContext
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from onceflow.errors import ServiceUnavailable
 
@@ -113,3 +114,20 @@ def database_ready(database_url: str) -> bool:
         return True
     except Exception:
         return False
+
+
+def _deadlocked(exc: BaseException) -> bool:
+    code = getattr(getattr(exc, "orig", None), "pgcode", None)
+    return code == psycopg2.errorcodes.DEADLOCK_DETECTED
+
+
+#: Run a whole transaction again when PostgreSQL chose it as a deadlock's victim (it
+#: was rolled back, so running it again is safe). Control operations lock a parent,
+#: then its children; an engine finishing a child locks the child, then its parent:
+#: the two orders can meet, and the operator's request should not answer 500 for it.
+retry_on_deadlock = retry(
+    retry=retry_if_exception(_deadlocked),
+    stop=stop_after_attempt(5),
+    wait=wait_random_exponential(multiplier=0.02, max=0.5),
+    reraise=True,
+)

@@ -248,6 +248,11 @@ ON CONFLICT ON CONSTRAINT onceflow_schedules_pkey DO UPDATE SET
         WHEN (s.cron, s.every_seconds, s.timezone)
              IS NOT DISTINCT FROM (EXCLUDED.cron, EXCLUDED.every_seconds, EXCLUDED.timezone)
         THEN s.next_fire_at ELSE EXCLUDED.next_fire_at END,
+    -- a tick buffered under the old spec is not one of the new spec's ticks
+    buffered_tick_at = CASE
+        WHEN (s.cron, s.every_seconds, s.timezone)
+             IS NOT DISTINCT FROM (EXCLUDED.cron, EXCLUDED.every_seconds, EXCLUDED.timezone)
+        THEN s.buffered_tick_at END,
     updated_at = now()
 WHERE s.declared
 RETURNING s.name
@@ -340,8 +345,10 @@ def resume_schedule(engine: Engine, name: str, now: datetime | None = None) -> S
             spec = TickSpec(row.cron, row.every_seconds, row.timezone)
             conn.execute(
                 sa.text(
+                    # a tick buffered before the pause is dropped: it would fire at
+                    # once, while resume promises the first tick after now
                     "UPDATE onceflow_schedules SET paused = false, next_fire_at = :next,"
-                    " updated_at = now() WHERE name = :n"
+                    " buffered_tick_at = NULL, updated_at = now() WHERE name = :n"
                 ),
                 {"n": name, "next": spec.next_after(at)},
             )
@@ -374,6 +381,9 @@ _TAKE_DUE = sa.text(
     f"""
 SELECT {_COLUMNS}{_FROM}
 WHERE NOT s.paused
+  -- an engine fires only the schedules of workflows it has (None: a tool, any), so a
+  -- tick always records its version and no engine without the workflow ever sees it
+  AND (CAST(:workflows AS text[]) IS NULL OR s.workflow = ANY(CAST(:workflows AS text[])))
   AND (s.next_fire_at <= :at
        OR (s.buffered_tick_at IS NOT NULL
            AND (i.status IS NULL OR i.status IN ({_FINAL}))))
@@ -422,14 +432,17 @@ def fire_due(
     """Fire the due schedules, ``batch`` per transaction, up to ``limit`` in all.
 
     ``versions``: the workflow versions of the firing process (an instance records the
-    version it was created with; without one, any engine's version runs it).
+    version it was created with); given, only the schedules of those workflows are
+    fired here (an engine fleet split by workflow modules fires each schedule on an
+    engine that can run it). None (tools, tests): every due schedule.
     """
+    workflows = None if versions is None else sorted(versions)
     reports: list[TickReport] = []
     while len(reports) < limit:
         want = min(batch, limit - len(reports))
         with engine.begin() as conn:
             at = _now(conn, now)
-            rows = conn.execute(_TAKE_DUE, {"at": at, "n": want}).all()
+            rows = conn.execute(_TAKE_DUE, {"at": at, "n": want, "workflows": workflows}).all()
             if not rows:
                 break
             reports += _fire_batch(conn, [_view(r) for r in rows], at, grace_seconds, versions)
