@@ -128,8 +128,13 @@ def test_per_key_limit_holds_across_two_engines_and_a_sigkill(settings, db, tmp_
         return scalar(db, "SELECT count(*) FROM onceflow_instances WHERE status = 'complete'")
 
     def leaseholder_pid() -> int | None:
+        # An engine that has run steps and holds a lease now: killing one that has only
+        # just claimed its first instances (no attempt written yet) would leave the
+        # other engine doing everything, and nothing would show a take-over.
         owner = scalar(
-            db, "SELECT lease_owner FROM onceflow_instances WHERE status = 'running' LIMIT 1"
+            db,
+            "SELECT lease_owner FROM onceflow_instances WHERE status = 'running'"
+            " AND lease_owner IN (SELECT engine_id FROM onceflow_step_attempts) LIMIT 1",
         )
         return int(owner.split(":")[1]) if owner else None
 
