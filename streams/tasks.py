@@ -37,7 +37,7 @@ def run_task(
     definition: TaskDef | None = get_task(pending.task)
     if definition is None:  # unregistered since it was accepted: nothing can run it here
         unknown = (DeadLetterReason.UNKNOWN_TYPE, f"unknown task {pending.task!r}")
-        return _give_up(engine, pending, unknown, dead_letter, with_db_retry)
+        return _give_up(engine, pending, pending.attempts + 1, unknown, dead_letter, with_db_retry)
     attempt = pending.attempts
     while True:
         attempt += 1
@@ -51,13 +51,13 @@ def run_task(
             if final:
                 detail = f"task {pending.task!r} failed after {attempt} attempt(s): {error}"
                 failed = (DeadLetterReason.TASK_FAILED, detail)
-                return _give_up(engine, pending, failed, dead_letter, with_db_retry)
-            with_db_retry(record_attempt, engine, pending.job_id, RETRY, None, error)
+                return _give_up(engine, pending, attempt, failed, dead_letter, with_db_retry)
+            with_db_retry(record_attempt, engine, pending.job_id, attempt, RETRY, None, error)
             _report(pending, attempt, RETRY, error)
             time.sleep(definition.delay)
             continue
         succeeded = TaskRunStatus.SUCCEEDED
-        with_db_retry(record_attempt, engine, pending.job_id, succeeded, encoded, None)
+        with_db_retry(record_attempt, engine, pending.job_id, attempt, succeeded, encoded, None)
         _report(pending, attempt, succeeded)
         return succeeded
 
@@ -76,11 +76,13 @@ def _report(pending: PendingTask, attempt: int, outcome: str, error: str | None 
         log.warning("task attempt %d failed: %s", attempt, error, extra=extra)
 
 
-def _give_up(engine, pending, why: tuple[DeadLetterReason, str], dead_letter, with_db_retry) -> str:
+def _give_up(
+    engine, pending, attempt: int, why: tuple[DeadLetterReason, str], dead_letter, with_db_retry
+) -> str:
     reason, detail = why
     dead_letter(pending.job_id, reason, detail)
     dead = TaskRunStatus.DEAD_LETTERED
-    with_db_retry(record_attempt, engine, pending.job_id, dead, None, detail)
+    with_db_retry(record_attempt, engine, pending.job_id, attempt, dead, None, detail)
     TASKS.labels(pending.task, dead).inc()
     log.warning(
         "task dead-lettered: %s",

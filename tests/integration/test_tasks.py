@@ -73,3 +73,21 @@ def test_tasks_run_once_retry_and_dead_letter(settings, db, tmp_path):
         "unknown_type",
         "unknown workflow or task type 'no-such-type'",
     )
+
+
+def test_recording_an_attempt_twice_counts_it_once(db):
+    """The worker runs ``record_attempt`` again when a connection drops with the
+    commit's outcome unknown; the second run of the same attempt changes nothing."""
+    from onceflow.vocabulary import JobKind, TaskRunStatus
+    from workflow_engine.store.instances import Delivery, create_instances
+    from workflow_engine.store.task_runs import RETRY, pending, record_attempt
+
+    task = JobEnvelope("once_1", "send-welcome-email", {"email": "x@example.org"})
+    create_instances(db, [Delivery(task, "t", 0, 0, kind=JobKind.TASK)])
+    for _ in range(2):
+        record_attempt(db, "once_1", 1, RETRY, None, "down")
+    assert [p.attempts for p in pending(db, ["once_1"])] == [1]
+    for _ in range(2):
+        record_attempt(db, "once_1", 2, TaskRunStatus.SUCCEEDED, b'"ok"', None)
+    assert pending(db, ["once_1"]) == []
+    assert scalar(db, "SELECT attempts FROM onceflow_task_runs WHERE job_id = 'once_1'") == 2

@@ -46,23 +46,29 @@ def pending(engine: Engine, job_ids: Sequence[str]) -> list[PendingTask]:
 def record_attempt(
     engine: Engine,
     job_id: str,
+    attempt: int,
     outcome: str,
     result_json: bytes | None = None,
     error: str | None = None,
 ) -> None:
-    """Record one attempt: :data:`RETRY` (stays pending), or the run's final
-    :class:`TaskRunStatus` (succeeded or dead_lettered)."""
+    """Record attempt number ``attempt``: :data:`RETRY` (stays pending), or the run's
+    final :class:`TaskRunStatus` (succeeded or dead_lettered).
+
+    Idempotent, since the worker runs it again when a connection drops with the commit's
+    outcome unknown: a second run of the same attempt finds it recorded (``attempts``
+    already at ``attempt``, or the run no longer pending) and changes nothing."""
     status = TaskRunStatus.PENDING if outcome == RETRY else TaskRunStatus(outcome)
     with engine.begin() as conn:
         conn.execute(
             sa.text(
-                "UPDATE onceflow_task_runs SET attempts = attempts + 1, status = :status,"
+                "UPDATE onceflow_task_runs SET attempts = :attempt, status = :status,"
                 " result = CAST(:result AS jsonb), error = :error,"
                 " finished_at = CASE WHEN :status = :pending THEN NULL ELSE now() END"
-                " WHERE job_id = :job_id AND status = :pending"
+                " WHERE job_id = :job_id AND status = :pending AND attempts < :attempt"
             ),
             {
                 "job_id": job_id,
+                "attempt": attempt,
                 "status": str(status),
                 "pending": str(TaskRunStatus.PENDING),
                 "error": error,
