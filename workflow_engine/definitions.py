@@ -53,6 +53,7 @@ class Context(Protocol):
         *args: Any,
         retries: RetryPolicy | None = None,
         timeout: float | None = None,
+        inline: bool | None = None,
         **kwargs: Any,
     ) -> Any: ...
 
@@ -86,6 +87,7 @@ WorkflowFn = Callable[[Context, dict[str, Any]], Awaitable[Any]]
 _REGISTRY: dict[str, WorkflowFn] = {}
 _LIMITS: dict[str, int] = {}
 _VERSIONS: dict[str, str] = {}
+_INLINE: set[str] = set()  # workflows whose sync steps run on the event loop
 _TASKS: dict[str, TaskDef] = {}
 _SCHEDULES: dict[str, ScheduleDef] = {}
 
@@ -102,6 +104,7 @@ def workflow(
     hold_while_waiting: bool = False,
     rate_limit: RateLimit | None = None,
     fairness_key: str | None = None,
+    inline_steps: bool = False,
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register an async function ``(ctx, params)`` as the workflow called ``name``.
 
@@ -131,6 +134,10 @@ def workflow(
             raise ValueError(f"{name!r} is registered twice")
         _VERSIONS[name] = check_version(version) if version is not None else fingerprint(fn)
         _REGISTRY[name] = fn
+        if inline_steps:
+            _INLINE.add(name)
+        else:
+            _INLINE.discard(name)
         if declared is not None:
             _SCHEDULES[declared.name] = declared
         if concurrency is not None:
@@ -212,6 +219,11 @@ def get_workflow(name: str) -> WorkflowFn | None:
 
 def registered_workflows() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def runs_steps_inline(name: str) -> bool:
+    """Whether ``name``'s sync steps run on the event loop by default (``inline_steps``)."""
+    return name in _INLINE
 
 
 def workflow_version(name: str) -> str | None:

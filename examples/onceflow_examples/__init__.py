@@ -94,6 +94,15 @@ async def noop_workflow(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
     return {"steps": 3}
 
 
+@workflow("noop-inline-workflow", inline_steps=True)
+async def noop_inline_workflow(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
+    """``noop-workflow`` with its sync steps run on the engine's event loop (no thread
+    hop): what a workflow of quick steps gains by opting in."""
+    for n in range(3):
+        await ctx.step(f"step {n + 1}", _noop, n)
+    return {"steps": 3}
+
+
 @workflow("approval-workflow")
 async def approval_workflow(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
     """Waits (durably, holding no worker) for an 'approved' event, or times out."""

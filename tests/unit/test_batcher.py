@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from onceflow.vocabulary import AttemptOutcome
 from workflow_engine.engine.batcher import WriteBatcher
 from workflow_engine.errors import NonDeterminismError
-from workflow_engine.store.writes import Answer, FinishStep, Heartbeat, StartStep, Write
+from workflow_engine.store.writes import Answer, Chain, FinishStep, Heartbeat, StartStep, Write
 
 
 class Broken(Exception):
@@ -28,6 +29,8 @@ def _answer(write: Write[Any]) -> Answer:
 
 
 def _is_bad(write: Write[Any]) -> bool:
+    if isinstance(write, Chain):
+        return _is_bad(write.then)
     return isinstance(write, StartStep) and write.name == "bad"
 
 
@@ -136,7 +139,10 @@ def test_max_batch_is_respected():
     batcher = WriteBatcher(store, writers=1, max_batch=4)
 
     async def body() -> list[None]:
-        writes = [FinishStep(f"j{i}", i, 1, AttemptOutcome.COMPLETE, b"1") for i in range(10)]
+        writes = [
+            FinishStep(f"j{i}", i, 1, datetime.now(UTC), AttemptOutcome.COMPLETE, b"1")
+            for i in range(10)
+        ]
         return await asyncio.gather(*(batcher.write(w) for w in writes))
 
     assert run_with(batcher, body) == [None] * 10
@@ -167,6 +173,22 @@ def test_a_failed_single_write_gets_the_batch_error():
     with pytest.raises(Broken):
         run_with(batcher, body)
     assert store.each == []  # nothing to isolate
+
+
+def test_a_failed_chain_alone_in_its_batch_is_still_split():
+    """Its checkpoint must commit on its own even when what follows it is refused, so a
+    lone chain goes through the one-by-one path too (which applies its parts apart)."""
+    store = FakeStore()
+    batcher = WriteBatcher(store)
+    checkpoint = FinishStep("b", 1, 1, datetime.now(UTC), AttemptOutcome.COMPLETE, b"1")
+    chain = Chain(checkpoint, StartStep("b", 2, "bad"))
+
+    async def body() -> Any:
+        return await batcher.write(chain)
+
+    with pytest.raises(NonDeterminismError):
+        run_with(batcher, body)
+    assert store.each == [[chain]]
 
 
 def test_a_heartbeat_batch_never_overlaps_another_batch():

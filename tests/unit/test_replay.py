@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 import pytest
@@ -14,16 +15,25 @@ from workflow_engine.clock import FakeClock
 from workflow_engine.definitions import RetryPolicy
 from workflow_engine.engine.context import WorkflowContext
 from workflow_engine.engine.runtime import Runtime
-from workflow_engine.errors import NonDeterminismError, StepFailed, Suspend
+from workflow_engine.errors import NonDeterminismError, StepFailed, StepResultError, Suspend
 from workflow_engine.steps import current_step
 from workflow_engine.store.claim import RecordedStep
-from workflow_engine.store.writes import FinishStep, StartStep, Write
+from workflow_engine.store.writes import (
+    Chain,
+    FinishInstance,
+    FinishStep,
+    Started,
+    StartStep,
+    Write,
+)
 
 T = TypeVar("T")
+AT = datetime(2025, 1, 1, tzinfo=UTC)  # every attempt's start, as the fake answers it
 
 
 class FakeRuntime:
-    """Records writes; answers a ``StartStep`` with the next attempt number."""
+    """Records writes (a ``Chain`` as its two parts, and whole in ``sent``); answers a
+    ``StartStep`` with the next attempt number."""
 
     owner = "test-engine"
     max_result_bytes = 1000
@@ -32,14 +42,22 @@ class FakeRuntime:
         self.clock = FakeClock(datetime(2025, 1, 1).astimezone())
         self.default_retry = default_retry
         self.writes: list[Write[Any]] = []
+        self.sent: list[Write[Any]] = []
         self.db_calls: list[str] = []
         self._attempts: dict[int, int] = {}
 
     async def write(self, write: Write[T]) -> T:
+        self.sent.append(write)
+        return await self._apply(write)
+
+    async def _apply(self, write: Write[T]) -> T:
+        if isinstance(write, Chain):
+            await self._apply(write.first)
+            return await self._apply(write.then)
         self.writes.append(write)
         if isinstance(write, StartStep):
             attempt = self._attempts[write.position] = self._attempts.get(write.position, 0) + 1
-            return cast(T, attempt)
+            return cast(T, Started(attempt, AT))
         return cast(T, None)
 
     async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -114,13 +132,15 @@ def test_a_new_step_after_the_history_runs_and_is_checkpointed():
     async def workflow() -> str:
         order = await ctx.step("fetch", never)
         await ctx.step("charge", never)
-        return await ctx.step("ship", ship, order["order"])
+        shipped = await ctx.step("ship", ship, order["order"])
+        await ctx.flush()  # the runner's part at the end of a run
+        return shipped
 
     assert asyncio.run(workflow()) == "shipped 7"
     assert seen == [(7, "job-1:ship")]
     assert rt.writes == [
         StartStep("job-1", 2, "ship"),
-        FinishStep("job-1", 2, 1, AttemptOutcome.COMPLETE, b'"shipped 7"'),
+        FinishStep("job-1", 2, 1, AT, AttemptOutcome.COMPLETE, b'"shipped 7"'),
     ]
 
 
@@ -129,7 +149,9 @@ def test_an_interrupted_step_runs_again_at_its_position():
     ctx = context(rt, [step(0, "fetch", None, StepStatus.RUNNING)])
 
     async def workflow() -> int:
-        return await ctx.step("fetch", lambda: 5)
+        value = await ctx.step("fetch", lambda: 5)
+        await ctx.flush()
+        return value
 
     assert asyncio.run(workflow()) == 5
     assert [type(w) for w in rt.writes] == [StartStep, FinishStep]
@@ -167,3 +189,162 @@ def test_a_completed_sleep_in_the_history_returns_at_once():
 
     asyncio.run(ctx.sleep("nap", 3600))
     assert rt.db_calls == [] and rt.writes == []
+
+
+def test_a_checkpoint_commits_with_the_next_step_start_before_that_step_runs():
+    """One write per step: step N's checkpoint goes with step N+1's start (a ``Chain``),
+    the last one with the instance's finish, and no step body runs before the
+    checkpoint of the step before it was written."""
+    rt = FakeRuntime()
+    ctx = context(rt, [])
+    seen: list[int] = []
+
+    def body(n: int) -> int:
+        seen.append(len(rt.sent))  # writes sent before this body ran
+        return n
+
+    async def workflow() -> None:
+        for n in range(3):
+            await ctx.step(f"s{n}", body, n)
+        await ctx.commit(FinishInstance("job-1", InstanceStatus.COMPLETE, b"null"))
+
+    asyncio.run(workflow())
+    done = [
+        FinishStep("job-1", n, 1, AT, AttemptOutcome.COMPLETE, str(n).encode()) for n in range(3)
+    ]
+    assert rt.sent == [
+        StartStep("job-1", 0, "s0"),
+        Chain(done[0], StartStep("job-1", 1, "s1")),
+        Chain(done[1], StartStep("job-1", 2, "s2")),
+        Chain(done[2], FinishInstance("job-1", InstanceStatus.COMPLETE, b"null")),
+    ]
+    assert seen == [1, 2, 3]
+
+
+def test_a_held_checkpoint_is_written_before_a_gather():
+    rt = FakeRuntime()
+    ctx = context(rt, [])
+
+    async def workflow() -> None:
+        await ctx.step("a", lambda: 1)
+        await ctx.gather(ctx.step("b", lambda: 2), ctx.step("c", lambda: 3))
+
+    asyncio.run(workflow())
+    assert rt.sent[:2] == [
+        StartStep("job-1", 0, "a"),
+        FinishStep("job-1", 0, 1, AT, AttemptOutcome.COMPLETE, b"1"),
+    ]
+    # branches write their own checkpoints: none is held past the gather
+    assert sum(isinstance(w, FinishStep) for w in rt.writes) == 3
+    assert not any(isinstance(w, Chain) for w in rt.sent)
+
+
+def test_an_inline_step_runs_on_the_event_loop_thread_and_a_plain_one_does_not():
+    import threading
+
+    rt = FakeRuntime()
+    ctx = context(rt, [])
+    loop_thread = threading.get_ident()
+
+    async def workflow() -> list[bool]:
+        here = threading.get_ident
+        return [
+            await ctx.step("threaded", lambda: here() == loop_thread),
+            await ctx.step("inline", lambda: here() == loop_thread, inline=True),
+            await ctx.step("timed", lambda: here() == loop_thread, inline=True, timeout=5),
+        ]
+
+    assert asyncio.run(workflow()) == [False, True, False]
+    ctx2 = WorkflowContext(_runtime(FakeRuntime()), "job-2", "orders", [], inline_steps=True)
+
+    async def defaulted() -> list[bool]:
+        here = threading.get_ident
+        return [
+            await ctx2.step("inline", lambda: here() == loop_thread),
+            await ctx2.step("opt-out", lambda: here() == loop_thread, inline=False),
+        ]
+
+    assert asyncio.run(defaulted()) == [True, False]
+
+
+class FailingChainRuntime(FakeRuntime):
+    """Fails the first chained write with ``error`` (its fate unknown to the caller)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__()
+        self.error = error
+
+    async def write(self, write: Write[T]) -> T:
+        if isinstance(write, Chain) and self.error is not None:
+            error, self.error = self.error, None
+            self.sent.append(write)
+            raise error
+        return await super().write(write)
+
+
+def test_a_failed_chained_write_ends_the_run_even_if_the_workflow_catches_it():
+    """A lost connection with a checkpoint aboard: whether it committed is unknown, so
+    every later write raises the same error and replay decides (no run that completes
+    with an earlier step left running)."""
+    lost = ConnectionError("server closed the connection")
+    rt = FailingChainRuntime(lost)
+    ctx = context(rt, [])
+
+    async def workflow() -> None:
+        await ctx.step("a", lambda: 1)
+        with contextlib.suppress(ConnectionError):  # workflow code may catch anything
+            await ctx.step("b", lambda: 2)  # its start carries a's checkpoint: fails
+        await ctx.step("c", lambda: 3)
+
+    with pytest.raises(ConnectionError):
+        asyncio.run(workflow())
+    with pytest.raises(ConnectionError):
+        asyncio.run(ctx.commit(FinishInstance("job-1", InstanceStatus.COMPLETE, b"null")))
+    assert rt.writes == [StartStep("job-1", 0, "a")]  # nothing after the lost write
+
+
+def test_two_main_line_steps_run_concurrently_without_gather_both_checkpoint():
+    rt = FakeRuntime()
+    ctx = context(rt, [])
+
+    async def workflow() -> None:
+        await asyncio.gather(ctx.step("x", lambda: 1), ctx.step("y", lambda: 2))
+        await ctx.flush()
+
+    asyncio.run(workflow())
+    done = sorted(w.position for w in rt.writes if isinstance(w, FinishStep))
+    assert done == [0, 1]
+
+
+def test_a_held_checkpoint_is_written_before_a_database_call():
+    order: list[str] = []
+
+    class Recording(FakeRuntime):
+        async def write(self, write: Write[T]) -> T:
+            order.append(type(write).__name__)
+            return await super().write(write)
+
+        async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+            order.append(fn.__name__)
+            return cast(T, (None, False))  # begin_wait: (wake, not due)
+
+    ctx = context(Recording(), [])
+
+    async def workflow() -> None:
+        await ctx.step("a", lambda: 1)
+        await ctx.sleep("nap", 60)
+
+    with pytest.raises(Suspend):
+        asyncio.run(workflow())
+    assert order == ["StartStep", "FinishStep", "begin_wait"]
+
+
+def test_a_result_with_a_nul_character_is_a_clear_step_error():
+    rt = FakeRuntime(RetryPolicy(limit=3, delay=0))
+    ctx = context(rt, [])
+
+    with pytest.raises(StepResultError, match="NUL"):
+        asyncio.run(ctx.step("a", lambda: {"note": "a\x00b"}))
+    outcomes = [w.outcome for w in rt.writes if isinstance(w, FinishStep)]
+    assert outcomes == [AttemptOutcome.FAILED]  # not retried: it would fail the same way
+    assert asyncio.run(context(FakeRuntime(), []).step("b", lambda: "\\u0000")) == "\\u0000"

@@ -110,6 +110,8 @@ def test_step_spans_are_children_of_the_jobs_traceparent_and_replay_emits_none(e
     async def workflow() -> None:
         await ctx.step("fetch", charge)  # replayed: recorded complete, emits nothing
         await ctx.step("charge", charge)
+        assert exported.get_finished_spans() == ()  # ends once its checkpoint commits
+        await ctx.flush()  # the runner's part at the end of a run
 
     asyncio.run(workflow())
     finished = exported.get_finished_spans()
@@ -140,6 +142,7 @@ def test_a_failed_attempt_is_an_error_span_and_the_retry_another(exported):
 
     async def workflow() -> None:
         await ctx.step("flaky", flaky, retries=RetryPolicy(limit=2, delay=0))
+        await ctx.flush()
 
     asyncio.run(workflow())
     finished = exported.get_finished_spans()

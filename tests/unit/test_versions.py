@@ -7,7 +7,7 @@ import asyncio
 import importlib.util
 import textwrap
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -21,7 +21,7 @@ from workflow_engine.definitions import registered_versions, workflow, workflow_
 from workflow_engine.engine.context import WorkflowContext
 from workflow_engine.errors import NonDeterminismError
 from workflow_engine.store.claim import RecordedStep
-from workflow_engine.store.writes import StartStep, Write
+from workflow_engine.store.writes import Chain, Started, StartStep, Write
 from workflow_engine.versions import check_version, fingerprint
 
 T = TypeVar("T")
@@ -124,9 +124,12 @@ class MarkerRuntime:
         self.started: list[tuple[int, str]] = []
 
     async def write(self, write: Write[T]) -> T:
+        if isinstance(write, Chain):  # a checkpoint and the write after it
+            await self.write(write.first)
+            return await self.write(write.then)
         if isinstance(write, StartStep):
             self.started.append((write.position, write.name))
-            return cast(T, 1)
+            return cast(T, Started(1, datetime(2025, 1, 1, tzinfo=UTC)))
         return cast(T, None)
 
     async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

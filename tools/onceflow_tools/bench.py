@@ -347,45 +347,54 @@ def engine(
     jobs: int,
     log_dir: Path,
     workflow: str = "noop-workflow",
-    concurrencies: tuple[int, ...] = (16, 64, 128),
+    concurrencies: tuple[int, ...] = (16, 64, 128, 256),
     engine_counts: tuple[int, ...] = (1, 2),
+    inline_concurrencies: tuple[int, ...] = (64, 128, 256),
 ) -> dict[str, Any]:
     """Three-step workflows completed per second from a pre-filled instances table, at
-    each engine concurrency with each number of engine processes."""
+    each engine concurrency with each number of engine processes; then, with one engine,
+    the same workflow with its steps run inline (``noop-inline-workflow``: no thread hop)
+    at ``inline_concurrencies``."""
+    grid = [(workflow, c, e) for c in concurrencies for e in engine_counts]
+    grid += [("noop-inline-workflow", c, 1) for c in inline_concurrencies]
     rows = []
-    for concurrency, engines in ((c, e) for c in concurrencies for e in engine_counts):
-        stack = _stack(
-            base,
-            log_dir,
-            f"engine{engines}c{concurrency}",
-            ONCEFLOW_ENGINE_CONCURRENCY=str(concurrency),
-        )
-        try:
-            _prefill(stack, jobs, workflow, "e")
-            t0 = time.monotonic()
-            for i in range(engines):
-                stack.start_engine(f"engine-{i}")
-            _wait_complete(stack, jobs, 600)
-            wall = time.monotonic() - t0
-            # The rate from the first claim to the last completion (engine start-up,
-            # about a second, is not the engine's throughput).
-            assert stack.db is not None
-            span = max(run_span_seconds(stack.db), 1e-3)
-            rows.append(
-                {
-                    "workflow": workflow,
-                    "concurrency": concurrency,
-                    "engines": engines,
-                    "workflows": jobs,
-                    "wall_seconds": wall,
-                    "seconds": span,
-                    "workflows_per_second": jobs / span,
-                    "checkpoints_per_second": 3 * jobs / span,
-                }
-            )
-        finally:
-            stack.close()
+    for name, concurrency, engines in grid:
+        rows.append(_engine_run(base, jobs, log_dir, name, concurrency, engines))
     return {"scenario": "engine", "runs": rows}
+
+
+def _engine_run(
+    base: Settings, jobs: int, log_dir: Path, workflow: str, concurrency: int, engines: int
+) -> dict[str, Any]:
+    stack = _stack(
+        base,
+        log_dir,
+        f"engine{engines}c{concurrency}",
+        ONCEFLOW_ENGINE_CONCURRENCY=str(concurrency),
+    )
+    try:
+        _prefill(stack, jobs, workflow, "e")
+        t0 = time.monotonic()
+        for i in range(engines):
+            stack.start_engine(f"engine-{i}")
+        _wait_complete(stack, jobs, 600)
+        wall = time.monotonic() - t0
+        # The rate from the first claim to the last completion (engine start-up,
+        # about a second, is not the engine's throughput).
+        assert stack.db is not None
+        span = max(run_span_seconds(stack.db), 1e-3)
+        return {
+            "workflow": workflow,
+            "concurrency": concurrency,
+            "engines": engines,
+            "workflows": jobs,
+            "wall_seconds": wall,
+            "seconds": span,
+            "workflows_per_second": jobs / span,
+            "checkpoints_per_second": 3 * jobs / span,
+        }
+    finally:
+        stack.close()
 
 
 def _fill_topic(settings: Settings, jobs: int, dup_fraction: float) -> None:

@@ -122,22 +122,26 @@ def burst_lag(ax: Axes, by: Results) -> bool:
 
 
 def engine_throughput(ax: Axes, by: Results) -> bool:
-    lines: dict[int, dict[int, float]] = {}  # engines -> concurrency -> workflows/s
+    # (inline steps?, engines) -> concurrency -> workflows/s
+    lines: dict[tuple[bool, int], dict[int, float]] = {}
     for r in by.get("engine", {}).get("runs", []):
         if "concurrency" in r:  # older result files lack it
-            lines.setdefault(r["engines"], {})[r["concurrency"]] = r["workflows_per_second"]
+            key = ("inline" in r.get("workflow", ""), r["engines"])
+            lines.setdefault(key, {})[r["concurrency"]] = r["workflows_per_second"]
     dbos_runs = by.get("dbos", {}).get("runs", [])
     for row in dbos_runs:  # its onceflow figure is a one-engine run (engine's own wins)
-        lines.setdefault(1, {}).setdefault(
+        lines.setdefault((False, 1), {}).setdefault(
             row["concurrency"], row["onceflow"]["workflows_per_second"]
         )
     if not lines:
         return False
     values: list[float] = []
-    for engines, points in sorted(lines.items()):
+    for (inline, engines), points in sorted(lines.items()):
         xs = sorted(points)
         values += [points[x] for x in xs]
-        label = f"onceflow, {engines} engine{'s' if engines > 1 else ''}"
+        label = f"onceflow{', inline steps' if inline else ''}, {engines} engine" + (
+            "s" if engines > 1 else ""
+        )
         ax.plot(xs, [points[x] for x in xs], "o-", label=label)
     for label, name, marker in (
         ("dbos_default", "DBOS, 1 s poll", "s"),

@@ -35,7 +35,7 @@ from sqlalchemy.engine import Engine
 from workflow_engine.engine.metrics import WRITE_BATCH_SIZE
 from workflow_engine.store import execution as store
 from workflow_engine.store.db import is_transient
-from workflow_engine.store.writes import Answer, Write
+from workflow_engine.store.writes import Answer, Chain, Write
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -144,10 +144,12 @@ class WriteBatcher:
                 pending.future.set_result(answer)
 
     async def _isolate(self, writes: list[Write[Any]], exc: Exception) -> list[Answer]:
-        """Find the write that broke the batch; the others still go through. If the
-        database itself failed (an outage, a failover), every write gets the error: none
-        is retried here, since the batch may have committed (see ``EngineRunner._give_back``)."""
-        if len(writes) == 1 or is_transient(exc):
+        """Find the write that broke the batch; the others still go through. A chain
+        alone in its batch is split too, so its checkpoint commits even when what follows
+        it is refused. If the database itself failed (an outage, a failover), every write
+        gets the error: none is retried here, since the batch may have committed (see
+        ``EngineRunner._give_back``)."""
+        if is_transient(exc) or (len(writes) == 1 and not isinstance(writes[0], Chain)):
             return [exc] * len(writes)
         log.warning(
             "batch of %d writes failed (%s); applying them one by one",

@@ -29,6 +29,7 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
@@ -43,11 +44,12 @@ from onceflow.vocabulary import (
 )
 from workflow_engine.definitions import DEFAULT_RETRY, ChildHandle, RetryPolicy, workflow_version
 from workflow_engine.engine import branches, tracing
-from workflow_engine.engine.metrics import STEP_DURATION, STEPS, STEPS_STARTED
+from workflow_engine.engine.metrics import INLINE_SLOW, STEP_DURATION, STEPS, STEPS_STARTED
 from workflow_engine.engine.runtime import Runtime
 from workflow_engine.engine.tracing import JobSpans
 from workflow_engine.errors import (
     ChildWorkflowFailed,
+    ControlRequested,
     EventTimeout,
     NonDeterminismError,
     NonRetryableError,
@@ -59,11 +61,28 @@ from workflow_engine.steps import StepInfo, _current_step, idempotency_key
 from workflow_engine.store import children, waits
 from workflow_engine.store import execution as store
 from workflow_engine.store.claim import RecordedStep
-from workflow_engine.store.writes import FinishStep, StartStep, Write
+from workflow_engine.store.writes import Chain, FinishStep, StartStep, Write
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 P = ParamSpec("P")
+
+#: An inline step that keeps the event loop longer than this is counted and logged.
+INLINE_SLOW_SECONDS = 0.05
+#: At most one ``step.inline_slow`` line per workflow and step name in this interval.
+INLINE_SLOW_LOG_SECONDS = 60.0
+_inline_slow_logged: dict[tuple[str, str], float] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A completed step's checkpoint, not yet written: it goes with the instance's next
+    write (see ``WorkflowContext._write``)."""
+
+    write: FinishStep
+    name: str
+    took: float  # seconds the step's code ran
+    span: Any  # its trace span (ended once the checkpoint commits), or None
 
 
 class WorkflowContext:
@@ -78,8 +97,10 @@ class WorkflowContext:
         recorded: list[RecordedStep],
         version: str | None = None,
         engine_version: str | None = None,
+        inline_steps: bool = False,
     ) -> None:
         self._rt = runtime
+        self.inline_steps = inline_steps  # the workflow's default for sync steps
         self.job_id = job_id
         self.workflow = workflow
         self.version = version  # what the instance was created with
@@ -89,6 +110,12 @@ class WorkflowContext:
         self._patches: dict[str, bool] = {}
         # One write of this instance at a time (concurrent gather branches).
         self._writing = asyncio.Lock()
+        # The main line's last completed step, checkpointed with the next write.
+        self._held: _Held | None = None
+        # Set when a write carrying a held checkpoint failed with its fate unknown (a
+        # lost connection, a lost lease): every later write raises it again, so the run
+        # ends even if workflow code catches it, and replay decides what committed.
+        self._broken: BaseException | None = None
         # The children one gather starts (or awaits): one transaction for all of them.
         self._starts = branches.Coalescer(self._start_children)
         self._collects = branches.Coalescer(self._collect_children)
@@ -99,12 +126,59 @@ class WorkflowContext:
         return current[1] if current is not None and current[0] is self else self._main
 
     async def _write(self, write: Write[T]) -> T:
+        """One lease-guarded write of this instance. A held checkpoint goes first, in the
+        same transaction (:class:`~workflow_engine.store.writes.Chain`): one commit per
+        step, and still nothing runs before the checkpoint before it is committed."""
         async with self._writing:
-            return await self._rt.write(write)
+            self._check_broken()
+            held, self._held = self._held, None
+            if held is None:
+                return await self._rt.write(write)
+            try:
+                answer = await self._rt.write(Chain(held.write, write))
+            except (ControlRequested, NonDeterminismError):
+                self._checkpointed(held)  # refused after the checkpoint, which committed
+                raise
+            except BaseException as exc:
+                self._lost(held, exc)
+                raise
+            self._checkpointed(held)
+            return answer
+
+    async def commit(self, write: Write[T]) -> T:
+        """The runner's last write of a run (the instance's finish), after the held
+        checkpoint if any."""
+        return await self._write(write)
+
+    async def flush(self) -> None:
+        """Write the held checkpoint now: before a write that cannot carry it (a sleep,
+        a wait, a child, a gather's branches, a suspension)."""
+        async with self._writing:
+            self._check_broken()
+            held, self._held = self._held, None
+            if held is None:
+                return
+            try:
+                await self._rt.write(held.write)
+            except BaseException as exc:
+                self._lost(held, exc)
+                raise
+            self._checkpointed(held)
+
+    def _check_broken(self) -> None:
+        if self._broken is not None:
+            raise self._broken
+
+    def _lost(self, held: _Held, exc: BaseException) -> None:
+        """A write carrying ``held`` failed: whether the checkpoint committed is not
+        known here, so nothing more of this run may be written."""
+        self._broken = exc
+        tracing.end(held.span, exc)
 
     async def _db(
         self, fn: Callable[Concatenate[Engine, P], T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
+        await self.flush()
         async with self._writing:
             return await self._rt.db(fn, *args, **kwargs)
 
@@ -161,6 +235,7 @@ class WorkflowContext:
         *args: Any,
         retries: RetryPolicy | None = None,
         timeout: float | None = None,
+        inline: bool | None = None,
         **kwargs: Any,
     ) -> Any:
         """Run ``fn(*args, **kwargs)`` once, durably; return its (JSON) result.
@@ -168,44 +243,67 @@ class WorkflowContext:
         A failed attempt is retried per ``retries`` after a delay during which the
         instance sleeps durably (no worker is held); ``NonRetryableError`` fails the
         instance at once.
+
+        A sync ``fn`` runs in a thread, unless ``inline`` (default: the workflow's
+        ``inline_steps``) runs it on the engine's event loop: no thread hop, for quick
+        CPU-light steps only, since it stalls every instance of the engine while it
+        runs. A step with a ``timeout`` always runs in a thread (inline code cannot be
+        interrupted).
         """
         position, recorded = self._next(name, StepKind.STEP)
         if recorded is not None and recorded.status == StepStatus.COMPLETE:
             return recorded.result
         policy = retries or self._rt.default_retry or DEFAULT_RETRY
         while True:
-            attempt = await self._write(StartStep(self.job_id, position, name))
+            attempt, started_at = await self._write(StartStep(self.job_id, position, name))
             STEPS_STARTED.labels(self.workflow).inc()
             token = _current_step.set(StepInfo(self.job_id, self.workflow, name, position, attempt))
             span = self.spans.step(name, position, attempt) if self.spans else None
             started = time.perf_counter()
             try:
                 with tracing.active(span):
-                    value = await self._invoke(fn, args, kwargs, timeout)
+                    value = await self._invoke(fn, args, kwargs, timeout, inline)
                 encoded = store.encode_result(value, self._rt.max_result_bytes)
             except NonRetryableError as exc:
                 tracing.end(span, exc)
-                await self._finish(position, attempt, AttemptOutcome.FAILED, error=_describe(exc))
+                await self._finish(
+                    position, attempt, started_at, AttemptOutcome.FAILED, error=_describe(exc)
+                )
                 STEPS.labels(self.workflow, AttemptOutcome.FAILED).inc()
                 raise
             except Exception as exc:  # step code may raise anything: that is a failed attempt
                 tracing.end(span, exc)
-                await self._attempt_failed(name, position, attempt, policy, exc)
+                await self._attempt_failed(name, position, attempt, started_at, policy, exc)
                 continue
             finally:
                 _current_step.reset(token)
-            await self._attempt_complete(name, position, attempt, encoded, started)
-            tracing.end(span)
+            checkpoint = FinishStep(
+                self.job_id, position, attempt, started_at, AttemptOutcome.COMPLETE, encoded
+            )
+            done = _Held(checkpoint, name, time.perf_counter() - started, span)
+            if self._cursor() is self._main and self._held is None:
+                self._held = done  # goes with the next write
+            else:
+                # A gather branch (its steps run at once), or a second main-line step
+                # run concurrently without gather: written now, not held.
+                await self._write(checkpoint)
+                self._checkpointed(done)
             return value
 
     async def _attempt_failed(
-        self, name: str, position: int, attempt: int, policy: RetryPolicy, exc: Exception
+        self,
+        name: str,
+        position: int,
+        attempt: int,
+        started_at: datetime,
+        policy: RetryPolicy,
+        exc: Exception,
     ) -> None:
         """Record a failed attempt. Raises ``StepFailed`` once retries are spent and
         ``Suspend`` for a retry delay; returns when the step should run again at once."""
         final = attempt > policy.limit
         outcome = AttemptOutcome.FAILED if final else AttemptOutcome.RETRY
-        await self._finish(position, attempt, outcome, error=_describe(exc))
+        await self._finish(position, attempt, started_at, outcome, error=_describe(exc))
         STEPS.labels(self.workflow, outcome).inc()
         delay = 0.0 if final else policy.delay_for(exc, attempt)
         log.warning(
@@ -228,20 +326,19 @@ class WorkflowContext:
         if delay > 0:
             raise Suspend(InstanceStatus.SLEEPING, None, delay=delay) from None
 
-    async def _attempt_complete(
-        self, name: str, position: int, attempt: int, encoded: bytes, started: float
-    ) -> None:
-        await self._finish(position, attempt, AttemptOutcome.COMPLETE, result=encoded)
+    def _checkpointed(self, held: _Held) -> None:
+        """A step's checkpoint has committed: count it, end its span, log it."""
         STEPS.labels(self.workflow, AttemptOutcome.COMPLETE).inc()
-        STEP_DURATION.labels(self.workflow).observe(time.perf_counter() - started)
+        STEP_DURATION.labels(self.workflow).observe(held.took)
+        tracing.end(held.span)
         log.info(
             "step %r complete",
-            name,
+            held.name,
             extra={
                 "event": "step.complete",
                 "job_id": self.job_id,
-                "step": name,
-                "attempt": attempt,
+                "step": held.name,
+                "attempt": held.write.attempt,
             },
         )
 
@@ -405,6 +502,7 @@ class WorkflowContext:
         delay), the instance suspends until the earliest wake-up and replays."""
         if not awaitables:
             return []
+        await self.flush()  # branches write on their own; the main line's step first
         cursor = self._cursor()
         cursors = cursor.split(len(awaitables))
         outcomes = await asyncio.gather(
@@ -414,25 +512,66 @@ class WorkflowContext:
         return branches.settle(outcomes, self._rt.clock.db_now() or datetime.now(UTC))
 
     async def _invoke(
-        self, fn: Callable[..., Any], args: tuple, kwargs: dict, timeout: float | None
+        self,
+        fn: Callable[..., Any],
+        args: tuple,
+        kwargs: dict,
+        timeout: float | None,
+        inline: bool | None,
     ) -> Any:
         if inspect.iscoroutinefunction(fn):
             call = fn(*args, **kwargs)
+        elif timeout is None and (self.inline_steps if inline is None else inline):
+            return self._run_inline(fn, args, kwargs)
         else:
             # Run sync step code in a thread that carries this step's context.
             ctx = contextvars.copy_context()
             call = asyncio.to_thread(ctx.run, fn, *args, **kwargs)
         return await asyncio.wait_for(call, timeout) if timeout else await call
 
+    def _run_inline(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        started = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            took = time.perf_counter() - started
+            if took > INLINE_SLOW_SECONDS:
+                self._inline_slow(took)
+
+    def _inline_slow(self, took: float) -> None:
+        INLINE_SLOW.labels(self.workflow).inc()
+        step = _current_step.get()
+        key = (self.workflow, step.name if step else "?")
+        now = time.monotonic()
+        if now - _inline_slow_logged.get(key, -INLINE_SLOW_LOG_SECONDS) < INLINE_SLOW_LOG_SECONDS:
+            return
+        if len(_inline_slow_logged) > 1000:  # dynamic step names: keep the map bounded
+            _inline_slow_logged.clear()
+        _inline_slow_logged[key] = now
+        log.warning(
+            "inline step %r held the event loop for %.0f ms; run it in a thread (inline=False)",
+            key[1],
+            took * 1000,
+            extra={
+                "event": "step.inline_slow",
+                "job_id": self.job_id,
+                "workflow": self.workflow,
+                "step": key[1],
+            },
+        )
+
     async def _finish(
         self,
         position: int,
         attempt: int,
+        started_at: datetime,
         outcome: AttemptOutcome,
         result: bytes | None = None,
         error: str | None = None,
     ) -> None:
-        await self._write(FinishStep(self.job_id, position, attempt, outcome, result, error))
+        await self._write(
+            FinishStep(self.job_id, position, attempt, started_at, outcome, result, error)
+        )
 
 
 def _describe(exc: BaseException) -> str:

@@ -21,9 +21,14 @@ STEPS_STARTED = Counter(
 )
 STEP_DURATION = Histogram(
     "onceflow_engine_step_duration_seconds",
-    "Duration of successful step attempts",
+    "Duration of successful step attempts (the step's code, counted once checkpointed)",
     ["workflow"],
     buckets=_LATENCY_BUCKETS,
+)
+INLINE_SLOW = Counter(
+    "onceflow_engine_inline_slow_steps_total",
+    "Inline step attempts that held the event loop over 50 ms (run them in a thread)",
+    ["workflow"],
 )
 CLAIM_LATENCY = Histogram(
     "onceflow_engine_claim_latency_seconds",

@@ -45,6 +45,7 @@ from workflow_engine.definitions import (
     get_workflow,
     load_workflow_modules,
     registered_versions,
+    runs_steps_inline,
     workflow_version,
 )
 from workflow_engine.engine.batcher import PostgresWrites, WriteBatcher
@@ -256,7 +257,8 @@ class EngineRunner:
     async def _run_instance(self, inst: claims.Claimed) -> None:
         job = inst.job_id
         try:
-            await self._settle(inst, await self._execute(inst))
+            ctx = self._context(inst)
+            await self._settle(inst, await self._execute(inst, ctx), ctx)
         except LeaseLost as exc:
             log.warning("%s", exc, extra={"event": "engine.lease_lost", "job_id": job})
         except asyncio.CancelledError:
@@ -272,11 +274,7 @@ class EngineRunner:
             if inst.workflow in flow_controls() or inst.workflow in concurrency_limits():
                 self._wake.set()  # it freed a limited slot: an instance it held may go
 
-    async def _execute(self, inst: claims.Claimed) -> Outcome:
-        """Run the workflow function (from the top: replay) and say how it ended."""
-        fn = get_workflow(inst.workflow)
-        if fn is None:
-            return Failed(f"unknown workflow {inst.workflow!r}")
+    def _context(self, inst: claims.Claimed) -> WorkflowContext:
         ctx = WorkflowContext(
             self,
             inst.job_id,
@@ -284,9 +282,17 @@ class EngineRunner:
             inst.history,
             version=inst.version,
             engine_version=workflow_version(inst.workflow),
+            inline_steps=runs_steps_inline(inst.workflow),
         )
         if self._traced:
             ctx.spans = JobSpans.of(inst.traceparent, inst.job_id, inst.workflow, inst.claim_count)
+        return ctx
+
+    async def _execute(self, inst: claims.Claimed, ctx: WorkflowContext) -> Outcome:
+        """Run the workflow function (from the top: replay) and say how it ended."""
+        fn = get_workflow(inst.workflow)
+        if fn is None:
+            return Failed(f"unknown workflow {inst.workflow!r}")
         log.info(
             "instance running",
             extra={
@@ -336,16 +342,19 @@ class EngineRunner:
             await asyncio.sleep(delay)
             delay = min(2 * delay, 2.0)
 
-    async def _settle(self, inst: claims.Claimed, outcome: Outcome) -> None:
-        """Record how a run ended."""
+    async def _settle(self, inst: claims.Claimed, outcome: Outcome, ctx: WorkflowContext) -> None:
+        """Record how a run ended. The last step's checkpoint, if the run still holds
+        it, commits with the finish, or before a suspension or a control action."""
         match outcome:
             case Completed(result):
-                await self._finish(inst, InstanceStatus.COMPLETE, result=result)
+                await self._finish(inst, ctx, InstanceStatus.COMPLETE, result=result)
             case Failed(error):
-                await self._finish(inst, InstanceStatus.ERRORED, error=error)
+                await self._finish(inst, ctx, InstanceStatus.ERRORED, error=error)
             case Suspended():
+                await ctx.flush()
                 await self._suspend(inst, outcome)
             case ControlApplied(action):
+                await ctx.flush()
                 await self._apply_control(inst, action)
             case LostLease(reason):
                 log.warning(
@@ -386,11 +395,12 @@ class EngineRunner:
     async def _finish(
         self,
         inst: claims.Claimed,
+        ctx: WorkflowContext,
         status: InstanceStatus,
         result: bytes | None = None,
         error: str | None = None,
     ) -> None:
-        await self.write(FinishInstance(inst.job_id, status, result, error))
+        await ctx.commit(FinishInstance(inst.job_id, status, result, error))
         FINISHED.labels(inst.workflow, status).inc()
         if self._traced and (spans := JobSpans.of(inst.traceparent, *_ids(inst))):
             spans.finished(status, error)

@@ -13,7 +13,9 @@ taken over can never write a checkpoint for an instance another engine now runs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -36,9 +38,11 @@ from workflow_engine.store import children
 from workflow_engine.store.fragments import json_text as _json_text
 from workflow_engine.store.writes import (
     Answer,
+    Chain,
     FinishInstance,
     FinishStep,
     Heartbeat,
+    Started,
     StartStep,
     Write,
 )
@@ -81,14 +85,17 @@ abandoned AS (
     UPDATE onceflow_step_attempts a
     SET outcome = '{AttemptOutcome.ABANDONED}', finished_at = now()
     FROM step
-    WHERE a.job_id = step.job_id AND a.position = step.position AND a.finished_at IS NULL
+    -- only a step started before can have an attempt its crashed engine left open
+    WHERE step.attempts > 1
+      AND a.job_id = step.job_id AND a.position = step.position AND a.finished_at IS NULL
 ),
 attempt AS (
     INSERT INTO onceflow_step_attempts (job_id, position, attempt, engine_id)
     SELECT job_id, position, attempts, :owner FROM step
-    RETURNING job_id, attempt
+    RETURNING job_id, attempt, started_at
 )
-SELECT input.job_id, attempt.attempt, lease.requested_action, lease.job_id IS NOT NULL
+SELECT input.job_id, attempt.attempt, attempt.started_at, lease.requested_action,
+       lease.job_id IS NOT NULL
 FROM input LEFT JOIN lease USING (job_id) LEFT JOIN attempt USING (job_id)
 """
 )
@@ -97,10 +104,10 @@ _FINISH_STEPS = sa.text(
     f"""
 WITH input AS (
     SELECT * FROM unnest(CAST(:job_ids AS text[]), CAST(:positions AS int[]),
-                         CAST(:attempts AS int[]), CAST(:statuses AS text[]),
-                         CAST(:outcomes AS text[]), CAST(:results AS text[]),
-                         CAST(:errors AS text[]))
-        AS t(job_id, position, attempt, status, outcome, result, error)
+                         CAST(:attempts AS int[]), CAST(:started AS timestamptz[]),
+                         CAST(:statuses AS text[]), CAST(:outcomes AS text[]),
+                         CAST(:results AS text[]), CAST(:errors AS text[]))
+        AS t(job_id, position, attempt, started_at, status, outcome, result, error)
 ),
 {_LEASE_OF_INPUT},
 step AS (
@@ -119,7 +126,9 @@ attempt AS (
     UPDATE onceflow_step_attempts a
     SET outcome = input.outcome, error = input.error, finished_at = now()
     FROM input JOIN step USING (job_id)
-    WHERE a.job_id = input.job_id AND a.position = input.position AND a.attempt = input.attempt
+    -- started_at is the partition key: the update reads the attempt's partition only
+    WHERE a.started_at = input.started_at
+      AND a.job_id = input.job_id AND a.position = input.position AND a.attempt = input.attempt
 )
 SELECT job_id FROM step
 """
@@ -170,20 +179,22 @@ def _start_steps(conn: sa.Connection, owner: str, writes: list[StartStep]) -> li
             "names": [w.name for w in writes],
         },
     )
-    found = {job_id: (attempt, action, leased) for job_id, attempt, action, leased in rows}
+    found = {job_id: (attempt, at, action, leased) for job_id, attempt, at, action, leased in rows}
     return [_start_answer(w, *found[w.job_id]) for w in writes]
 
 
-def _start_answer(w: StartStep, attempt: int | None, action: str | None, leased: bool) -> Answer:
+def _start_answer(
+    w: StartStep, attempt: int | None, at: datetime | None, action: str | None, leased: bool
+) -> Answer:
     if not leased:
         return LeaseLost(f"lease on {w.job_id} lost before step {w.name!r}")
     if action is not None:
         return ControlRequested(action)
-    if attempt is None:
+    if attempt is None or at is None:
         return NonDeterminismError(
             f"step {w.name!r} at position {w.position} does not match history"
         )
-    return int(attempt)
+    return Started(int(attempt), at)
 
 
 def _guarded(
@@ -206,6 +217,7 @@ def _finish_steps(conn: sa.Connection, owner: str, writes: list[FinishStep]) -> 
         "owner": owner,
         "positions": [w.position for w in writes],
         "attempts": [w.attempt for w in writes],
+        "started": [w.started_at for w in writes],
         "statuses": [_STEP_STATUS[w.outcome].value for w in writes],
         "outcomes": [w.outcome.value for w in writes],
         "results": [_json_text(w.result) for w in writes],
@@ -264,31 +276,58 @@ def write_batch(engine: Engine, owner: str, writes: Sequence[Write[Any]]) -> lis
     in its instance (``LeaseLost``, ``ControlRequested``, ``NonDeterminismError``).
     A database error aborts the whole batch and propagates; :func:`write_each` then
     isolates the write that caused it.
+
+    Two phases: every checkpoint (plain ``FinishStep`` writes and the heads of
+    :class:`Chain` writes, one statement) first, then everything else, one statement per
+    class; the second half of a chain whose checkpoint could not apply is skipped, so a
+    lost lease never finishes an instance whose last step was not recorded.
     """
-    by_class: dict[type[Write[Any]], list[int]] = {}
-    for index, write in enumerate(writes):
-        by_class.setdefault(type(write), []).append(index)
     answers: list[Answer] = [None] * len(writes)
     with engine.begin() as conn:
-        for cls, indexes in by_class.items():
-            applied = _APPLY[cls](conn, owner, [writes[i] for i in indexes])
-            for index, answer in zip(indexes, applied, strict=True):
+        heads = [
+            (i, w.first if isinstance(w, Chain) else w)
+            for i, w in enumerate(writes)
+            if isinstance(w, Chain | FinishStep)
+        ]
+        if heads:
+            applied = _finish_steps(conn, owner, [w for _, w in heads])
+            for (index, _), answer in zip(heads, applied, strict=True):
+                answers[index] = answer
+        rest: dict[type[Write[Any]], list[tuple[int, Write[Any]]]] = {}
+        for index, write in enumerate(writes):
+            if isinstance(write, Chain) and answers[index] is None:
+                rest.setdefault(type(write.then), []).append((index, write.then))
+            elif not isinstance(write, Chain | FinishStep):
+                rest.setdefault(type(write), []).append((index, write))
+        for cls, items in rest.items():
+            applied = _APPLY[cls](conn, owner, [w for _, w in items])
+            for (index, _), answer in zip(items, applied, strict=True):
                 answers[index] = answer
     return answers
 
 
 def write_each(engine: Engine, owner: str, writes: Sequence[Write[Any]]) -> list[Answer]:
     """Apply writes one transaction each (after a batch failed): one bad write (a step
-    name used twice in a run, say) fails only its own instance."""
+    name used twice in a run, say) fails only its own instance. A chain's checkpoint
+    commits on its own first, so the step it records stays recorded even when what
+    follows it is refused."""
     answers: list[Answer] = []
     for write in writes:
-        try:
-            answers.append(write_batch(engine, owner, [write])[0])
-        except IntegrityError as exc:
-            answers.append(_integrity_answer(write, exc))
-        except Exception as exc:
-            answers.append(exc)
+        if isinstance(write, Chain):
+            head = _apply_one(engine, owner, write.first)
+            answers.append(head if head is not None else _apply_one(engine, owner, write.then))
+        else:
+            answers.append(_apply_one(engine, owner, write))
     return answers
+
+
+def _apply_one(engine: Engine, owner: str, write: Write[Any]) -> Answer:
+    try:
+        return write_batch(engine, owner, [write])[0]
+    except IntegrityError as exc:
+        return _integrity_answer(write, exc)
+    except Exception as exc:
+        return exc
 
 
 def _integrity_answer(write: Write[Any], exc: IntegrityError) -> Answer:
@@ -307,4 +346,13 @@ def encode_result(value: Any, max_bytes: int) -> bytes:
         raise StepResultError(f"result is not JSON-serialisable: {exc}") from None
     if len(data) > max_bytes:
         raise StepResultError(f"result is {len(data)} bytes, over the {max_bytes}-byte limit")
+    if b"\\u0000" in data and _NUL_ESCAPE.search(data):
+        # PostgreSQL's jsonb cannot store U+0000; refused here, as a clear step error,
+        # instead of failing the checkpoint (and every replay's) in the database.
+        raise StepResultError("result contains a NUL character (\\u0000), which cannot be stored")
     return data
+
+
+#: ``\u0000`` escaped by the JSON encoder (an odd run of backslashes before ``u0000``;
+#: an even run is a literal backslash followed by the text "u0000").
+_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")

@@ -4,7 +4,7 @@ A write crosses two seams: the engine queues it to its group-commit writer
 (:mod:`workflow_engine.engine.batcher`), and the store applies a batch of them
 (:func:`workflow_engine.store.execution.write_batch`), grouped by class, one multi-row
 statement per class. ``Write[T]`` names the answer a write gets once committed, so
-``await batcher.write(StartStep(...))`` is an ``int`` to the type checker too. A write
+``await batcher.write(StartStep(...))`` is a :class:`Started` to the type checker too. A write
 that cannot apply answers with the exception its instance should raise instead
 (``LeaseLost``, ``ControlRequested``, ``NonDeterminismError``).
 """
@@ -12,7 +12,8 @@ that cannot apply answers with the exception its instance should raise instead
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Generic, TypeVar
+from datetime import datetime
+from typing import ClassVar, Generic, NamedTuple, TypeVar
 
 from onceflow.vocabulary import AttemptOutcome, InstanceStatus
 
@@ -30,9 +31,19 @@ class Write(Generic[T]):
     runs_alone: ClassVar[bool] = False
 
 
+class Started(NamedTuple):
+    """What a committed ``StartStep`` answers."""
+
+    attempt: int  # 1-based
+    #: The attempt row's ``started_at``: the partition key of ``onceflow_step_attempts``,
+    #: carried to the attempt's close so that update reads one partition, not all.
+    at: datetime
+
+
 @dataclass(frozen=True, slots=True)
-class StartStep(Write[int]):
-    """Record a new attempt of step ``name`` at ``position``; answers the attempt number."""
+class StartStep(Write[Started]):
+    """Record a new attempt of step ``name`` at ``position``; answers its number and
+    start time."""
 
     job_id: str
     position: int
@@ -46,6 +57,7 @@ class FinishStep(Write[None]):
     job_id: str
     position: int
     attempt: int
+    started_at: datetime  # ``Started.at`` of the attempt
     outcome: AttemptOutcome
     result: bytes | None = None  # JSON
     error: str | None = None
@@ -59,6 +71,22 @@ class FinishInstance(Write[None]):
     status: InstanceStatus
     result: bytes | None = None  # JSON
     error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Chain(Write[T]):
+    """A step's checkpoint and the write that follows it in its instance (the next
+    step's start, the instance's finish), committed in one transaction, in order.
+
+    This is how a workflow pays one commit per step instead of two: the checkpoint of
+    step N waits until the workflow asks for its next durable operation and goes with
+    it. Nothing that follows runs before both commit. Answers what ``then`` answers;
+    if ``first`` cannot apply (the lease was lost), its exception, and ``then`` is not
+    applied either.
+    """
+
+    first: FinishStep
+    then: Write[T]
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,12 @@ def test_burst_smoke(base_settings, tmp_path):
 @pytest.mark.timeout(300)
 def test_engine_smoke(base_settings, tmp_path):
     settings = base_settings.model_copy(update={"state_dir": tmp_path})
-    result = engine(settings, 100, tmp_path, concurrencies=(8,))
-    assert [r["engines"] for r in result["runs"]] == [1, 2]
+    result = engine(settings, 100, tmp_path, concurrencies=(8,), inline_concurrencies=(8,))
+    assert [(r["workflow"], r["engines"]) for r in result["runs"]] == [
+        ("noop-workflow", 1),
+        ("noop-workflow", 2),
+        ("noop-inline-workflow", 1),
+    ]
     assert all(r["workflows"] == 100 for r in result["runs"])
     assert "workflows/s" in render(result)
 
