@@ -17,6 +17,7 @@ import asyncio
 import logging
 import sys
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -79,12 +80,15 @@ class JsonLines(logging.StreamHandler[TextIO]):
         self._waiting: list[str] = []
 
     def write_line(self, line: str) -> None:
+        self.write_lines((line,))
+
+    def write_lines(self, lines: Iterable[str]) -> None:
         # Under the handler's lock: another thread's record (librdkafka's logger, the
         # broker watcher) swaps the list in write_waiting; an append racing that swap
         # would land on the list already written, and the line would be lost.
         with self.lock:  # type: ignore[union-attr]
-            self._waiting.append(line)
-            first = len(self._waiting) == 1
+            first = not self._waiting
+            self._waiting.extend(lines)
         if first:
             try:
                 asyncio.get_running_loop().call_soon(self.write_waiting)
@@ -130,9 +134,19 @@ class EventLog:
 
     def info(self, fields: dict[str, Any]) -> None:
         """Log ``fields`` (the caller checked :meth:`enabled`)."""
+        self.info_each({}, [fields])
+
+    def info_each(self, common: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+        """One line per row, each with ``common``'s fields then the row's (the caller
+        checked :meth:`enabled`), e.g. the jobs of one request. The line's start
+        (``ts`` to ``common``) is encoded once and each row's fields are spliced after
+        it: one small ``orjson.dumps`` per line, where building and encoding a whole
+        dict per job was ~10% of a 100-job batch's CPU (BENCHMARKS.md, "Third
+        round")."""
         handler = _only_json_handler(self.logger)
         if handler is None:
-            self.logger.info(self.msg, extra={"event": self.event, **fields})
+            for row in rows:
+                self.logger.info(self.msg, extra={"event": self.event, **common, **row})
             return
         doc: dict[str, Any] = {
             "ts": self._timestamp(),
@@ -143,8 +157,18 @@ class EventLog:
         }
         if handler.process_name:
             doc["process"] = handler.process_name
-        doc.update(fields)
-        handler.write_line(orjson.dumps(doc, default=str).decode() + "\n")
+        doc.update(common)
+        if len(rows) == 1:
+            doc.update(rows[0])
+            handler.write_lines((_line(doc),))
+            return
+        if not all(doc.keys().isdisjoint(row) for row in rows):
+            # a field replacing one of the line's own: a dict per line
+            handler.write_lines([_line({**doc, **row}) for row in rows])
+            return
+        start = _line(doc)[:-2]  # without "}\n"
+        lines = [_splice(start, orjson.dumps(row, default=str).decode()) for row in rows]
+        handler.write_lines(lines)
 
     def _timestamp(self) -> str:
         """The ``ts`` field, formatted once per millisecond."""
@@ -154,6 +178,16 @@ class EventLog:
             when = datetime.fromtimestamp(ms / 1000, UTC)
             self._ms, self._ts = ms, when.isoformat(timespec="milliseconds")
         return self._ts
+
+
+def _line(doc: dict[str, Any]) -> str:
+    return orjson.dumps(doc, default=str).decode() + "\n"
+
+
+def _splice(start: str, fields: str) -> str:
+    """``start`` (a JSON object without its closing brace) followed by the members of
+    the JSON object ``fields``."""
+    return f"{start},{fields[1:]}\n" if len(fields) > 2 else start + "}\n"
 
 
 def _only_json_handler(logger: logging.Logger) -> JsonLines | None:

@@ -11,14 +11,14 @@ not even full (BENCHMARKS.md, "Single-job requests: where the time goes").
 So once :data:`LOOP_POLLING_FROM` records or more wait for reports, the event loop
 polls: ``poll(0)`` every :data:`LOOP_POLL_INTERVAL` seconds, on its own thread, so the
 callbacks run there, with the GIL already held, and resolve the requests' futures
-directly; it keeps polling until no record waits. Below that (one client at a time)
-the loop is mostly idle, the thread gets the GIL at once, and a timer every half
-millisecond would cost more CPU than it saves (measured: 3x the CPU per request at
-one connection), so the thread (:meth:`Deliveries.run`) serves the reports, as it
-serves errors while nothing waits (``poll(0.1)``); while the loop polls, the thread
-only polls every 50 ms, as a safety net. A report served on a thread other than its
-request's loop is handed over with one ``call_soon_threadsafe`` per ``poll``, whatever
-the number of reports.
+directly; it keeps polling until no record waits. Below that (single jobs from up
+to a few dozen clients) the loop is often idle, the thread gets the GIL soon, and a
+timer every half millisecond would cost more CPU than it saves (measured: 3x the CPU
+per request at one connection, +25% at 64 clients and ~1,500 requests/s), so the
+thread (:meth:`Deliveries.run`) serves the reports, as it serves errors while nothing
+waits (``poll(0.1)``); while the loop polls, the thread only polls every 50 ms, as a
+safety net. A report served on a thread other than its request's loop is handed over
+with one ``call_soon_threadsafe`` per ``poll``, whatever the number of reports.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import asyncio
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from functools import partial
+from typing import NamedTuple
 
 from confluent_kafka import KafkaError, Message, Producer
 
@@ -37,13 +38,20 @@ from producers.metrics import QUEUE_DEPTH
 #: How often a loop with requests waiting polls for their reports: at most this much
 #: is added to a request's wait (linger.ms is 2 ms), for a few microseconds a poll.
 LOOP_POLL_INTERVAL = 0.0005
-#: Records waiting for reports from which the loop, not the thread, polls.
-LOOP_POLLING_FROM = 8
+#: Records waiting for reports from which the loop, not the thread, polls. At 8, 64
+#: clients posting single jobs at ~1,500 requests/s kept the loop's timer running
+#: (2,000 wake-ups a second for ~1 request each): 0.39-0.55 ms of CPU per request
+#: against 0.30-0.35 at 32; at 5,000 requests/s and for batches the two are alike
+#: (BENCHMARKS.md, "Third round").
+LOOP_POLLING_FROM = 32
 _BUSY_THREAD_INTERVAL = 0.05
 
 
-@dataclass(frozen=True, slots=True)
-class Ack:
+class Ack(NamedTuple):
+    """What Kafka said of one record. A named tuple, not a frozen dataclass: one is
+    built per job, and a frozen dataclass's ``__init__`` (one ``object.__setattr__``
+    per field) cost 1.3-2x as much."""
+
     job_id: str
     partition: int | None = None
     offset: int | None = None
@@ -55,16 +63,28 @@ class Ack:
 
 
 class Reports:
-    """The delivery reports of one request; ``done`` resolves when the last arrives.
-    Touched on its event loop's thread only."""
+    """The delivery reports of one request's records (``job_ids``, in produce order);
+    ``done`` resolves when the last arrives. Settled on its event loop's thread only."""
 
-    __slots__ = ("_pending", "acks", "done", "loop")
+    __slots__ = ("_pending", "_served", "acks", "done", "job_ids", "loop")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, count: int) -> None:
-        self.acks: list[Ack | None] = [None] * count
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, job_ids: list[str], served: deque[_Report]
+    ) -> None:
+        self.acks: list[Ack | None] = [None] * len(job_ids)
         self.done: asyncio.Future[None] = loop.create_future()
         self.loop = loop
-        self._pending = count
+        self.job_ids = job_ids
+        self._pending = len(job_ids)
+        self._served = served
+
+    def callback(self, index: int) -> Callable[[KafkaError | None, Message], None]:
+        """The ``on_delivery`` of record ``index`` (a C partial: no closure per record)."""
+        return partial(self._on_delivery, index)
+
+    def _on_delivery(self, index: int, err: KafkaError | None, msg: Message) -> None:
+        # On whichever thread polled; deque appends are atomic.
+        self._served.append((self, index, err, msg))
 
     def record(self, index: int, ack: Ack) -> None:
         if self.acks[index] is None:
@@ -74,7 +94,7 @@ class Reports:
             resolve(self.done)
 
 
-_Report = tuple[Reports, int, str, KafkaError | None, Message]
+_Report = tuple[Reports, int, KafkaError | None, Message]
 
 
 class Deliveries:
@@ -92,15 +112,9 @@ class Deliveries:
         self._thread_may_poll.set()
         self.running = True
 
-    def callback(
-        self, reports: Reports, index: int, job_id: str
-    ) -> Callable[[KafkaError | None, Message], None]:
-        served = self._served
-
-        def on_delivery(err: KafkaError | None, msg: Message) -> None:
-            served.append((reports, index, job_id, err, msg))
-
-        return on_delivery
+    def reports(self, loop: asyncio.AbstractEventLoop, job_ids: list[str]) -> Reports:
+        """Where the reports of one request's records (``job_ids``) go."""
+        return Reports(loop, job_ids, self._served)
 
     def produced(self, loop: asyncio.AbstractEventLoop, count: int) -> None:
         """``count`` records of a request on ``loop`` await their reports."""
@@ -142,7 +156,7 @@ class Deliveries:
         delivered = False
         while served:
             item = served.popleft()
-            delivered = delivered or item[3] is None
+            delivered = delivered or item[2] is None
             if item[0].loop is here:
                 local.append(item)
             else:
@@ -160,7 +174,8 @@ class Deliveries:
     def _settle(self, reports: list[_Report]) -> None:
         """On the requests' loop: each report becomes its request's ``Ack``."""
         self._waiting -= len(reports)
-        for request, index, job_id, err, msg in reports:
+        for request, index, err, msg in reports:
+            job_id = request.job_ids[index]
             if err is not None:
                 request.record(index, Ack(job_id, error=err.str()))
             else:

@@ -81,8 +81,10 @@ class JobProducer:
         self.link.check()
         loop = asyncio.get_running_loop()
         started = loop.time()
-        reports = Reports(loop, len(envelopes))
-        produced = sum(self._produce(env, index, reports) for index, env in enumerate(envelopes))
+        reports = self._deliveries.reports(loop, [env.job_id for env in envelopes])
+        produced = 0
+        for index, env in enumerate(envelopes):
+            produced += self._produce(env, index, reports)
         if produced:
             self._deliveries.produced(loop, produced)
         if envelopes:
@@ -102,7 +104,7 @@ class JobProducer:
             for ack, env in zip(list(reports.acks), envelopes, strict=True)
         ]
         PRODUCE_LATENCY.observe(loop.time() - started)
-        failed = [a for a in result if not a.ok]
+        failed = [a for a in result if a.error is not None]
         if failed:
             KAFKA_ERRORS.inc(len(failed))
             log.warning(
@@ -123,7 +125,7 @@ class JobProducer:
                 key=env.key(),
                 value=env.encode(),
                 headers=env.headers(),
-                on_delivery=self._deliveries.callback(reports, index, job_id),
+                on_delivery=reports.callback(index),
             )
         except BufferError:
             reports.record(index, Ack(job_id, error="producer queue is full"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -35,6 +35,22 @@ class JobIn(BaseModel):
         strict=True,
         description="1 (claimed first) to 5 (last); aged by time waited (README, Flow control).",
     )
+
+
+class Job(NamedTuple):
+    """A validated job, as the submit path uses it (the shape of :class:`JobIn`)."""
+
+    job_id: str | None
+    workflow: str
+    params: dict[str, Any]
+    priority: int
+
+
+def _validated(doc: dict[str, Any], is_batch: bool) -> list[Job]:
+    """The body's jobs, validated by the pydantic models (which raise
+    ``ValidationError`` naming every field at fault)."""
+    models = BatchIn.model_validate(doc).jobs if is_batch else [JobIn.model_validate(doc)]
+    return [Job(m.job_id, m.workflow, m.params, m.priority) for m in models]
 
 
 class BatchIn(BaseModel):
@@ -114,7 +130,7 @@ def parse_jobs(
     max_batch: int,
     max_params_bytes: int,
     known_types: frozenset[str] | None = None,
-) -> list[JobIn]:
+) -> list[Job]:
     """Parse a body holding one job or ``{"jobs": [...]}``; raise RequestError if bad."""
     doc, check_params = _json_object(body)
     is_batch = "jobs" in doc
@@ -126,7 +142,7 @@ def parse_jobs(
             [FieldError(field="jobs", reason=f"{len(doc['jobs'])} jobs, limit {max_batch}")],
         )
     try:
-        jobs = BatchIn.model_validate(doc).jobs if is_batch else [JobIn.model_validate(doc)]
+        jobs = _validated(doc, is_batch)
     except ValidationError as exc:
         fields = [
             FieldError(field=field_path(tuple(e["loc"]), ""), reason=e["msg"])
@@ -136,8 +152,7 @@ def parse_jobs(
             422, "invalid_request", f"invalid {fields[0].field}: {fields[0].reason}", fields
         ) from None
     for i, job in enumerate(jobs):
-        prefix = f"jobs[{i}]." if is_batch else ""
-        _check_job(job, prefix, max_params_bytes, known_types, check_params)
+        _check_job(job, i if is_batch else None, max_params_bytes, known_types, check_params)
     return jobs
 
 
@@ -257,30 +272,37 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+def _field(index: int | None, name: str) -> str:
+    """A job's field as an answer names it: ``name`` alone, or ``jobs[index].name``."""
+    return name if index is None else f"jobs[{index}].{name}"
+
+
 def _check_job(
-    job: JobIn,
-    prefix: str,
+    job: Job,
+    index: int | None,
     max_params_bytes: int,
     known_types: frozenset[str] | None,
     check_params: bool = True,
 ) -> None:
-    """What the models cannot check: a known type, storable params of bounded size."""
+    """What the models cannot check: a known type, storable params of bounded size.
+    ``index``: the job's place in a batch (None: the body is the job)."""
     if known_types is not None and job.workflow not in known_types:
-        field = f"{prefix}workflow"
+        field = _field(index, "workflow")
         raise RequestError(
             422,
             "unknown_type",
             f"{field}: no workflow or task is named {job.workflow!r}",
             [FieldError(field=field, reason="unknown workflow or task type")],
         )
-    field = f"{prefix}params"
     problem = params_problem(job.params) if check_params else None
     if problem is not None:
+        field = _field(index, "params")
         raise RequestError(
             422, "invalid_params", f"{field} {problem}", [FieldError(field=field, reason=problem)]
         )
     size = len(orjson.dumps(job.params))
     if size > max_params_bytes:
+        field = _field(index, "params")
         raise RequestError(
             422,
             "params_too_large",

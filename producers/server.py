@@ -9,6 +9,8 @@ import sys
 from http.server import ThreadingHTTPServer
 
 import uvicorn
+from fastapi import FastAPI
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from onceflow import tracing
 from onceflow.health import serve_metrics_and_health
@@ -18,6 +20,7 @@ from onceflow.vocabulary import Process
 from producers.api import create_app
 from producers.kafka import JobProducer, JobSender
 from producers.metrics import DEPENDENCY_UP
+from producers.routes.jobs import SubmitFastPath, SubmitFront
 from workflow_engine.store.db import database_ready
 
 
@@ -52,6 +55,8 @@ def serve(settings: Settings) -> None:
         access_log=False,
         timeout_graceful_shutdown=30,
     )
+    if not settings.auth_disabled and not tracing.enabled():
+        _submissions_first(config, app)
     server = uvicorn.Server(config)
     if settings.ingest_reuse_port:
         server.run(sockets=[reuse_port_socket(settings.ingest_host, settings.ingest_port)])
@@ -59,6 +64,15 @@ def serve(settings: Settings) -> None:
         server.run()
     if not server.started:  # as uvicorn.run: it could not start (e.g. port in use)
         sys.exit(3)
+
+
+def _submissions_first(config: uvicorn.Config, app: FastAPI) -> None:
+    """Serve ``app`` behind :class:`SubmitFront`: uvicorn's proxy-headers middleware
+    (the same, with the same trusted addresses) wraps the rest of the API only."""
+    # uvicorn's precise ASGI types and Starlette's loose ones do not meet
+    rest = ProxyHeadersMiddleware(app, trusted_hosts=config.forwarded_allow_ips)  # type: ignore[arg-type]
+    config.app = SubmitFront(SubmitFastPath(app, app.state.ingest), rest)  # type: ignore[arg-type]
+    config.proxy_headers = False
 
 
 def reuse_port_socket(host: str, port: int) -> socket.socket:

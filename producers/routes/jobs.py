@@ -30,8 +30,8 @@ from producers.metrics import JOBS_ACCEPTED, JOBS_REJECTED, REQUESTS
 from producers.models import (
     Accepted,
     ErrorBody,
+    Job,
     JobAccepted,
-    JobIn,
     JobRejected,
     RequestError,
     parse_jobs,
@@ -197,6 +197,25 @@ class SubmitFastPath:
         await send({"type": "http.response.body", "body": response.body})
 
 
+class SubmitFront:
+    """The app uvicorn calls when auth is on and tracing off: ``POST /v1/jobs`` straight
+    to :meth:`SubmitFastPath.handle`, past uvicorn's proxy-headers middleware and
+    FastAPI's and Starlette's ``__call__`` (~5% of a single-job request's samples;
+    BENCHMARKS.md, "Third round"); everything else goes to ``rest`` (those three, as
+    before). With auth on, the peer address (what proxy headers rewrite) plays no part
+    in a submission: its client is the API key's name."""
+
+    def __init__(self, fast: SubmitFastPath, rest: ASGIApp) -> None:
+        self.fast = fast
+        self.rest = rest
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.fast.takes(scope):
+            await self.fast.handle(scope, receive, send)
+        else:
+            await self.rest(scope, receive, send)
+
+
 def _check_rate(ingest: Ingest, client: str) -> None:
     wait = ingest.limiter.retry_after(client)
     if wait is not None:
@@ -209,7 +228,7 @@ def _check_rate(ingest: Ingest, client: str) -> None:
         )
 
 
-async def _read_jobs(request: Submission, ingest: Ingest) -> list[JobIn]:
+async def _read_jobs(request: Submission, ingest: Ingest) -> list[Job]:
     """The request's jobs, or RequestError (415, 413, 400, 422) saying what is wrong."""
     settings = ingest.settings
     content_type = request.headers.get("content-type", "")
@@ -227,7 +246,7 @@ async def _read_jobs(request: Submission, ingest: Ingest) -> list[JobIn]:
     )
 
 
-async def _accept(request: Submission, ingest: Ingest, jobs: list[JobIn]) -> Response:
+async def _accept(request: Submission, ingest: Ingest, jobs: list[Job]) -> Response:
     # A caller's own request id is kept (it ties their logs to ours) if it is sane.
     given = request.headers.get("x-request-id", "")
     request_id = given if _REQUEST_ID_RE.fullmatch(given) else new_request_id()
@@ -240,9 +259,9 @@ async def _accept(request: Submission, ingest: Ingest, jobs: list[JobIn]) -> Res
     # shape of ``Accepted`` (the response model the route declares): building and
     # dumping the pydantic models cost more than encoding these.
     accepted = [
-        {"job_id": a.job_id, "partition": a.partition, "offset": a.offset}
-        for a in acks
-        if a.ok and a.partition is not None and a.offset is not None
+        {"job_id": job_id, "partition": partition, "offset": offset}
+        for job_id, partition, offset, error in acks
+        if error is None and partition is not None and offset is not None
     ]
     JOBS_ACCEPTED.inc(len(accepted))
     _log_accepted(accepted, request_id)
@@ -253,7 +272,7 @@ async def _accept(request: Submission, ingest: Ingest, jobs: list[JobIn]) -> Res
     return json_response(body, 202, {"X-Request-Id": request_id})
 
 
-def _envelopes(jobs: list[JobIn], request_id: str) -> tuple[list[JobEnvelope], int]:
+def _envelopes(jobs: list[Job], request_id: str) -> tuple[list[JobEnvelope], int]:
     """One envelope per distinct job id (the first wins), and how many were repeats."""
     now = datetime.now(UTC)
     envelopes: list[JobEnvelope] = []
@@ -285,8 +304,7 @@ def _log_accepted(accepted: list[dict[str, Any]], request_id: str) -> None:
     single-job request (BENCHMARKS.md, "Single-job requests")."""
     if not _ACCEPTED_LOG.enabled():
         return
-    for a in accepted:
-        _ACCEPTED_LOG.info({"request_id": request_id, **a})
+    _ACCEPTED_LOG.info_each({"request_id": request_id}, accepted)
     if len(accepted) > 1:
         log.info(
             "accepted %d jobs",

@@ -96,6 +96,17 @@ def test_envelope_headers_carry_the_ids():
     assert headers["onceflow-request-id"] == b"req_1"
 
 
+def test_each_record_carries_its_own_submitted_at_in_value_and_header():
+    first = datetime(2026, 11, 30, 10, 0, 0, 5, tzinfo=UTC)
+    second = datetime(2026, 11, 30, 10, 0, 1, tzinfo=UTC)
+    envelopes = [_env(submitted_at=first), _env(submitted_at=first), _env(submitted_at=second)]
+    texts = ["10:00:00.000005", "10:00:00.000005", "10:00:01.000000"]
+    for env, text in zip(envelopes, texts, strict=True):
+        at = f"2026-11-30T{text}+00:00"
+        assert orjson.loads(env.encode())["submitted_at"] == at
+        assert dict(env.headers())["onceflow-submitted-at"] == at.encode()
+
+
 def test_params_digest_ignores_key_order_but_not_values():
     assert params_digest({"a": 1, "b": {"x": 1, "y": 2}}) == params_digest(
         {"b": {"y": 2, "x": 1}, "a": 1}

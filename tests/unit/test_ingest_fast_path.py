@@ -20,7 +20,7 @@ from onceflow.logs import EventLog, JsonFormatter, JsonLines
 from onceflow.settings import Settings
 from producers.api import create_app
 from producers.broker_link import BrokerLink
-from producers.delivery import LOOP_POLLING_FROM, Deliveries, Reports
+from producers.delivery import LOOP_POLLING_FROM, Deliveries
 
 
 def test_ulids_are_what_python_ulid_writes_and_reads():
@@ -149,20 +149,20 @@ def test_under_load_reports_are_polled_and_settled_on_the_requests_loop():
 
     async def request(count: int) -> list:
         loop = asyncio.get_running_loop()
-        reports = Reports(loop, count)
+        reports = deliveries.reports(loop, [f"j{index}" for index in range(count)])
         for index in range(count):
-            producer.callbacks.append(deliveries.callback(reports, index, f"j{index}"))
+            producer.callbacks.append(reports.callback(index))
         deliveries.produced(loop, count)
         await asyncio.wait_for(reports.done, 5)
         return reports.acks
 
     async def main() -> list:
-        # 3 + 5 records waiting at once: LOOP_POLLING_FROM (8) reached
+        # 3 + the rest waiting at once: LOOP_POLLING_FROM reached
         return await asyncio.gather(request(3), request(LOOP_POLLING_FROM - 3))
 
-    three, five = asyncio.run(main())
+    three, rest = asyncio.run(main())
     assert [a.job_id for a in three] == ["j0", "j1", "j2"] and all(a.ok for a in three)
-    assert len(five) == 5 and all(a.ok and a.partition == 0 for a in five)
+    assert len(rest) == LOOP_POLLING_FROM - 3 and all(a.ok and a.partition == 0 for a in rest)
     assert producer.polled_on == {threading.get_ident()}  # no thread, no hand-over
 
 
@@ -172,8 +172,8 @@ def test_at_light_load_the_loop_leaves_the_polling_to_the_thread():
 
     async def one_record() -> None:
         loop = asyncio.get_running_loop()
-        reports = Reports(loop, 1)
-        producer.callbacks.append(deliveries.callback(reports, 0, "j0"))
+        reports = deliveries.reports(loop, ["j0"])
+        producer.callbacks.append(reports.callback(0))
         deliveries.produced(loop, 1)
         await asyncio.sleep(0.05)  # a hundred loop-polling intervals
 
@@ -187,9 +187,9 @@ def test_reports_served_on_another_thread_reach_their_loop():
 
     async def main() -> list:
         loop = asyncio.get_running_loop()
-        reports = Reports(loop, 2)
+        reports = deliveries.reports(loop, ["j0", "j1"])
         for index in range(2):
-            producer.callbacks.append(deliveries.callback(reports, index, f"j{index}"))
+            producer.callbacks.append(reports.callback(index))
         # served by a flush or the poll thread, not by this loop's polling
         served = threading.Thread(target=lambda: (producer.poll(0), deliveries.dispatch(None)))
         served.start()
@@ -261,3 +261,89 @@ def test_lines_still_waiting_are_written_by_flush(json_logger):
     assert stream.getvalue() == ""
     logger.handlers[0].flush()  # what logging.shutdown does at exit
     assert orjson.loads(stream.getvalue())["job_id"] == "last"
+
+
+def test_event_log_lines_of_one_request_share_their_start(json_logger):
+    logger, stream = json_logger()
+    trail = EventLog(logger, "job.accepted", "job accepted")
+    rows = [{"job_id": f"j{i}", "partition": i % 3, "offset": i} for i in range(5)]
+
+    async def log_all() -> None:
+        trail.info_each({"request_id": "req_1"}, rows)
+        trail.info_each({"request_id": "req_2"}, [{}])  # no fields of its own
+        trail.info_each({}, [{"msg": "mine", "job_id": "k"}])  # replaces the line's msg
+        await asyncio.sleep(0)
+
+    asyncio.run(log_all())
+    lines = [orjson.loads(line) for line in stream.getvalue().splitlines()]
+    assert len(lines) == 7
+    for row, line in zip(rows, lines, strict=False):
+        assert line == {**line, "request_id": "req_1", **row}
+        assert list(line)[:6] == ["ts", "level", "logger", "event", "msg", "process"]
+    assert lines[5]["request_id"] == "req_2" and "job_id" not in lines[5]
+    assert (lines[6]["msg"], lines[6]["job_id"]) == ("mine", "k")
+
+
+def test_each_report_reaches_its_own_record_even_with_repeated_ids():
+    producer = FakeProducer()
+    deliveries = Deliveries(producer, BrokerLink())  # type: ignore[arg-type]
+
+    async def main() -> list:
+        loop = asyncio.get_running_loop()
+        reports = deliveries.reports(loop, ["same", "same", "other"])
+        for index in (2, 0, 1):  # reports come back in any order
+            producer.callbacks.append(reports.callback(index))
+        producer.poll(0)
+        deliveries.dispatch(loop)
+        await asyncio.wait_for(reports.done, 5)
+        return reports.acks
+
+    acks = asyncio.run(main())
+    assert [(a.job_id, a.offset) for a in acks] == [("same", 1), ("same", 2), ("other", 0)]
+
+
+def test_the_server_front_takes_submissions_and_hands_the_rest_on():
+    import httpx
+    import uvicorn
+
+    from onceflow.settings import ApiKey
+    from producers.auth import hash_key, new_key
+    from producers.kafka import Ack
+    from producers.routes.jobs import SubmitFront
+    from producers.server import _submissions_first
+
+    class Acking:
+        async def send(self, envelopes):
+            return [Ack(e.job_id, 0, i) for i, e in enumerate(envelopes)]
+
+        def ready(self):
+            return True
+
+        def close(self):
+            return 0
+
+    key = new_key()
+    keys = [ApiKey(name="front", sha256=hash_key(key), scopes=["jobs:submit"])]
+    settings = Settings(api_keys=keys, auth_disabled=False, ingest_validate_types=False)
+    app = create_app(settings, Acking())
+    config = uvicorn.Config(app, forwarded_allow_ips="10.0.0.1")
+    _submissions_first(config, app)
+    config.load()
+    assert isinstance(config.loaded_app, SubmitFront) and not config.proxy_headers
+
+    async def calls() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=config.loaded_app, client=("10.0.0.1", 4000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            bearer = {"Authorization": f"Bearer {key}"}
+            return [
+                await client.post("/v1/jobs", json={"workflow": "w"}, headers=bearer),
+                await client.post("/v1/jobs", json={"workflow": "w"}),
+                await client.post("/v1/jobs", json={"jobs": []}, headers=bearer),
+                await client.get("/healthz"),
+            ]
+
+    accepted, unauthorized, invalid, health = asyncio.run(calls())
+    assert accepted.status_code == 202 and accepted.json()["accepted"][0]["partition"] == 0
+    assert unauthorized.status_code == 401 and unauthorized.json()["error"] == "unauthorized"
+    assert invalid.status_code == 422 and invalid.json()["fields"][0]["field"] == "jobs"
+    assert health.status_code == 200  # the rest of the API, behind the proxy headers

@@ -165,3 +165,20 @@ def test_numbers_that_are_not_finite_are_refused(number):
 def test_keys_and_colons_inside_strings_are_not_mistaken_for_duplicates():
     body = b'{"workflow":"w","params":{"a":"x\\":y","b":"at 10:30 :","c":{"a":"a"}}}'
     assert parse(body)[0].params == {"a": 'x":y', "b": "at 10:30 :", "c": {"a": "a"}}
+
+
+def test_a_batch_gives_each_job_its_defaults_and_names_a_bad_field_by_index():
+    docs = [
+        {"workflow": "w"},
+        {"workflow": "w", "job_id": None, "params": {"a": [1, {"b": None}]}, "priority": 1},
+        {"workflow": "w", "job_id": "j", "priority": 5},
+    ]
+    jobs = parse({"jobs": docs})
+    assert [(j.job_id, j.params, j.priority) for j in jobs] == [
+        (None, {}, 3),
+        (None, {"a": [1, {"b": None}]}, 1),
+        ("j", {}, 5),
+    ]
+    # a bool priority is refused by JobIn (strict), named by its field
+    err = _error({"jobs": [*docs, {"workflow": "w", "priority": True}]})
+    assert err.body.fields[0].field == "jobs[3].priority"

@@ -1,9 +1,9 @@
-"""The CPU a single-job ``POST /v1/jobs`` costs inside the ingest app, without the HTTP
-server or Kafka: the app called as uvicorn would call it, auth and limits on, the
-job-id trail at INFO (to /dev/null), and a producer double that encodes each record as
-the real one does and acknowledges it at once.
+"""The CPU a ``POST /v1/jobs`` (one job, or ``--batch`` jobs) costs inside the ingest
+app, without the HTTP server or Kafka: the app called as uvicorn would call it, auth
+and limits on, the job-id trail at INFO (to /dev/null), and a producer double that
+encodes each record as the real one does and acknowledges it at once.
 
-    python -m onceflow_tools.submitcost [--requests 20000]
+    python -m onceflow_tools.submitcost [--requests 20000] [--batch 100]
 
 The figure (µs of process CPU per request) moves much less than req/s when other work
 shares the machine, which makes it the one to compare two builds by; run it twice
@@ -50,7 +50,18 @@ class InstantProducer:
         return 0
 
 
-async def _run(app: Any, key: str, requests: int) -> float:
+def _body(i: int, batch: int) -> bytes:
+    """Request ``i``: one job, or ``{"jobs": [...]}`` of ``batch`` (ids unique per run)."""
+    if batch == 1:
+        return b'{"job_id":"c_%d","workflow":"noop-workflow","params":{"n":1}}' % i
+    jobs = b",".join(
+        b'{"job_id":"c_%d_%d","workflow":"noop-workflow","params":{"n":1}}' % (i, j)
+        for j in range(batch)
+    )
+    return b'{"jobs":[%s]}' % jobs
+
+
+async def _run(app: Any, key: str, requests: int, batch: int = 1) -> float:
     headers = [
         (b"host", b"127.0.0.1:8080"),
         (b"content-type", b"application/json"),
@@ -64,7 +75,7 @@ async def _run(app: Any, key: str, requests: int) -> float:
 
     started = time.process_time()
     for i in range(requests):
-        body = b'{"job_id":"c_%d","workflow":"noop-workflow","params":{"n":1}}' % i
+        body = _body(i, batch)
         messages = [{"type": "http.request", "body": body, "more_body": False}]
 
         async def receive(messages: list[dict[str, Any]] = messages) -> dict[str, Any]:
@@ -92,6 +103,7 @@ async def _run(app: Any, key: str, requests: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("--batch", type=int, default=1, help="jobs per request")
     args = parser.parse_args()
     key = new_key()
     settings = Settings(
@@ -109,9 +121,15 @@ def main() -> None:
         if isinstance(handler, logging.StreamHandler):
             handler.setStream(devnull)
     app = create_app(settings, InstantProducer())
-    asyncio.run(_run(app, key, 2000))  # warm up
-    per_request = asyncio.run(_run(app, key, args.requests))
-    print(f"{per_request * 1e6:.1f} us CPU per single-job request (in process)")
+    asyncio.run(_run(app, key, max(1, 2000 // args.batch), args.batch))  # warm up
+    per_request = asyncio.run(_run(app, key, args.requests, args.batch))
+    if args.batch == 1:
+        print(f"{per_request * 1e6:.1f} us CPU per single-job request (in process)")
+    else:
+        print(
+            f"{per_request * 1e6:.1f} us CPU per request of {args.batch} jobs,"
+            f" {per_request * 1e6 / args.batch:.2f} us per job (in process)"
+        )
     sys.stdout.flush()
 
 

@@ -112,7 +112,12 @@ class Ingest:
                     start_new_session=True,
                 )
             )
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:  # a process that never got ready must not outlive the run
+            for p in self.procs:
+                p.kill()
+            raise
 
     def _wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
