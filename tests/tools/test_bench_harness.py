@@ -85,6 +85,26 @@ def test_scale_table_shows_costs_and_dashes_where_not_measured():
     lines = table.splitlines()
     queue_cells, engine_cells = lines[1].split(), lines[3].split()
     assert queue_cells[:4] == ["2", "2", "5000", "2642"] and set(queue_cells[4:]) == {"-"}
-    assert engine_cells[3:8] == ["261", "1.04", "1.44", "4573", "-"]
+    assert engine_cells[3:9] == ["261", "-", "1.04", "1.44", "4573", "-"]
     assert engine_cells[-1] == "0.500"
     assert cpu_seconds(os.getpid()) > 0  # this process has run
+
+
+def test_scale_table_leads_with_the_ingest_series_or_says_why_not():
+    queue = {"scenario": "scale", "queue": [], "engine": []}
+    ingest_row = {
+        "processes": 2,
+        "connections": 64,
+        "requests": 30120,
+        "req_per_s": 3011.7,
+        "p50_ms": 19.04,
+        "p99_ms": 41.5,
+        "errors": 0,
+        "timeouts": 1,
+        "cpu_ms_per_request": 0.4213,
+    }
+    lines = render({**queue, "ingest": [ingest_row]}).splitlines()
+    assert lines[0].startswith("scale (ingest")
+    assert lines[1].split() == ["2", "64", "30120", "3012", "19.0", "41.5", "1", "0.421"]
+    skipped = render({**queue, "ingest": [], "ingest_skipped": "wrk is not installed"})
+    assert skipped.splitlines()[0] == "scale (ingest): left out, wrk is not installed"

@@ -20,6 +20,7 @@ ALL = [
     "burst-lag.png",
     "engine-throughput.png",
     "latency-percentiles.png",
+    "scaling.png",
 ]
 
 
@@ -76,6 +77,28 @@ def dbos_run(concurrency: int, per_second: float) -> dict[str, Any]:
         "completed": 2000,
         "timed_out": False,
         "light": {"jobs": 100, "rate": 10.0, **latency(30), "timed_out": False},
+    }
+
+
+def scale_result() -> dict[str, Any]:
+    """Shaped like onceflow_tools.scaling.scale's result, figures made up."""
+    costs = {"onceflow_cpu_ms_per_job": 0.3, "postgres_cpu_ms_per_job": 0.1}
+    return {
+        "scenario": "scale",
+        "ingest": [
+            {
+                "processes": n,
+                "connections": 64,
+                "req_per_s": 1000.0 * n**0.5,
+                "onceflow_cpu_ms_per_job": 1.0,
+            }
+            for n in (1, 2, 4)
+        ],
+        "queue": [
+            {"partitions": p, "workers": w, "records_per_second": 4000.0 * w**0.5, **costs}
+            for p, w in ((1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 8))
+        ],
+        "engine": [{**engine_run(n, 64, 1000.0 * n**0.3), **costs} for n in (1, 2, 4)],
     }
 
 
@@ -156,6 +179,7 @@ def results(paced: bool = False) -> list[dict[str, Any]]:
             ],
             "onceflow_e2e": e2e_result(),
         },
+        scale_result(),
     ]
 
 
@@ -193,6 +217,36 @@ def test_older_result_files(tmp_path: Path) -> None:
         del run["concurrency"]
     names = ["ingest-throughput.png", "ingest-latency.png", "burst-lag.png"]
     assert_pngs(benchplots.plot(old, tmp_path), tmp_path, names)
+
+
+def test_scaling_has_a_panel_per_series_each_with_a_cpu_axis(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    def panels(result: dict[str, Any]) -> list[str]:
+        fig = Figure()
+        assert benchplots.scaling(fig.subplots(), {"scale": result})
+        titles = [ax.get_title() for ax in fig.axes]
+        assert titles.count("") == len(fig.axes) // 2  # a CPU axis (untitled) per panel
+        return [t for t in titles if t]
+
+    full = scale_result()
+    assert panels(full) == [
+        "ingest: single-job requests (wrk, 64 connections)",
+        "queue → instance",
+        "engine: three-step no-op workflows",
+    ]
+    fig = Figure()
+    benchplots.scaling(fig.subplots(), {"scale": full})
+    (queue_ax,) = [ax for ax in fig.axes if ax.get_title() == "queue → instance"]
+    queue_lines = [line.get_label() for line in queue_ax.get_lines()]
+    assert queue_lines[:4] == ["1 partition", "2 partitions", "4 partitions", "8 partitions"]
+    # A result written before the ingest series (or without wrk): two panels.
+    older = {**full, "ingest": [], "ingest_skipped": "wrk is not installed"}
+    assert panels(older) == ["queue → instance", "engine: three-step no-op workflows"]
+    assert not benchplots.scaling(Figure().subplots(), {})
+    out = tmp_path / "scale"
+    assert_pngs(benchplots.plot([older], out), out, ["scaling.png"])
 
 
 def test_not_a_result_file(tmp_path: Path) -> None:

@@ -13,8 +13,10 @@ Scenarios (each prints a table, shows progress on stderr and writes JSON):
 * ``engine``: three-step no-op workflows completed per second by engine concurrency,
   with 1 and 2 engine processes (from the first claim to the last completion).
 * ``e2e``: submit-to-first-step and submit-to-complete latency at light load.
-* ``scale``: queue-to-instance by partitions x workers (1/2/4), engine by engines (1/2),
-  each with CPU, WAL bytes and commits per job (:mod:`onceflow_tools.scaling`).
+* ``scale``: single-job ingest by ingest processes (1/2/4, under ``wrk``),
+  queue-to-instance by partitions x workers (1/2/4, then 8 x 4 and 8 x 8), engine by
+  engines (1/2/4), each with CPU, WAL bytes and commits per job
+  (:mod:`onceflow_tools.scaling`).
 * ``nobuffer`` / ``nobuffer-outage``: the same burst against onceflow and against HTTP
   handlers writing straight into PostgreSQL (:mod:`onceflow_tools.baselines.direct_http`),
   optionally through a 5 s PostgreSQL outage.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import click
 import orjson
@@ -191,12 +191,123 @@ def latency_percentiles(ax: Axes, by: Results) -> bool:
     return True
 
 
+class _Panel(NamedTuple):
+    """One panel of the scaling plot: ``rate`` by ``x``, a line per labelled run list."""
+
+    title: str
+    xlabel: str
+    ylabel: str
+    cpu_label: str
+    lines: list[tuple[str, list[dict[str, Any]]]]
+    x: str
+    rate: str
+
+
+def _cpu_ms(row: dict[str, Any]) -> float:
+    """CPU per job of a scale run: onceflow's processes plus PostgreSQL's backends."""
+    return row.get("onceflow_cpu_ms_per_job", 0.0) + row.get("postgres_cpu_ms_per_job", 0.0)
+
+
+def _scaling_panel(ax: Axes, panel: _Panel, pg_part: bool) -> None:
+    """Rate by ``panel.x`` (solid, left axis) and CPU ms per job (dotted, right axis,
+    same colour; with ``pg_part`` PostgreSQL's part dash-dotted). The right axis's
+    styles get legend entries on the left axis, which holds the panel's legend."""
+    from matplotlib.lines import Line2D
+
+    cpu_ax = ax.twinx()
+    for i, (label, rows) in enumerate(panel.lines):
+        rows = sorted(rows, key=lambda r: r[panel.x])
+        xs = [r[panel.x] for r in rows]
+        ax.plot(xs, [r[panel.rate] for r in rows], "o-", color=f"C{i}", label=label)
+        cpu_ax.plot(xs, [_cpu_ms(r) for r in rows], ".:", color=f"C{i}")
+        if pg_part:
+            pg = [r.get("postgres_cpu_ms_per_job", 0.0) for r in rows]
+            cpu_ax.plot(xs, pg, "x-.", color=f"C{i}")
+    proxies = [("CPU per job (right)", ":")] + [("PostgreSQL's part", "-.")] * pg_part
+    for label, style in proxies:
+        ax.add_line(Line2D([], [], color="0.35", ls=style, label=label))
+    for axis in (ax, cpu_ax):  # room at the top for the legend
+        axis.set_ylim(0, axis.get_ylim()[1] * 1.35)
+    ax.yaxis.set_major_formatter("{x:,.0f}")
+    cpu_ax.set_ylabel(panel.cpu_label, fontsize=8)
+    ax.set_zorder(cpu_ax.get_zorder() + 1)  # the rates and the legend above the CPU lines
+    ax.patch.set_visible(False)
+    _concurrency_axis(ax, [row[panel.x] for _, rows in panel.lines for row in rows], panel.xlabel)
+    ax.set_ylabel(panel.ylabel)
+    ax.set_title(panel.title, fontsize=10)
+    ax.grid(True, alpha=0.4)
+
+
+def _scaling_panels(r: dict[str, Any]) -> list[_Panel]:
+    """The panels of a ``scale`` result that has runs for them."""
+    queue = r.get("queue", [])
+    ingest = r.get("ingest", [])
+    conns = f", {ingest[0]['connections']} connections" if ingest else ""
+    panels = [
+        _Panel(
+            f"ingest: single-job requests (wrk{conns})",
+            "ingest processes (one port)",
+            "requests / s",
+            "CPU ms per request (ingest processes)",
+            [("ingest", ingest)],
+            "processes",
+            "req_per_s",
+        ),
+        _Panel(
+            "queue → instance",
+            "streams worker processes",
+            "instances created / s",
+            "CPU ms per record (workers + PostgreSQL)",
+            [
+                (f"{p} partition{'s' * (p > 1)}", [q for q in queue if q["partitions"] == p])
+                for p in sorted({q["partitions"] for q in queue})
+            ],
+            "workers",
+            "records_per_second",
+        ),
+        _Panel(
+            "engine: three-step no-op workflows",
+            "engine processes",
+            "workflows completed / s",
+            "CPU ms per workflow (engines + PostgreSQL)",
+            [("engine", r.get("engine", []))],
+            "engines",
+            "workflows_per_second",
+        ),
+    ]
+    return [p for p in panels if any(rows for _, rows in p.lines)]
+
+
+def scaling(ax: Axes, by: Results) -> bool:
+    """``onceflow bench scale`` as up to three panels side by side (this plot widens its
+    figure and takes ``ax`` as its first panel): ingest requests/s by ingest processes,
+    instances/s by streams workers (a line per partition count), three-step workflows/s
+    by engines; each with CPU per job on a second axis."""
+    from matplotlib.figure import Figure
+
+    panels = _scaling_panels(by.get("scale", {}))
+    if not panels:
+        return False
+    fig = ax.get_figure()
+    assert isinstance(fig, Figure)
+    fig.set_size_inches(4.9 * len(panels), 4.5)
+    grid = fig.add_gridspec(1, len(panels))
+    ax.set_subplotspec(grid[0])
+    for i, panel in enumerate(panels):
+        panel_ax = ax if i == 0 else fig.add_subplot(grid[i])
+        _scaling_panel(panel_ax, panel, pg_part=panel.x == "engines")
+        if i:  # the first panel's legend is drawn by plot()
+            panel_ax.legend(fontsize=8)
+    return True
+
+
 PLOTS: list[tuple[str, Callable[[Axes, Results], bool]]] = [
     ("ingest-throughput.png", ingest_throughput),
     ("ingest-latency.png", ingest_latency),
     ("burst-lag.png", burst_lag),
     ("engine-throughput.png", engine_throughput),
     ("latency-percentiles.png", latency_percentiles),
+    ("scaling.png", scaling),
 ]
 
 

@@ -1,10 +1,21 @@
-"""``onceflow bench scale``: how the queue hop and the engine grow with processes, and
-what each job costs in CPU, in WAL and in commits.
+"""``onceflow bench scale``: how ingest, the queue hop and the engine grow with
+processes, and what each job costs in CPU, in WAL and in commits.
 
+* ingest: single-job requests/s under ``wrk`` (64 connections) with 1, 2, 4 ingest
+  processes sharing one port (``SO_REUSEPORT``), through :mod:`onceflow_tools.wrkbench`
+  (auth, validation, limits, metrics and the job-id trail on; CPU per request is the
+  ingest processes'); left out, with a note, where ``wrk`` is not installed;
 * queue to instance: every pairing of 1, 2, 4 partitions with 1, 2, 4 streams worker
-  processes (no more workers than partitions: a spare one would sit idle); the topic is
-  filled once the partition assignment has settled (no rebalance mid-run);
-* engine: 1 and 2 engine processes on a pre-filled table of three-step no-op workflows.
+  processes (no more workers than partitions: a spare one would sit idle), then 8
+  partitions with 4 and with 8 workers as extra points (:data:`QUEUE_EXTRA`: on two
+  cores they show what more partitions and oversubscribed workers cost, not more
+  throughput); the topic is filled once the partition assignment has settled (no
+  rebalance mid-run);
+* engine: 1, 2 and 4 engine processes, started together, on a pre-filled table of
+  three-step no-op workflows; besides the rate over the whole run, the rate from the
+  moment every engine is up (``workflows_per_second_all_up``).
+
+CI's smoke run passes smaller grids (the parameters of :func:`scale`).
 
 Each run reports its rate from the database's own timestamps (as the ``queue`` and
 ``engine`` scenarios do) and what it cost:
@@ -28,11 +39,15 @@ through :mod:`workflow_engine.store.stats`).
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import click
 import httpx
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
@@ -42,6 +57,7 @@ from sqlalchemy.pool import NullPool
 from onceflow.settings import Settings
 from onceflow.vocabulary import InstanceStatus
 from onceflow_tools import bench
+from onceflow_tools.processes import free_port
 from onceflow_tools.stack import Stack
 from workflow_engine.store.stats import (
     consumption,
@@ -51,7 +67,11 @@ from workflow_engine.store.stats import (
 )
 
 QUEUE_GRID = ((1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4))  # (partitions, workers)
-ENGINE_COUNTS = (1, 2)
+QUEUE_EXTRA = ((8, 4), (8, 8))  # beyond two cores: 8 partitions, then 8 workers on them
+ENGINE_COUNTS = (1, 2, 4)
+INGEST_PROCESSES = (1, 2, 4)
+INGEST_CONNECTIONS = 64  # issue 16's single-job target is set at 64 connections
+INGEST_SECONDS = 10
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 APP_NAME = "onceflow-bench-scale"  # PGAPPNAME of the run's processes
 
@@ -233,6 +253,16 @@ def _wait_assignment_settled(ports: list[int], partitions: int, timeout: float =
     raise TimeoutError(f"partition assignment never settled: {last}")
 
 
+def _kill_all(stack: Stack) -> None:
+    """End the workers without a goodbye. Stopped one by one (SIGTERM), each leaves the
+    group, the next takes its partitions over and re-reads them from the last committed
+    offset (committed every 2.8 s): a 5,000-record run re-read up to 2,869 records after
+    it had finished, which added to its span, its WAL and its commits."""
+    assert stack.group is not None
+    for name in list(stack.group.procs):
+        stack.group.stop(name, signal.SIGKILL)
+
+
 def queue_run(
     base: Settings, jobs: int, log_dir: Path, partitions: int, workers: int
 ) -> dict[str, Any]:
@@ -253,7 +283,7 @@ def queue_run(
             bench._fill_topic(stack.settings, jobs, 0.0)
             bench._wait_for("records consumed", lambda: consumption(db).records, jobs, 600)
             spent = cpu.finish()
-            stack.group.stop_all()
+            _kill_all(stack)
             pg = counters.finish(jobs)
         span = receipt_span_seconds(db)
         return {
@@ -270,6 +300,19 @@ def queue_run(
         }
     finally:
         stack.close()
+
+
+def _start_engines(stack: Stack, engines: int) -> None:
+    """Start every engine before waiting for any: started one after the other, the first
+    ran alone for the seconds the next took to import, and a 4-engine rate was partly
+    a 1-engine rate."""
+    assert stack.group is not None
+    ports = [free_port() for _ in range(engines)]
+    for i, port in enumerate(ports):
+        env = {"ONCEFLOW_ENGINE_METRICS_PORT": str(port)}
+        stack.group.start(f"engine-{i}", "engine", env=env)
+    for port in ports:
+        stack.group.wait_http(f"http://127.0.0.1:{port}/metrics", timeout=60)
 
 
 def engine_run(
@@ -289,11 +332,10 @@ def engine_run(
     try:
         bench._prefill(stack, jobs, "noop-workflow", "e")
         with PgCounters(db) as counters:
-            for i in range(engines):
-                stack.start_engine(f"engine-{i}")
+            _start_engines(stack, engines)
             cpu = CpuWindow.start(stack)  # every engine is up (metrics answer); some ran
             done_at_start = count_instances(db, InstanceStatus.COMPLETE)
-            bench._wait_complete(stack, jobs, 600)
+            all_up = bench._wait_complete(stack, jobs, 600)
             spent = cpu.finish()
             stack.group.stop_all()
             pg = counters.finish(jobs)
@@ -306,6 +348,8 @@ def engine_run(
             "seconds": span,
             "workflows_per_second": jobs / span,
             "checkpoints_per_second": 3 * jobs / span,
+            # From every engine up to the last completion seen (polled twice a second).
+            "workflows_per_second_all_up": (jobs - done_at_start) / max(all_up, 1e-3),
             **_costs(spent, jobs - done_at_start),
             **pg,
         }
@@ -313,14 +357,56 @@ def engine_run(
         stack.close()
 
 
-def scale(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
-    """Every queue pairing of :data:`QUEUE_GRID`, then 1 and 2 engines (at the default
-    engine concurrency), ``jobs`` records or workflows each."""
-    queue_runs = [queue_run(base, jobs, log_dir, p, w) for p, w in QUEUE_GRID]
-    engine_runs = [
-        engine_run(base, jobs, log_dir, n, base.engine_concurrency) for n in ENGINE_COUNTS
+def ingest_run(log_dir: Path, processes: int, connections: int, seconds: int) -> dict[str, Any]:
+    """Single-job requests/s answered by ``processes`` ingest processes on one port under
+    ``wrk``, and the ingest processes' CPU per request (every thread, librdkafka's
+    included; not wrk's nor the shared broker's). A 2 s wrk run first warms the
+    processes and their producers up; it is not counted."""
+    from onceflow_tools import wrkbench  # needs `wrk`; the rest of the scenario does not
+
+    ingest = wrkbench.Ingest(log_dir, processes)
+    try:
+        wrkbench.run_wrk(ingest, connections, 1, 2)
+        go = partial(wrkbench.run_wrk, ingest, connections, 1, seconds)
+        row = wrkbench.measured(ingest, go, None)
+    finally:
+        ingest.close()
+    return {
+        "processes": processes,
+        "connections": connections,
+        "batch": 1,
+        **row,
+        "onceflow_cpu_ms_per_job": row["cpu_ms_per_request"],
+    }
+
+
+def scale(
+    base: Settings,
+    jobs: int,
+    log_dir: Path,
+    *,
+    queue_grid: tuple[tuple[int, int], ...] = QUEUE_GRID + QUEUE_EXTRA,
+    engine_counts: tuple[int, ...] = ENGINE_COUNTS,
+    ingest_processes: tuple[int, ...] = INGEST_PROCESSES,
+    ingest_seconds: int = INGEST_SECONDS,
+) -> dict[str, Any]:
+    """The ingest series, every queue pairing of ``queue_grid``, then each engine count
+    (at the default engine concurrency), ``jobs`` records or workflows each. Ingest
+    reads its Kafka from the environment (:class:`onceflow_tools.wrkbench.Ingest`), as
+    the CLI's settings do."""
+    result: dict[str, Any] = {"scenario": "scale", "ingest": []}
+    if ingest_processes and shutil.which("wrk") is None:
+        result["ingest_skipped"] = "wrk is not installed (apt-get install wrk)"
+        click.echo(f"  scale: ingest series left out: {result['ingest_skipped']}", err=True)
+    elif ingest_processes:
+        result["ingest"] = [
+            ingest_run(log_dir, n, INGEST_CONNECTIONS, ingest_seconds) for n in ingest_processes
+        ]
+    result["queue"] = [queue_run(base, jobs, log_dir, p, w) for p, w in queue_grid]
+    result["engine"] = [
+        engine_run(base, jobs, log_dir, n, base.engine_concurrency) for n in engine_counts
     ]
-    return {"scenario": "scale", "queue": queue_runs, "engine": engine_runs}
+    return result
 
 
 def _cost_columns() -> list[bench.Column]:
@@ -340,9 +426,32 @@ def _fmt(row: dict[str, Any], key: str, spec: str) -> str:
     return "-" if row.get(key) is None else format(row[key], spec)
 
 
+def _render_ingest(result: dict[str, Any]) -> list[str]:
+    """The ingest series' table; none for result files written before it existed."""
+    if "ingest_skipped" in result:
+        return [f"scale (ingest): left out, {result['ingest_skipped']}"]
+    if not result.get("ingest"):
+        return []
+    return bench._table(
+        "scale (ingest, single-job requests under wrk)",
+        [
+            ("processes", lambda r: str(r["processes"])),
+            ("connections", lambda r: str(r["connections"])),
+            ("requests", lambda r: str(r["requests"])),
+            ("req/s", lambda r: f"{r['req_per_s']:.0f}"),
+            ("p50 ms", lambda r: f"{r['p50_ms']:.1f}"),
+            ("p99 ms", lambda r: f"{r['p99_ms']:.1f}"),
+            ("errors", lambda r: str(r["errors"] + r["timeouts"])),
+            ("cpu ms/req", lambda r: f"{r['cpu_ms_per_request']:.3f}"),
+        ],
+        result["ingest"],
+    )
+
+
 def render(result: dict[str, Any]) -> list[str]:
     costs = _cost_columns()
     return [
+        *_render_ingest(result),
         *bench._table(
             "scale (queue to instance)",
             [
@@ -362,6 +471,7 @@ def render(result: dict[str, Any]) -> list[str]:
                 ("concurrency", lambda r: str(r["concurrency"])),
                 ("workflows", lambda r: str(r["workflows"])),
                 ("workflows/s", lambda r: f"{r['workflows_per_second']:.0f}"),
+                ("all up wf/s", lambda r: _fmt(r, "workflows_per_second_all_up", ".0f")),
                 *costs,
             ],
             result["engine"],
