@@ -134,3 +134,26 @@ def test_through_the_engine_a_refused_start_alone_in_its_batch_keeps_the_checkpo
     run_until(settings, db, lambda: status(db, "r1") == "errored")
     assert steps(db, "r1") == [(0, "a", "complete", 1), (1, "b", "complete", 1)]
     assert SIDE_EFFECTS == ["a", "b"]
+
+
+def test_a_batch_chosen_as_a_deadlock_victim_runs_again(db, monkeypatch):
+    """Rolled back, so safe to run again: the chain commits on the second try."""
+    import psycopg2.errorcodes
+
+    class Deadlock(Exception):
+        pgcode = psycopg2.errorcodes.DEADLOCK_DETECTED
+
+    started(db, "E", "d1")
+    real, calls = store._start_steps, []
+
+    def deadlocks_once(conn, owner, writes):
+        calls.append(len(writes))
+        if len(calls) == 1:
+            raise sa.exc.OperationalError("INSERT ...", {}, Deadlock())
+        return real(conn, owner, writes)
+
+    monkeypatch.setattr(store, "_start_steps", deadlocks_once)
+    monkeypatch.setitem(store._APPLY, StartStep, deadlocks_once)
+    [answer] = store.write_batch(db, "E", [Chain(done(db, "d1", 0), StartStep("d1", 1, "b"))])
+    assert answer.attempt == 1 and len(calls) == 2
+    assert steps(db, "d1") == [(0, "a", "complete", 1), (1, "b", "running", 1)]

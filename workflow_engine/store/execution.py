@@ -35,6 +35,7 @@ from workflow_engine.errors import (
     StepResultError,
 )
 from workflow_engine.store import children
+from workflow_engine.store.db import retry_on_deadlock
 from workflow_engine.store.fragments import json_text as _json_text
 from workflow_engine.store.writes import (
     Answer,
@@ -269,8 +270,14 @@ _APPLY: dict[type[Write[Any]], _Apply] = {
 }
 
 
+@retry_on_deadlock
 def write_batch(engine: Engine, owner: str, writes: Sequence[Write[Any]]) -> list[Answer]:
     """Apply lease-guarded writes of several instances in one transaction.
+
+    A batch PostgreSQL picks as a deadlock's victim was rolled back, so it runs again
+    (``retry_on_deadlock``) instead of failing every run it carries: treated as a lost
+    connection, its runs would be given back and their held checkpoints' steps run
+    again.
 
     Returns one answer per write, in order: its value, or the exception it should raise
     in its instance (``LeaseLost``, ``ControlRequested``, ``NonDeterminismError``).
