@@ -134,16 +134,7 @@ class WorkflowContext:
             held, self._held = self._held, None
             if held is None:
                 return await self._rt.write(write)
-            try:
-                answer = await self._rt.write(Chain(held.write, write))
-            except (ControlRequested, NonDeterminismError):
-                self._checkpointed(held)  # refused after the checkpoint, which committed
-                raise
-            except BaseException as exc:
-                self._lost(held, exc)
-                raise
-            self._checkpointed(held)
-            return answer
+            return await self._carrying(held, Chain(held.write, write))
 
     async def commit(self, write: Write[T]) -> T:
         """The runner's last write of a run (the instance's finish), after the held
@@ -156,14 +147,22 @@ class WorkflowContext:
         async with self._writing:
             self._check_broken()
             held, self._held = self._held, None
-            if held is None:
-                return
-            try:
-                await self._rt.write(held.write)
-            except BaseException as exc:
-                self._lost(held, exc)
-                raise
-            self._checkpointed(held)
+            if held is not None:
+                await self._carrying(held, held.write)
+
+    async def _carrying(self, held: _Held, write: Write[T]) -> T:
+        """Send ``write``, which carries ``held``'s checkpoint, and settle the checkpoint
+        by how it went."""
+        try:
+            answer = await self._rt.write(write)
+        except (ControlRequested, NonDeterminismError):
+            self._checkpointed(held)  # refused after the checkpoint, which committed
+            raise
+        except BaseException as exc:
+            self._lost(held, exc)
+            raise
+        self._checkpointed(held)
+        return answer
 
     def _check_broken(self) -> None:
         if self._broken is not None:

@@ -215,11 +215,14 @@ def load_steps(conn: sa.Connection, job_ids: list[str]) -> dict[str, list[Record
     return history
 
 
-_RESCUE = sa.text(
-    f"""
+# Back to the queue, unleased: what a rescue and a release both do.
+_REQUEUE = f"""
 UPDATE onceflow_instances
 SET status = '{InstanceStatus.QUEUED}', lease_owner = NULL, lease_expires_at = NULL,
-    updated_at = now()
+    updated_at = now()"""
+
+_RESCUE = sa.text(
+    f"""{_REQUEUE}
 WHERE status = '{InstanceStatus.RUNNING}' AND lease_expires_at < now()
 RETURNING job_id
 """
@@ -236,10 +239,7 @@ def rescue_expired(engine: Engine) -> list[str]:
 
 
 _RELEASE = sa.text(
-    f"""
-UPDATE onceflow_instances
-SET status = '{InstanceStatus.QUEUED}', lease_owner = NULL, lease_expires_at = NULL,
-    updated_at = now()
+    f"""{_REQUEUE}
 WHERE lease_owner = :owner AND status = '{InstanceStatus.RUNNING}' AND job_id = ANY(:ids)
 """
 )
