@@ -19,9 +19,9 @@ from sqlalchemy.engine import Engine
 
 from onceflow.vocabulary import InstanceStatus, StepKind, StepStatus
 from workflow_engine.store.flow import FlowControl, claim_flow
+from workflow_engine.store.fragments import HELD, mark_running
 from workflow_engine.store.fragments import NOW as _NOW
 from workflow_engine.store.fragments import RUNNABLE as _RUNNABLE
-from workflow_engine.store.fragments import mark_running
 from workflow_engine.store.instances import notify_runnable
 
 
@@ -240,7 +240,7 @@ def rescue_expired(engine: Engine) -> list[str]:
 
 _RELEASE = sa.text(
     f"""{_REQUEUE}
-WHERE lease_owner = :owner AND status = '{InstanceStatus.RUNNING}' AND job_id = ANY(:ids)
+WHERE {HELD} AND job_id = ANY(:ids)
 """
 )
 

@@ -25,7 +25,6 @@ from sqlalchemy.exc import IntegrityError
 
 from onceflow.vocabulary import (
     AttemptOutcome,
-    InstanceStatus,
     StepStatus,
 )
 from workflow_engine.errors import (
@@ -36,6 +35,7 @@ from workflow_engine.errors import (
 )
 from workflow_engine.store import children
 from workflow_engine.store.db import retry_on_deadlock
+from workflow_engine.store.fragments import HELD
 from workflow_engine.store.fragments import json_text as _json_text
 from workflow_engine.store.writes import (
     Answer,
@@ -58,11 +58,17 @@ from workflow_engine.store.writes import (
 # runs in a batch of its own, so an engine's own transactions never lock its instance
 # rows in conflicting orders.
 
+# One primary-key probe per job id of the batch, whatever the table's size and
+# statistics: a lock inside a LATERAL subquery keeps the planner from flattening it into
+# a join, which it may cost from stale estimates as a scan of every running (or every)
+# instance per batch (tests/integration/test_engine_plans.py).
 _LEASE_OF_INPUT = f"""
 lease AS (
-    SELECT i.job_id, i.requested_action FROM onceflow_instances i JOIN input USING (job_id)
-    WHERE i.lease_owner = :owner AND i.status = '{InstanceStatus.RUNNING}'
-    FOR SHARE OF i
+    SELECT l.job_id, l.requested_action FROM input CROSS JOIN LATERAL (
+        SELECT i.job_id, i.requested_action FROM onceflow_instances i
+        WHERE i.job_id = input.job_id AND i.{HELD}
+        FOR SHARE OF i
+    ) l
 )"""
 
 _START_STEPS = sa.text(
@@ -146,7 +152,7 @@ UPDATE onceflow_instances i
 SET status = input.status, result = CAST(input.result AS jsonb), error = input.error,
     finished_at = now(), updated_at = now(), lease_owner = NULL, lease_expires_at = NULL
 FROM input
-WHERE i.job_id = input.job_id AND i.lease_owner = :owner AND i.status = '{InstanceStatus.RUNNING}'
+WHERE i.job_id = input.job_id AND i.{HELD}
 RETURNING i.job_id, i.parent_job_id
 """
 )
@@ -154,7 +160,7 @@ RETURNING i.job_id, i.parent_job_id
 _HEARTBEAT = sa.text(
     f"""
 UPDATE onceflow_instances SET lease_expires_at = now() + make_interval(secs => :lease)
-WHERE lease_owner = :owner AND status = '{InstanceStatus.RUNNING}' AND job_id = ANY(:ids)
+WHERE {HELD} AND job_id = ANY(:ids)
 RETURNING job_id
 """
 )
