@@ -114,7 +114,8 @@ class Settings(BaseSettings):
     # Instances are coroutines whose checkpoints share a group commit: more in flight
     # means bigger batches (64-128 is best on 2 cores, BENCHMARKS.md).
     engine_concurrency: int = Field(default=64, ge=1)
-    engine_claim_batch: int = Field(default=32, ge=1)
+    # Unset: a quarter of engine_concurrency, at least 32 (claim_batch_size).
+    engine_claim_batch: int | None = Field(default=None, ge=1)
     engine_lease_seconds: float = Field(default=30.0, gt=0)
     engine_poll_interval_seconds: float = Field(default=1.0, gt=0)
     engine_metrics_port: int = 9103
@@ -156,6 +157,17 @@ class Settings(BaseSettings):
     # Fault injection for tests: "streams.after_db_commit:N" kills the streams worker
     # with SIGKILL right after its N-th database commit, before offsets are committed.
     failpoint: str = ""
+
+    @property
+    def claim_batch_size(self) -> int:
+        """Most instances one claim query takes: ``engine_claim_batch``, or a quarter of
+        the engine's slots and at least 32. Every claim walks the queue's index past
+        the entries of instances claimed since the last vacuum, so fewer, larger claims
+        cost PostgreSQL less: at 512 in flight, claims of 32 cost 6.5 ms each and a
+        quarter of the database's CPU (BENCHMARKS.md, "Claims sized to the engine")."""
+        if self.engine_claim_batch is not None:
+            return self.engine_claim_batch
+        return max(32, self.engine_concurrency // 4)
 
 
 def settings_env(s: Settings) -> dict[str, str]:

@@ -184,7 +184,7 @@ class EngineRunner:
                 await self._slot_free.wait()
                 continue
             self._wake.clear()
-            want = min(free, self.settings.engine_claim_batch)
+            want = min(free, self.settings.claim_batch_size)
             claimed = await self._claim(want)
             if claimed is None:
                 await self._wait_wake(self.settings.engine_poll_interval_seconds)
