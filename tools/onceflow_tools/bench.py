@@ -349,9 +349,9 @@ def engine(
     jobs: int,
     log_dir: Path,
     workflow: str = "noop-workflow",
-    concurrencies: tuple[int, ...] = (16, 64, 128, 256),
+    concurrencies: tuple[int, ...] = (16, 64, 128, 256, 512),
     engine_counts: tuple[int, ...] = (1, 2),
-    inline_concurrencies: tuple[int, ...] = (64, 128, 256),
+    inline_concurrencies: tuple[int, ...] = (64, 128, 256, 512),
 ) -> dict[str, Any]:
     """Three-step workflows completed per second from a pre-filled instances table, at
     each engine concurrency with each number of engine processes; then, with one engine,
