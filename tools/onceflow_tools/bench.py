@@ -48,6 +48,7 @@ from typing import Any
 
 import click
 import orjson
+import sqlalchemy as sa
 
 from onceflow.lag import consumer_lag
 from onceflow.settings import Settings
@@ -342,6 +343,13 @@ def _prefill(stack: Stack, jobs: int, workflow: str, prefix: str) -> None:
                 for i in range(start, min(jobs, start + 1000))
             ],
         )
+    # Statistics that describe the backlog, as autovacuum's analyze gives a live table
+    # within a minute: a run measures the engine, not the planner's guesses about a
+    # table it has never seen. (On statistics taken before a burst the claim reads the
+    # whole backlog: BENCHMARKS.md, "Lease checks by job id, claims sized to the engine".)
+    with stack.db.begin() as conn:
+        conn.execute(sa.text("ANALYZE onceflow_instances"))
+        conn.execute(sa.text("ANALYZE onceflow_jobs"))
 
 
 def engine(
