@@ -82,3 +82,52 @@ def test_the_lease_checks_probe_job_ids_when_the_statistics_predate_a_burst(db):
         assert all("onceflow_instances_job_id_key" in line for line in instance_scans), (
             f"{name} reads instances other than by job id:\n{plan}"
         )
+
+
+def test_the_claim_reads_the_queue_in_order_when_the_statistics_predate_a_burst(db):
+    """Analysed while nothing was runnable, then a backlog queued: the claim still reads
+    the claim-order indexes in order and stops at its limit, instead of sorting the
+    whole backlog (155 ms a claim at 40,000 queued)."""
+    quiet = [f"done_{i:03d}" for i in range(200)]
+    create_instances(
+        db, [Delivery(JobEnvelope(j, "noop-workflow", {}), "t", 0, n) for n, j in enumerate(quiet)]
+    )
+    with db.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE onceflow_instances SET (autovacuum_enabled = false)"))
+        conn.execute(
+            sa.text(
+                "UPDATE onceflow_instances SET status = 'complete', finished_at = now(),"
+                " run_after = 'infinity'"
+            )
+        )
+        conn.execute(sa.text("ANALYZE onceflow_instances"))
+    burst = [f"burst_{i:05d}" for i in range(5000)]
+    for start in range(0, len(burst), 1000):
+        create_instances(
+            db,
+            [
+                Delivery(JobEnvelope(j, "noop-workflow", {}), "t", 0, 1000 + start + n)
+                for n, j in enumerate(burst[start : start + 1000])
+            ],
+        )
+    params = {
+        "owner": "o",
+        "lease": 30,
+        "now": None,
+        "have_workflows": ["noop-workflow"],
+        "have_versions": ["v"],
+        "limit": 32,
+        "limited": [],
+        "uncontrolled": ["noop-workflow"],
+    }
+    with db.connect() as conn:
+        plan = "\n".join(
+            row[0]
+            for row in claims._in_claim_order(conn, sa.text("EXPLAIN " + claims._PICK.text), params)
+        )
+    assert "Index Scan using onceflow_instances_claim_order_idx" in plan, plan
+    assert "Index Scan using onceflow_instances_lane_idx" in plan, plan
+    assert "Sort" not in plan, plan
+    # ... and a claim takes the oldest of the burst.
+    claimed = claims.claim(db, "o", 32, 30)
+    assert sorted(c.job_id for c in claimed) == burst[:32]

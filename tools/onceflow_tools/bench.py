@@ -345,8 +345,9 @@ def _prefill(stack: Stack, jobs: int, workflow: str, prefix: str) -> None:
         )
     # Statistics that describe the backlog, as autovacuum's analyze gives a live table
     # within a minute: a run measures the engine, not the planner's guesses about a
-    # table it has never seen. (On statistics taken before a burst the claim reads the
-    # whole backlog: BENCHMARKS.md, "Lease checks by job id, claims sized to the engine".)
+    # table it has never seen. (The engine's statements no longer depend on them, but
+    # PostgreSQL's other plans may: BENCHMARKS.md, "Lease checks by job id, claims sized
+    # to the engine", has runs both ways.)
     with stack.db.begin() as conn:
         conn.execute(sa.text("ANALYZE onceflow_instances"))
         conn.execute(sa.text("ANALYZE onceflow_jobs"))
