@@ -122,7 +122,7 @@ def _in_claim_order(
 ) -> list[Any]:
     """Run ``statement`` with sorting priced out of its plan (this statement only)."""
     conn.exec_driver_sql("SET LOCAL enable_sort = off")
-    rows = conn.execute(statement, params).all()
+    rows = list(conn.execute(statement, params))
     conn.exec_driver_sql("SET LOCAL enable_sort TO DEFAULT")
     return rows
 
