@@ -164,7 +164,8 @@ class Settings(BaseSettings):
         the engine's slots and at least 32. Every claim walks the queue's index past
         the entries of instances claimed since the last vacuum, so fewer, larger claims
         cost PostgreSQL less: at 512 in flight, claims of 32 cost 6.5 ms each and a
-        quarter of the database's CPU (BENCHMARKS.md, "Claims sized to the engine")."""
+        quarter of the database's CPU (BENCHMARKS.md, "Lease checks by job id, claims
+        sized to the engine")."""
         if self.engine_claim_batch is not None:
             return self.engine_claim_batch
         return max(32, self.engine_concurrency // 4)
