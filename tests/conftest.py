@@ -46,11 +46,14 @@ def base_settings(services):
 
 
 @pytest.fixture(scope="session")
-def template_db(base_settings) -> str:
+def template_db(base_settings) -> Iterator[str]:
     """A migrated database (the product's schema and the examples') that per-test
-    databases are copied from."""
+    databases are copied from; dropped at the end of the session (a server used for
+    many sessions otherwise collects one per run, and autovacuum visits them all)."""
+    import sqlalchemy as sa
+
     import onceflow_examples
-    from onceflow_tools.stack import recreate_database
+    from onceflow_tools.stack import database_url_for, recreate_database
     from workflow_engine.store.db import make_engine
     from workflow_engine.store.schema import migrate
 
@@ -60,7 +63,11 @@ def template_db(base_settings) -> str:
     migrate(engine)
     migrate(engine, onceflow_examples.MIGRATIONS)
     engine.dispose()
-    return name
+    yield name
+    admin = make_engine(database_url_for(base_settings.database_url, "postgres"), pool_size=1)
+    with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
 
 
 @pytest.fixture
