@@ -28,6 +28,7 @@ from workflow_engine.flow import flow_controls, lane_path
 from workflow_engine.store import claim as claims
 from workflow_engine.store import flow as store_flow
 from workflow_engine.store import waits
+from workflow_engine.store.fragments import in_index_order
 from workflow_engine.store.instances import Delivery, create_instances, describe_instance
 from workflow_engine.store.trace import job_trace
 
@@ -368,16 +369,16 @@ def test_the_claims_are_served_by_the_claim_order_indexes(db):
     with db.connect() as conn:
         conn.execute(sa.text("SET enable_seqscan = off"))
         plan = "\n".join(
-            row[0]
-            for row in claims._in_claim_order(conn, sa.text("EXPLAIN " + claims._PICK.text), params)
+            row[0] for row in in_index_order(conn, sa.text("EXPLAIN " + claims._PICK.text), params)
         )
         assert "Index Scan using onceflow_instances_claim_order_idx" in plan
         assert "Seq Scan on onceflow_instances" not in plan
         flow = flow_controls()[wf.PER_KEY]
         plan = "\n".join(
             row[0]
-            for row in conn.execute(
-                sa.text("EXPLAIN " + store_flow._CLAIM_FLOW.text),
+            for row in in_index_order(
+                conn,
+                sa.text("EXPLAIN " + store_flow._FLOW_POOL.text),
                 {
                     **params,
                     "workflow": wf.PER_KEY,

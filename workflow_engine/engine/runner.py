@@ -1,7 +1,7 @@
 """The engine process: claim runnable instances, run them durably, hold leases.
 
-* Claims in batches with one ``FOR UPDATE SKIP LOCKED`` statement, up to the free
-  slots of its bounded concurrency; several engines can share one database.
+* Claims in batches (``FOR UPDATE SKIP LOCKED``, in claim order), up to the free slots
+  of its bounded concurrency; several engines can share one database.
 * Runs each instance as a coroutine whose lease-guarded writes are group-committed
   (:mod:`workflow_engine.engine.batcher`); a run ends in an
   :data:`~workflow_engine.engine.outcomes.Outcome` that one method applies.

@@ -1,10 +1,11 @@
 """Claiming runnable instances, and giving them back.
 
-:func:`claim` leases a batch of runnable instances in one transaction: one SKIP LOCKED
-statement for the workflows without flow control, then one per flow-controlled workflow
-under its advisory lock (:mod:`workflow_engine.store.flow`), and the histories of all
-of them in one query. :func:`rescue_expired` re-queues the instances of a dead engine;
-:func:`release` gives back those a stopping engine will not finish.
+:func:`claim` leases a batch of runnable instances in one transaction: for the workflows
+without flow control, a pick in claim order (SKIP LOCKED) and the lease of what it
+picked; then, under its advisory lock, each flow-controlled workflow's claim
+(:mod:`workflow_engine.store.flow`); and the histories of all of them in one query.
+:func:`rescue_expired` re-queues the instances of a dead engine; :func:`release` gives
+back those a stopping engine will not finish.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from sqlalchemy.engine import Engine
 
 from onceflow.vocabulary import InstanceStatus, StepKind, StepStatus
 from workflow_engine.store.flow import FlowControl, claim_flow
-from workflow_engine.store.fragments import HELD, mark_running
+from workflow_engine.store.fragments import HELD, in_index_order, mark_running
 from workflow_engine.store.fragments import NOW as _NOW
 from workflow_engine.store.fragments import RUNNABLE as _RUNNABLE
 from workflow_engine.store.instances import notify_runnable
@@ -59,8 +60,8 @@ _HAVE_VERSION = """
 """
 
 # A claim is two statements. The first picks and locks the runnable instances in claim
-# order, planned with sorting priced out (``_in_claim_order``): its only plan without a
-# sort reads the claim-order indexes in order and stops at the limit. Left to the
+# order, planned with sorting priced out (``fragments.in_index_order``): its only plan
+# without a sort reads the claim-order indexes in order and stops at the limit. Left to the
 # statistics, the planner sorts the whole runnable set when it believes that set small,
 # and statistics taken before a burst (analysed with a few hundred runnable, a million
 # queued since) say just that: every claim then read the whole backlog (40,000 queued:
@@ -117,16 +118,6 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, got FROM locks
 )
 
 
-def _in_claim_order(
-    conn: sa.Connection, statement: sa.TextClause, params: dict[str, Any]
-) -> list[Any]:
-    """Run ``statement`` with sorting priced out of its plan (this statement only)."""
-    conn.exec_driver_sql("SET LOCAL enable_sort = off")
-    rows = list(conn.execute(statement, params))
-    conn.exec_driver_sql("SET LOCAL enable_sort TO DEFAULT")
-    return rows
-
-
 _RUNNING_OF = sa.text(
     "SELECT count(*) FROM onceflow_instances"
     f" WHERE workflow = :workflow AND status = '{InstanceStatus.RUNNING}'"
@@ -166,7 +157,7 @@ def claim(
     with engine.begin() as conn:
         rows: list[Any] = []
         locked: list[str] = []
-        picked = _in_claim_order(
+        picked = in_index_order(
             conn,
             _PICK,
             {

@@ -2,8 +2,11 @@
 
 A workflow that declares flow control is claimed by :func:`claim_flow`, under the
 per-workflow advisory lock :func:`~workflow_engine.store.claim.claim` takes (tried,
-in the plain claim's statement, before this one), in ONE statement with
-``FOR UPDATE SKIP LOCKED``:
+in the plain claim's statements, before these), in two statements with
+``FOR UPDATE SKIP LOCKED``: step 1 (the pool) is read by one, planned with sorts priced
+out so that it can only probe ``onceflow_instances_lane_idx`` in order whatever the
+statistics say (:func:`~workflow_engine.store.fragments.in_index_order`); steps 2-4 are
+the other, which takes the pool back as arrays:
 
 1. **lanes**: the distinct fairness lanes (``flow_lane``, the key value stored when the
    instance was created) of the workflow's runnable instances, by a loose index scan of
@@ -19,11 +22,11 @@ in the plain claim's statement, before this one), in ONE statement with
    within its key, plus what the key already holds, stays within the limit.
 3. **fairness**: the eligible candidates are taken round-robin across lanes (the first
    of each lane, then the second...), in claim order within a round.
-4. the chosen rows are locked (``SKIP LOCKED``), marked running, and their starts are
-   recorded for the rate limit, in the same statement.
+4. the chosen rows are locked (``SKIP LOCKED``, re-checked runnable), marked running,
+   and their starts are recorded for the rate limit, in the same statement.
 
-The advisory lock serialises the claims of one workflow across engines and the
-statement's snapshot is taken after it is granted, so every claim sees the slots and
+The advisory lock serialises the claims of one workflow across engines and both
+statements' snapshots are taken after it is granted, so every claim sees the slots and
 starts of the claims before it: the limits hold across any number of engines. Every key
 is computed from ``params`` in the statement; the stored lane only serves the lookahead.
 """
@@ -40,7 +43,7 @@ from sqlalchemy.engine import Engine
 from onceflow.vocabulary import InstanceStatus
 from workflow_engine.store.fragments import NOW as _NOW
 from workflow_engine.store.fragments import RUNNABLE as _RUNNABLE
-from workflow_engine.store.fragments import mark_running
+from workflow_engine.store.fragments import in_index_order, mark_running
 
 _ORDER = "onceflow_claim_order(run_after, priority)"
 
@@ -99,7 +102,14 @@ _CANDIDATE = f"""
           SELECT * FROM unnest(CAST(:have_workflows AS text[]), CAST(:have_versions AS text[]))))
 """
 
-_CLAIM_FLOW = sa.text(
+# A flow-controlled claim is two statements, as the plain claim is (store/claim.py): the
+# read of the lanes' heads (the pool), planned with sorts priced out, so that the walk
+# over the lanes and every per-lane read are ordered probes of
+# onceflow_instances_lane_idx whatever the statistics say (on statistics from before a
+# burst they sorted the whole backlog, once per lane: 654 ms a claim at 20,000 queued
+# over 50 keys, 25 ms analysed; tests/integration/test_engine_plans.py); then the limits,
+# the choice, the lock and the lease, planned as usual, from the pool passed back in.
+_FLOW_POOL = sa.text(
     f"""
 WITH RECURSIVE lanes(lane) AS (
     (SELECT flow_lane FROM onceflow_instances
@@ -134,14 +144,25 @@ pool AS (
         {_CANDIDATE} AND flow_lane IS NULL
         ORDER BY flow_lane, {_ORDER} LIMIT greatest(CAST(:limit AS int), :lone_depth)
     )
-),
-keyed AS (
-    SELECT job_id, ord, flow_lane,
-           params #>> CAST(:ckey AS text[]) AS ck,
-           params #>> CAST(:rkey AS text[]) AS rk,
-           (status = '{InstanceStatus.QUEUED}' OR NOT :hold) AS needs_slot,
-           (started_at IS NULL) AS is_start
-    FROM pool
+)
+SELECT job_id, ord, flow_lane,
+       params #>> CAST(:ckey AS text[]) AS ck,
+       params #>> CAST(:rkey AS text[]) AS rk,
+       (status = '{InstanceStatus.QUEUED}' OR NOT :hold) AS needs_slot,
+       (started_at IS NULL) AS is_start
+FROM pool
+"""
+)
+
+# The rest of the claim, planned as usual: the pool read above comes in as arrays.
+_CLAIM_FLOW = sa.text(
+    f"""
+WITH keyed AS (
+    SELECT * FROM unnest(CAST(:pool_ids AS text[]), CAST(:pool_ords AS timestamptz[]),
+                         CAST(:pool_lanes AS text[]), CAST(:pool_cks AS text[]),
+                         CAST(:pool_rks AS text[]), CAST(:pool_needs AS boolean[]),
+                         CAST(:pool_starts AS boolean[]))
+        AS k(job_id, ord, flow_lane, ck, rk, needs_slot, is_start)
 ),
 ranked AS (
     SELECT k.*,
@@ -236,30 +257,37 @@ def claim_flow(
     """Claim up to ``limit`` instances of ``workflow`` within its flow control, in the
     caller's transaction (which holds the workflow's advisory lock). ``params``: owner,
     lease, now, have_workflows, have_versions, as the plain claim takes them."""
+    values = flow_params(workflow, flow, limit, params)
+    pool = in_index_order(conn, _FLOW_POOL, values)
+    columns = ("ids", "ords", "lanes", "cks", "rks", "needs", "starts")
+    for name, column in zip(columns, zip(*pool, strict=True) if pool else [()] * 7, strict=True):
+        values[f"pool_{name}"] = list(column)
+    return list(conn.execute(_CLAIM_FLOW, values))
+
+
+def flow_params(
+    workflow: str, flow: FlowControl, limit: int, params: dict[str, Any]
+) -> dict[str, Any]:
+    """The values both statements of a flow-controlled claim read."""
     rate = flow.rate_limit is not None
     keys = flow.limit_keys
-    return list(
-        conn.execute(
-            _CLAIM_FLOW,
-            {
-                **params,
-                "workflow": workflow,
-                "limit": limit,
-                "min_per_lane": 2,
-                "depth": LOOKAHEAD if any(key != flow.lane for key in keys) else 0,
-                "lone_depth": LOOKAHEAD if keys else 0,
-                "ckey": list(flow.concurrency_key) if flow.concurrency_key else None,
-                "max_per_key": flow.max_per_key,
-                "hold": flow.hold_while_waiting,
-                "holding": _HOLDING_WAITING if flow.hold_while_waiting else _HOLDING,
-                "rkey": list(flow.rate_key) if rate and flow.rate_key else None,
-                "rate_limit": flow.rate_limit,
-                "period": flow.rate_period,
-                "fair": flow.fairness_key is not None,
-                "spec": orjson.dumps(flow.spec()).decode(),
-            },
-        )
-    )
+    return {
+        **params,
+        "workflow": workflow,
+        "limit": limit,
+        "min_per_lane": 2,
+        "depth": LOOKAHEAD if any(key != flow.lane for key in keys) else 0,
+        "lone_depth": LOOKAHEAD if keys else 0,
+        "ckey": list(flow.concurrency_key) if flow.concurrency_key else None,
+        "max_per_key": flow.max_per_key,
+        "hold": flow.hold_while_waiting,
+        "holding": _HOLDING_WAITING if flow.hold_while_waiting else _HOLDING,
+        "rkey": list(flow.rate_key) if rate and flow.rate_key else None,
+        "rate_limit": flow.rate_limit,
+        "period": flow.rate_period,
+        "fair": flow.fairness_key is not None,
+        "spec": orjson.dumps(flow.spec()).decode(),
+    }
 
 
 _HOLD_REASON = sa.text("SELECT onceflow_hold_reason(:job_id)")
