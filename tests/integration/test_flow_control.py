@@ -26,6 +26,7 @@ from tests.integration import flow_workflows as wf
 from workflow_engine.engine.runner import EngineRunner
 from workflow_engine.flow import flow_controls, lane_path
 from workflow_engine.store import claim as claims
+from workflow_engine.store import control as ops
 from workflow_engine.store import flow as store_flow
 from workflow_engine.store import waits
 from workflow_engine.store.fragments import in_index_order
@@ -315,6 +316,41 @@ def test_hold_while_waiting_keeps_the_slot_of_a_sleeping_instance(db):
     assert claim(db, 10) == []  # the sleeper holds the key's one slot
     held = describe_instance(db, "hold_1" if first[0].job_id == "hold_0" else "hold_0")
     assert held.held_because == "per-key limit for key c1: 1 of 1 slots held"
+
+
+def test_a_restart_between_the_claims_two_statements_does_not_exceed_a_key(db, monkeypatch):
+    """The claim reads its pool, then counts slots and starts in a later snapshot. A
+    sleeper due to resume holds its key's one slot; restarted by an operator between
+    the two statements, it becomes a queued start that needs the slot again: only one of
+    the key's instances may be claimed, as if the two statements were one."""
+    create(db, wf.HOLDING, [("due_sleeper", {"customer": "c1"}), ("queued", {"customer": "c1"})])
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE onceflow_instances SET status = 'sleeping', started_at = now(),"
+                " run_after = now() - interval '1 second' WHERE job_id = 'due_sleeper'"
+            )
+        )
+    read_pool = store_flow.in_index_order
+
+    def pool_then_restart(conn, statement, params):
+        rows = read_pool(conn, statement, params)
+        if params["workflow"] != wf.HOLDING:  # the claim reads every flow workflow's pool
+            return rows
+        assert ops.restart(db, wf.HOLDING, "due_sleeper").status == InstanceStatus.QUEUED
+        with db.begin() as other:  # as if the restart's transaction began before the claim's
+            other.execute(
+                sa.text(
+                    "UPDATE onceflow_instances SET run_after = now() - interval '1 second'"
+                    " WHERE job_id = 'due_sleeper'"
+                )
+            )
+        return rows
+
+    monkeypatch.setattr(store_flow, "in_index_order", pool_then_restart)
+    assert len(claim(db, 10)) == 1
+    running = "SELECT count(*) FROM onceflow_instances WHERE status = 'running'"
+    assert scalar(db, running) == 1
 
 
 @pytest.mark.timeout(180)

@@ -43,7 +43,7 @@ from workflow_engine.errors import (
     NonDeterminismError,
     NonRetryableError,
 )
-from workflow_engine.store.fragments import HELD
+from workflow_engine.store.fragments import held
 from workflow_engine.store.instances import notify_runnable
 
 #: ``<parent job id>__<name>``. A name has no ``__`` and does not start or end with
@@ -106,7 +106,7 @@ _LEASE = sa.text(
     f"""
 SELECT i.requested_action, j.traceparent
 FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
-WHERE i.job_id = :job_id AND i.{HELD}
+WHERE i.job_id = :job_id AND {held("i")}
 FOR SHARE OF i
 """
 )

@@ -20,9 +20,9 @@ from sqlalchemy.engine import Engine
 
 from onceflow.vocabulary import InstanceStatus, StepKind, StepStatus
 from workflow_engine.store.flow import FlowControl, claim_flow
-from workflow_engine.store.fragments import HELD, in_index_order, mark_running
 from workflow_engine.store.fragments import NOW as _NOW
 from workflow_engine.store.fragments import RUNNABLE as _RUNNABLE
+from workflow_engine.store.fragments import held, in_index_order, mark_running
 from workflow_engine.store.instances import notify_runnable
 
 
@@ -273,7 +273,7 @@ def rescue_expired(engine: Engine) -> list[str]:
 
 _RELEASE = sa.text(
     f"""{_REQUEUE}
-WHERE {HELD} AND job_id = ANY(:ids)
+WHERE {held()} AND job_id = ANY(:ids)
 """
 )
 

@@ -35,7 +35,7 @@ from workflow_engine.errors import (
 )
 from workflow_engine.store import children
 from workflow_engine.store.db import retry_on_deadlock
-from workflow_engine.store.fragments import HELD
+from workflow_engine.store.fragments import held
 from workflow_engine.store.fragments import json_text as _json_text
 from workflow_engine.store.writes import (
     Answer,
@@ -66,7 +66,7 @@ _LEASE_OF_INPUT = f"""
 lease AS (
     SELECT l.job_id, l.requested_action FROM input CROSS JOIN LATERAL (
         SELECT i.job_id, i.requested_action FROM onceflow_instances i
-        WHERE i.job_id = input.job_id AND i.{HELD}
+        WHERE i.job_id = input.job_id AND {held("i")}
         FOR SHARE OF i
     ) l
 )"""
@@ -152,7 +152,7 @@ UPDATE onceflow_instances i
 SET status = input.status, result = CAST(input.result AS jsonb), error = input.error,
     finished_at = now(), updated_at = now(), lease_owner = NULL, lease_expires_at = NULL
 FROM input
-WHERE i.job_id = input.job_id AND i.{HELD}
+WHERE i.job_id = input.job_id AND {held("i")}
 RETURNING i.job_id, i.parent_job_id
 """
 )
@@ -160,7 +160,7 @@ RETURNING i.job_id, i.parent_job_id
 _HEARTBEAT = sa.text(
     f"""
 UPDATE onceflow_instances SET lease_expires_at = now() + make_interval(secs => :lease)
-WHERE {HELD} AND job_id = ANY(:ids)
+WHERE {held()} AND job_id = ANY(:ids)
 RETURNING job_id
 """
 )

@@ -6,7 +6,7 @@ in the plain claim's statements, before these), in two statements with
 ``FOR UPDATE SKIP LOCKED``: step 1 (the pool) is read by one, planned with sorts priced
 out so that it can only probe ``onceflow_instances_lane_idx`` in order whatever the
 statistics say (:func:`~workflow_engine.store.fragments.in_index_order`); steps 2-4 are
-the other, which takes the pool back as arrays:
+the other, which reads the pool's instances again by job id, in its own snapshot:
 
 1. **lanes**: the distinct fairness lanes (``flow_lane``, the key value stored when the
    instance was created) of the workflow's runnable instances, by a loose index scan of
@@ -108,7 +108,7 @@ _CANDIDATE = f"""
 # onceflow_instances_lane_idx whatever the statistics say (on statistics from before a
 # burst they sorted the whole backlog, once per lane: 654 ms a claim at 20,000 queued
 # over 50 keys, 25 ms analysed; tests/integration/test_engine_plans.py); then the limits,
-# the choice, the lock and the lease, planned as usual, from the pool passed back in.
+# the choice, the lock and the lease, planned as usual, from the pool's job ids.
 _FLOW_POOL = sa.text(
     f"""
 WITH RECURSIVE lanes(lane) AS (
@@ -145,24 +145,28 @@ pool AS (
         ORDER BY flow_lane, {_ORDER} LIMIT greatest(CAST(:limit AS int), :lone_depth)
     )
 )
-SELECT job_id, ord, flow_lane,
-       params #>> CAST(:ckey AS text[]) AS ck,
-       params #>> CAST(:rkey AS text[]) AS rk,
-       (status = '{InstanceStatus.QUEUED}' OR NOT :hold) AS needs_slot,
-       (started_at IS NULL) AS is_start
-FROM pool
+SELECT job_id FROM pool
 """
 )
 
-# The rest of the claim, planned as usual: the pool read above comes in as arrays.
+# The rest of the claim, planned as usual, from the pool's job ids. Each candidate's key,
+# slot and start are read here, in the snapshot that counts the slots held and the starts
+# made: between the statements an operator may restart a sleeping instance (it stops
+# holding its slot and becomes a start again), and the limits must see both sides alike.
 _CLAIM_FLOW = sa.text(
     f"""
 WITH keyed AS (
-    SELECT * FROM unnest(CAST(:pool_ids AS text[]), CAST(:pool_ords AS timestamptz[]),
-                         CAST(:pool_lanes AS text[]), CAST(:pool_cks AS text[]),
-                         CAST(:pool_rks AS text[]), CAST(:pool_needs AS boolean[]),
-                         CAST(:pool_starts AS boolean[]))
-        AS k(job_id, ord, flow_lane, ck, rk, needs_slot, is_start)
+    SELECT i.* FROM unnest(CAST(:pool AS text[])) AS p(job_id) CROSS JOIN LATERAL (
+        -- by job id alone, fenced by OFFSET 0 (no condition pushed in): a primary-key
+        -- probe each, never a read of the status indexes on stale statistics
+        SELECT job_id, {_ORDER} AS ord, flow_lane, status, run_after,
+               params #>> CAST(:ckey AS text[]) AS ck,
+               params #>> CAST(:rkey AS text[]) AS rk,
+               (status = '{InstanceStatus.QUEUED}' OR NOT :hold) AS needs_slot,
+               (started_at IS NULL) AS is_start
+        FROM onceflow_instances WHERE job_id = p.job_id OFFSET 0
+    ) AS i
+    WHERE i.status IN ({_RUNNABLE}) AND i.run_after <= {_NOW}
 ),
 ranked AS (
     SELECT k.*,
@@ -258,10 +262,7 @@ def claim_flow(
     caller's transaction (which holds the workflow's advisory lock). ``params``: owner,
     lease, now, have_workflows, have_versions, as the plain claim takes them."""
     values = flow_params(workflow, flow, limit, params)
-    pool = in_index_order(conn, _FLOW_POOL, values)
-    columns = ("ids", "ords", "lanes", "cks", "rks", "needs", "starts")
-    for name, column in zip(columns, zip(*pool, strict=True) if pool else [()] * 7, strict=True):
-        values[f"pool_{name}"] = list(column)
+    values["pool"] = [job_id for (job_id,) in in_index_order(conn, _FLOW_POOL, values)]
     return list(conn.execute(_CLAIM_FLOW, values))
 
 

@@ -33,19 +33,24 @@ def mark_running(source: str) -> str:
               j.traceparent, i.version"""
 
 
-#: "``:owner`` holds this instance's lease", the whole test of it.
-#: ``onceflow_instances_lease_check`` makes a non-null ``lease_owner`` mean
-#: ``status = 'running'``, so no status is named, on purpose: a status condition lets
-#: the planner cost the indexes on status from statistics that may predate a burst
-#: ("almost nothing runs") and read every running instance for each batch of
-#: checkpoints instead of probing its job ids (tests/integration/test_engine_plans.py).
-HELD = "lease_owner = :owner"
+def held(table: str = "") -> str:
+    """The condition "``:owner`` holds this instance's lease", the whole test of it
+    (``table``: the alias of ``onceflow_instances`` in the statement, if any).
+
+    ``onceflow_instances_lease_check`` makes an owner and an expiry, both set, mean
+    ``status = 'running'``, so no status is named, on purpose: a status condition lets
+    the planner cost the indexes on status from statistics that may predate a burst
+    ("almost nothing runs") and read every running instance for each batch of
+    checkpoints instead of probing its job ids (tests/integration/test_engine_plans.py)."""
+    t = f"{table}." if table else ""
+    return f"{t}lease_owner = :owner AND {t}lease_expires_at IS NOT NULL"
+
 
 #: Locks the running instance ``:job_id`` if ``:owner`` holds its lease (one row or none).
 LEASE_CTE = f"""
 lease AS (
     SELECT job_id, requested_action FROM onceflow_instances
-    WHERE job_id = :job_id AND {HELD}
+    WHERE job_id = :job_id AND {held()}
     FOR SHARE
 )"""
 

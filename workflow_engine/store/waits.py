@@ -19,9 +19,9 @@ from sqlalchemy.exc import IntegrityError
 from onceflow.vocabulary import InstanceStatus, StepKind, StepStatus
 from workflow_engine.errors import ControlRequested, LeaseLost, NonDeterminismError
 from workflow_engine.store import children
-from workflow_engine.store.fragments import HELD
 from workflow_engine.store.fragments import LEASE_CTE as _LEASE_CTE
 from workflow_engine.store.fragments import NOW as _NOW
+from workflow_engine.store.fragments import held
 from workflow_engine.store.fragments import json_text as _json_text
 from workflow_engine.store.instances import notify_runnable
 
@@ -219,7 +219,7 @@ SET status = :status, lease_owner = NULL, lease_expires_at = NULL, updated_at = 
         WHEN :delay IS NOT NULL
             THEN {_NOW} + make_interval(secs => CAST(:delay AS double precision))
         ELSE coalesce(CAST(:wake_at AS timestamptz), 'infinity') END
-WHERE job_id = :job_id AND {HELD}
+WHERE job_id = :job_id AND {held()}
 """
 )
 
