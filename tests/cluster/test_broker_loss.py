@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import pytest
-from confluent_kafka.admin import AdminClient, ConfigResource
+from confluent_kafka.admin import AdminClient, ConfigResource, PartitionMetadata
 
 from onceflow_tools.dev.cluster import KafkaCluster
 from onceflow_tools.processes import free_port
@@ -88,16 +88,26 @@ def _submit(stack: Stack, thread: int, out: Submissions, deadline: float) -> Non
                 time.sleep(0.2 if status in (0, 503) else 1.0)
 
 
+def _partition_0(admin: AdminClient, topic: str) -> PartitionMetadata:
+    """Partition 0 of ``topic`` as the metadata shows it. Right after the topic is
+    created, the broker that answers may not list its partitions yet (KRaft spreads the
+    new metadata to the brokers a moment later): asked again, for at most 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        partitions = admin.list_topics(topic, timeout=10).topics[topic].partitions
+        if 0 in partitions or time.monotonic() > deadline:
+            return partitions[0]
+        time.sleep(0.1)
+
+
 def _leader_of_partition_0(bootstrap: str, topic: str) -> tuple[int, list[int]]:
-    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
-    partition = md.topics[topic].partitions[0]
+    partition = _partition_0(AdminClient({"bootstrap.servers": bootstrap}), topic)
     return partition.leader, list(partition.isrs)
 
 
 def _topic_replication(bootstrap: str, topic: str) -> tuple[int, str]:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    md = admin.list_topics(topic, timeout=10)
-    replicas = len(md.topics[topic].partitions[0].replicas)
+    replicas = len(_partition_0(admin, topic).replicas)
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     configs = admin.describe_configs([resource])[resource].result(timeout=10)
     return replicas, configs["min.insync.replicas"].value
