@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -35,22 +35,6 @@ class JobIn(BaseModel):
         strict=True,
         description="1 (claimed first) to 5 (last); aged by time waited (README, Flow control).",
     )
-
-
-class Job(NamedTuple):
-    """A validated job, as the submit path uses it (the shape of :class:`JobIn`)."""
-
-    job_id: str | None
-    workflow: str
-    params: dict[str, Any]
-    priority: int
-
-
-def _validated(doc: dict[str, Any], is_batch: bool) -> list[Job]:
-    """The body's jobs, validated by the pydantic models (which raise
-    ``ValidationError`` naming every field at fault)."""
-    models = BatchIn.model_validate(doc).jobs if is_batch else [JobIn.model_validate(doc)]
-    return [Job(m.job_id, m.workflow, m.params, m.priority) for m in models]
 
 
 class BatchIn(BaseModel):
@@ -130,7 +114,7 @@ def parse_jobs(
     max_batch: int,
     max_params_bytes: int,
     known_types: frozenset[str] | None = None,
-) -> list[Job]:
+) -> list[JobIn]:
     """Parse a body holding one job or ``{"jobs": [...]}``; raise RequestError if bad."""
     doc, check_params = _json_object(body)
     is_batch = "jobs" in doc
@@ -142,7 +126,7 @@ def parse_jobs(
             [FieldError(field="jobs", reason=f"{len(doc['jobs'])} jobs, limit {max_batch}")],
         )
     try:
-        jobs = _validated(doc, is_batch)
+        jobs = BatchIn.model_validate(doc).jobs if is_batch else [JobIn.model_validate(doc)]
     except ValidationError as exc:
         fields = [
             FieldError(field=field_path(tuple(e["loc"]), ""), reason=e["msg"])
@@ -278,7 +262,7 @@ def _field(index: int | None, name: str) -> str:
 
 
 def _check_job(
-    job: Job,
+    job: JobIn,
     index: int | None,
     max_params_bytes: int,
     known_types: frozenset[str] | None,

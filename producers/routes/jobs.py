@@ -30,8 +30,8 @@ from producers.metrics import JOBS_ACCEPTED, JOBS_REJECTED, REQUESTS
 from producers.models import (
     Accepted,
     ErrorBody,
-    Job,
     JobAccepted,
+    JobIn,
     JobRejected,
     RequestError,
     parse_jobs,
@@ -228,7 +228,7 @@ def _check_rate(ingest: Ingest, client: str) -> None:
         )
 
 
-async def _read_jobs(request: Submission, ingest: Ingest) -> list[Job]:
+async def _read_jobs(request: Submission, ingest: Ingest) -> list[JobIn]:
     """The request's jobs, or RequestError (415, 413, 400, 422) saying what is wrong."""
     settings = ingest.settings
     content_type = request.headers.get("content-type", "")
@@ -246,7 +246,7 @@ async def _read_jobs(request: Submission, ingest: Ingest) -> list[Job]:
     )
 
 
-async def _accept(request: Submission, ingest: Ingest, jobs: list[Job]) -> Response:
+async def _accept(request: Submission, ingest: Ingest, jobs: list[JobIn]) -> Response:
     # A caller's own request id is kept (it ties their logs to ours) if it is sane.
     given = request.headers.get("x-request-id", "")
     request_id = given if _REQUEST_ID_RE.fullmatch(given) else new_request_id()
@@ -272,7 +272,7 @@ async def _accept(request: Submission, ingest: Ingest, jobs: list[Job]) -> Respo
     return json_response(body, 202, {"X-Request-Id": request_id})
 
 
-def _envelopes(jobs: list[Job], request_id: str) -> tuple[list[JobEnvelope], int]:
+def _envelopes(jobs: list[JobIn], request_id: str) -> tuple[list[JobEnvelope], int]:
     """One envelope per distinct job id (the first wins), and how many were repeats."""
     now = datetime.now(UTC)
     envelopes: list[JobEnvelope] = []

@@ -31,7 +31,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.concurrency import run_in_threadpool
 
 from onceflow.ids import new_job_id
-from producers.models import Job, RequestError, parse_jobs
+from producers.models import JobIn, RequestError, parse_jobs
 from workflow_engine.store.db import sqlalchemy_url
 
 MAX_BATCH = 1000
@@ -60,9 +60,9 @@ def _json(body: object, status: int, headers: dict[str, str] | None = None) -> R
     return Response(orjson.dumps(body), status, headers, media_type="application/json")
 
 
-def insert_jobs(engine: Engine, jobs: list[Job]) -> tuple[list[str], list[str]]:
+def insert_jobs(engine: Engine, jobs: list[JobIn]) -> tuple[list[str], list[str]]:
     """Insert the jobs in one statement and one transaction: (all ids, ids already there)."""
-    unique: dict[str, Job] = {}
+    unique: dict[str, JobIn] = {}
     for job in jobs:  # the same id twice in one request: written once, first wins
         unique.setdefault(job.job_id or new_job_id(), job)
     ids = list(unique)
