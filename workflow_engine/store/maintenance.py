@@ -7,7 +7,10 @@ at a time (the others skip that round); each step is its own short transaction:
 2. step-attempt partitions older than the instance retention are dropped whole;
 3. finished instances (and task runs) past retention *plus one partition interval*
    are deleted - the extra interval means their attempt rows went with step 2's
-   partitions, so the DELETE never cascades into the attempts table row by row;
+   partitions, so the DELETE never cascades into the attempts table row by row - except
+   a finished child whose parent is still live (:data:`_LIVE_PARENT`): the parent may
+   not have taken its result yet, and would otherwise fail "child ... gone" although
+   the child succeeded; it goes in the first round after its parent has finished;
 4. duplicate-delivery partitions older than the job-id retention are dropped whole;
 5. job-id records past theirs (plus one interval, for the same reason) are deleted;
 6. rows parked in a default partition whose step or job id is gone are deleted (the
@@ -32,6 +35,17 @@ from workflow_engine.store import partitions
 
 PRUNE_LOCK_KEY = 0x0CEF_2000
 DAY = 86400.0
+
+#: A child instance whose parent has not finished: retention keeps it whatever its
+#: age. The parent reads the child's row (status, result, error) when it collects it
+#: (``store.children.collect``), and nothing else holds that result until then, so
+#: "the child finished long ago" never means "nobody needs it" while the parent lives
+#: (a parent paused, sleeping or waiting for months keeps its finished children).
+#: One primary-key probe of the parent per candidate row.
+_LIVE_PARENT = (
+    "i.parent_job_id IS NOT NULL AND EXISTS (SELECT 1 FROM onceflow_instances p"
+    " WHERE p.job_id = i.parent_job_id AND p.status <> ALL(:terminal))"
+)
 
 
 def prune(
@@ -81,8 +95,9 @@ def _prune_locked(
     with conn.begin():
         instances = conn.execute(
             sa.text(
-                "DELETE FROM onceflow_instances"
-                " WHERE status = ANY(:terminal) AND finished_at < :before"
+                "DELETE FROM onceflow_instances i"
+                " WHERE i.status = ANY(:terminal) AND i.finished_at < :before"
+                f" AND NOT ({_LIVE_PARENT})"
             ),
             {"before": now - instance_retention - interval, "terminal": sorted(TERMINAL_STATUSES)},
         ).rowcount
