@@ -5,12 +5,18 @@ URL (``postgresql://h1:p1,h2:p2/db?target_session_attrs=read-write``) lets libpq
 whichever server is the primary now. After a failover, a pooled connection is either
 dead (the pre-ping replaces it) or, if its server was demoted but lives on, read-only:
 that error is marked a disconnect here, so SQLAlchemy drops the whole pool and the
-caller's retry connects to the new primary. :func:`is_transient` is the one test the
-worker and the engine use to decide "wait and retry" against "this write is wrong".
+caller's retry connects to the new primary.
+
+Errors are classified here, once, by SQLSTATE (:func:`classify`), never by exception
+class: psycopg2 raises "index row too large" (54000) as an ``OperationalError``, the
+same class as a dropped connection, and retrying the first forever wedges whoever
+retries it. :func:`is_transient` is the test the worker and the engine use to decide
+"wait and retry" against "this write is wrong".
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from functools import lru_cache
 from urllib.parse import quote
 
@@ -77,12 +83,98 @@ def _not_primary_is_a_disconnect(context: ExceptionContext) -> None:
         context.is_disconnect = True
 
 
+class ErrorClass(StrEnum):
+    """What to do about a database error (:func:`classify`)."""
+
+    #: The database cannot answer right now (down, unreachable, failing over, not the
+    #: primary, out of resources): wait and retry; never record it as the job's failure.
+    TRANSIENT = "transient"
+    #: PostgreSQL rolled the transaction back to resolve a conflict (serialization
+    #: failure, deadlock): run the whole transaction again.
+    RETRY_TRANSACTION = "retry_transaction"
+    #: The row or the statement is at fault (bad data, a constraint, a value too large
+    #: for an index, a bad statement): retrying changes nothing. Dead-letter the record,
+    #: fail the step or the instance, and go on with the rest.
+    ROW_AT_FAULT = "row_at_fault"
+
+
+#: SQLSTATE classes (first two characters) that are the server's state, not the row's:
+#: 08 connection exception, 53 insufficient resources (disk full, out of memory, too
+#: many connections), 58 system error (I/O).
+_TRANSIENT_CLASSES = frozenset({"08", "53", "58"})
+_TRANSIENT_CODES = frozenset(
+    {
+        psycopg2.errorcodes.READ_ONLY_SQL_TRANSACTION,  # 25006, a demoted or standby server
+        psycopg2.errorcodes.ADMIN_SHUTDOWN,  # 57P01
+        psycopg2.errorcodes.CRASH_SHUTDOWN,  # 57P02
+        psycopg2.errorcodes.CANNOT_CONNECT_NOW,  # 57P03, starting up or in recovery
+        # A statement cancelled (statement_timeout, pg_cancel_backend) or a lock not
+        # had in time (lock_timeout): a busy server, not a bad row; failing the rows for
+        # it would dead-letter or error every job of a slow minute.
+        psycopg2.errorcodes.QUERY_CANCELED,  # 57014
+        psycopg2.errorcodes.LOCK_NOT_AVAILABLE,  # 55P03
+    }
+)
+_RETRY_TRANSACTION_CODES = frozenset(
+    {
+        psycopg2.errorcodes.SERIALIZATION_FAILURE,  # 40001
+        psycopg2.errorcodes.DEADLOCK_DETECTED,  # 40P01
+    }
+)
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE PostgreSQL answered with, if the error came from the server."""
+    orig = getattr(exc, "orig", exc)
+    code = getattr(orig, "pgcode", None)
+    return code if isinstance(code, str) and code else None
+
+
+def classify(exc: BaseException) -> ErrorClass | None:
+    """How to handle ``exc``; None when it is not a database error at all (a bug, or a
+    value the driver could not send, which the caller decides about)."""
+    if isinstance(exc, sa.exc.DisconnectionError):
+        return ErrorClass.TRANSIENT
+    if not isinstance(exc, sa.exc.DBAPIError):
+        return None
+    if exc.connection_invalidated:  # a lost connection, or marked so (a demoted primary)
+        return ErrorClass.TRANSIENT
+    code = sqlstate(exc)
+    if code is None:
+        # No SQLSTATE: the driver's own error. A lost socket or a refused connection is
+        # an OperationalError or an InterfaceError ("connection already closed");
+        # anything else (a parameter it cannot adapt) is the statement's fault.
+        if isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
+            return ErrorClass.TRANSIENT
+        return ErrorClass.ROW_AT_FAULT
+    if code in _RETRY_TRANSACTION_CODES:
+        return ErrorClass.RETRY_TRANSACTION
+    if code[:2] in _TRANSIENT_CLASSES or code in _TRANSIENT_CODES:
+        return ErrorClass.TRANSIENT
+    return ErrorClass.ROW_AT_FAULT
+
+
 def is_transient(exc: BaseException) -> bool:
     """The database cannot answer right now (down, failing over, not the primary): the
     caller should wait and retry, never record the failure as the job's."""
-    if isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError | sa.exc.DisconnectionError):
-        return True
-    return isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated
+    return classify(exc) is ErrorClass.TRANSIENT
+
+
+def is_row_at_fault(exc: BaseException) -> bool:
+    """The database refused this write for good: retrying it changes nothing."""
+    return classify(exc) is ErrorClass.ROW_AT_FAULT
+
+
+def refusal(exc: BaseException, max_chars: int = 500) -> str:
+    """A database error as one short line: ``SQLSTATE 54000: index row requires ...``
+    (the server's primary message, not SQLAlchemy's text, which repeats the statement
+    and every parameter, the 20 kB value that caused it included)."""
+    orig = getattr(exc, "orig", None) or exc
+    diag = getattr(orig, "diag", None)
+    message = getattr(diag, "message_primary", None) or str(orig).strip().split("\n")[0]
+    code = sqlstate(exc)
+    text = f"SQLSTATE {code}: {message}" if code else f"{type(orig).__name__}: {message}"
+    return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
 
 
 def libpq_dsn(engine: Engine) -> str:
@@ -116,17 +208,17 @@ def database_ready(database_url: str) -> bool:
         return False
 
 
-def _deadlocked(exc: BaseException) -> bool:
-    code = getattr(getattr(exc, "orig", None), "pgcode", None)
-    return code == psycopg2.errorcodes.DEADLOCK_DETECTED
+def _must_rerun(exc: BaseException) -> bool:
+    return classify(exc) is ErrorClass.RETRY_TRANSACTION
 
 
-#: Run a whole transaction again when PostgreSQL chose it as a deadlock's victim (it
-#: was rolled back, so running it again is safe). Control operations lock a parent,
-#: then its children; an engine finishing a child locks the child, then its parent:
-#: the two orders can meet, and the operator's request should not answer 500 for it.
+#: Run a whole transaction again when PostgreSQL rolled it back to resolve a conflict
+#: (a deadlock's victim, a serialization failure): it was rolled back, so running it
+#: again is safe. Control operations lock a parent, then its children; an engine
+#: finishing a child locks the child, then its parent: the two orders can meet, and the
+#: operator's request should not answer 500 for it.
 retry_on_deadlock = retry(
-    retry=retry_if_exception(_deadlocked),
+    retry=retry_if_exception(_must_rerun),
     stop=stop_after_attempt(5),
     wait=wait_random_exponential(multiplier=0.02, max=0.5),
     reraise=True,
