@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 
 from onceflow.errors import InvalidEnvelope
+from onceflow.exact_numbers import exact_loads, first_inexact, floats_in, may_be_inexact
 from onceflow.ids import is_valid_job_id
 from onceflow.vocabulary import DeadLetterReason, Origin
 
@@ -167,6 +168,7 @@ class JobEnvelope:
         params = doc.get("params")
         if not isinstance(params, dict):
             raise InvalidEnvelope(DeadLetterReason.INVALID_PARAMS, "params must be a JSON object")
+        _check_numbers(value, params)
         return cls(
             job_id=job_id,
             workflow=workflow,
@@ -188,6 +190,24 @@ def _json_object(value: bytes | None) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise InvalidEnvelope(DeadLetterReason.NOT_AN_OBJECT, "value is not a JSON object")
     return doc
+
+
+def _check_numbers(value: bytes | None, params: dict[str, Any]) -> None:
+    """InvalidEnvelope (``invalid_params``) if the params hold a number that would not
+    be stored as written (a negative zero, 1e-400, 20 digits: onceflow.exact_numbers):
+    a producer writing the topic directly gets the same rule as ingest's 422. The bytes
+    and the params' floats are looked at first; only a record they cannot clear is
+    parsed again."""
+    floats, suspect = floats_in(params)
+    if value is None or not (suspect or (floats and may_be_inexact(value))):
+        return
+    try:
+        found = first_inexact(exact_loads(value).get("params"), "params")
+    except RecursionError:  # nested deeper than Python's parser goes (orjson went on):
+        return  # no number of it was changed by being nested
+    if found is not None:
+        path, inexact = found
+        raise InvalidEnvelope(DeadLetterReason.INVALID_PARAMS, f"{path}: {inexact.reason}")
 
 
 def _check_version(v: Any) -> None:

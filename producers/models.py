@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -10,6 +9,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from onceflow.envelope import DEFAULT_PRIORITY, PRIORITY_HIGHEST, PRIORITY_LOWEST
+from onceflow.exact_numbers import Inexact, exact_loads, float_suspect, may_be_inexact
 from onceflow.ids import JOB_ID_PATTERN
 
 WORKFLOW_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
@@ -154,22 +154,23 @@ def _json_object(body: bytes) -> tuple[dict[str, Any], bool]:
             "body must be a JSON object",
             [FieldError(field="body", reason="expected an object")],
         )
-    keys, suspect, depth = _scan(doc)
-    if suspect or keys != _key_tokens(body):
+    keys, floats, suspect, depth = _scan(doc)
+    if suspect or keys != _key_tokens(body) or (floats and may_be_inexact(body)):
         _exact_check(body)
     return doc, depth > MAX_PARAMS_DEPTH or b"\\u0000" in body
 
 
 # orjson keeps the last of duplicate keys, and turns an integer beyond 64 bits into a
-# float (123456789012345678901234567890 -> 1.2345678901234568e+29): both would change a
-# payload silently. The hot path proves neither happened with two byte counts over the
-# body and one walk of the parsed tree; only a body that fails that proof is parsed
-# again, exactly, to name the field at fault. For a 100-job batch (15 kB) the walk and
-# counts cost ~130 us and skip params_problem's per-job walk (~450 us) that only a NUL
-# escape or deep nesting needs: parse_jobs went from ~950 to ~650 us.
+# float (123456789012345678901234567890 -> 1.2345678901234568e+29); a negative zero, a
+# number below the float's range (1e-400 -> 0.0) or with more digits than a float keeps
+# would be stored as another number (onceflow.exact_numbers): all would change a payload
+# silently. The hot path proves none happened with two byte counts over the body, one
+# walk of the parsed tree and, when the walk met a float, one pass over the bytes; only
+# a body that fails that proof is parsed again, exactly, to name the field at fault. For
+# a 100-job batch (15 kB) the walk and counts cost ~130 us and skip params_problem's
+# per-job walk (~450 us) that only a NUL escape or deep nesting needs: parse_jobs went
+# from ~950 to ~650 us.
 _SPACED_KEY_TOKEN = re.compile(rb'"[ \t\n\r]*:')
-_I64_MIN, _U64_MAX = -(2**63), 2**64 - 1
-_BIG = 9.2e18  # below 2**63: a float this large may be a big integer orjson rounded
 
 
 def _key_tokens(body: bytes) -> int:
@@ -184,11 +185,11 @@ def _key_tokens(body: bytes) -> int:
     return quoted
 
 
-def _scan(doc: Any) -> tuple[int, bool, int]:
-    """The number of object keys in ``doc``, whether it holds a float large enough to
-    have been an integer out of orjson's range, and its depth. Level by level: no
-    recursion, and no tuple per value."""
-    keys, suspect, depth = 0, False, 0
+def _scan(doc: Any) -> tuple[int, bool, bool, int]:
+    """The number of object keys in ``doc``, whether it holds a float (one orjson made
+    of an integer out of its range, too), whether one is a negative zero or subnormal,
+    and its depth. Level by level: no recursion, and no tuple per value."""
+    keys, floats, suspect, depth = 0, False, False, 0
     level = [doc]
     while level:
         deeper: list[Any] = []
@@ -199,11 +200,12 @@ def _scan(doc: Any) -> tuple[int, bool, int]:
                 deeper.extend(item.values())
             elif kind is list:
                 deeper.extend(item)
-            elif kind is float and not -_BIG < item < _BIG:
-                suspect = True
+            elif kind is float:
+                floats = True
+                suspect = suspect or float_suspect(item)
         level = deeper
         depth += 1
-    return keys, suspect, depth
+    return keys, floats, suspect, depth
 
 
 class _Pairs(dict[str, Any]):
@@ -220,10 +222,11 @@ def _pairs(pairs: list[tuple[str, Any]]) -> _Pairs:
 
 
 def _exact_check(body: bytes) -> None:
-    """Parse again keeping every key and exact integers; RequestError 422 naming the
-    first duplicate key or out-of-range integer (none: the fast check was cautious)."""
+    """Parse again keeping every key and exact numbers; RequestError 422 naming the
+    first duplicate key or number that would not be stored as written (none: the fast
+    check was cautious)."""
     try:
-        doc = json.loads(body, object_pairs_hook=_pairs)
+        doc = exact_loads(body, object_pairs_hook=_pairs)
     except RecursionError:
         raise RequestError(422, "invalid_request", "the body is nested too deeply") from None
     stack: list[tuple[Any, str]] = [(doc, "")]
@@ -241,14 +244,13 @@ def _exact_check(body: bytes) -> None:
             stack.extend((v, _join(path, k)) for k, v in reversed(item.items()))
         elif isinstance(item, list):
             stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(item))))
-        elif type(item) is int and not _I64_MIN <= item <= _U64_MAX:
+        elif isinstance(item, Inexact):
             field = path or "body"
-            reason = "integer outside the 64-bit range; send it as a string to keep it exact"
             raise RequestError(
                 422,
-                "number_out_of_range",
-                f"{field}: {reason}",
-                [FieldError(field=field, reason=reason)],
+                item.code,
+                f"{field}: {item.reason}",
+                [FieldError(field=field, reason=item.reason)],
             )
 
 
