@@ -46,7 +46,7 @@ def started(db, owner, job_id):
     """An instance claimed by ``owner`` with its first step started (attempt 1)."""
     create(db, job_id, "test-chain")
     assert [c.job_id for c in claims.claim(db, owner, 10, 30)] == [job_id]
-    [answer] = store.write_batch(db, owner, [StartStep(job_id, 0, "a")])
+    [answer] = store.write_batch(db, owner, [StartStep(job_id, 1, 0, "a")])
     assert answer.attempt == 1
 
 
@@ -60,7 +60,7 @@ def done(db, job_id, position, result=b'"ok"'):
             ),
             {"j": job_id, "p": position},
         ).scalar_one()
-    return FinishStep(job_id, position, 1, at, AttemptOutcome.COMPLETE, result)
+    return FinishStep(job_id, 1, position, 1, at, AttemptOutcome.COMPLETE, result)
 
 
 def closed_attempts(db, job_id):
@@ -70,10 +70,10 @@ def closed_attempts(db, job_id):
 
 def test_a_chain_commits_the_checkpoint_and_the_next_start_together(db):
     started(db, "E", "c1")
-    [answer] = store.write_batch(db, "E", [Chain(done(db, "c1", 0), StartStep("c1", 1, "b"))])
+    [answer] = store.write_batch(db, "E", [Chain(done(db, "c1", 0), StartStep("c1", 1, 1, "b"))])
     assert answer.attempt == 1
     assert steps(db, "c1") == [(0, "a", "complete", 1), (1, "b", "running", 1)]
-    finish = FinishInstance("c1", InstanceStatus.COMPLETE, b"2")
+    finish = FinishInstance("c1", 1, InstanceStatus.COMPLETE, b"2")
     assert store.write_batch(db, "E", [Chain(done(db, "c1", 1), finish)]) == [None]
     assert status(db, "c1") == "complete"
     assert steps(db, "c1")[1] == (1, "b", "complete", 1)
@@ -82,7 +82,7 @@ def test_a_chain_commits_the_checkpoint_and_the_next_start_together(db):
 
 def test_a_chain_under_a_lost_lease_writes_neither_part(db):
     started(db, "E", "c2")
-    finish = FinishInstance("c2", InstanceStatus.COMPLETE, b"1")
+    finish = FinishInstance("c2", 1, InstanceStatus.COMPLETE, b"1")
     # Another engine id: this one's lease is not held, so nothing may be written.
     [answer] = store.write_batch(db, "other", [Chain(done(db, "c2", 0), finish)])
     assert isinstance(answer, LeaseLost)
@@ -94,15 +94,15 @@ def test_a_batch_mixes_chains_plain_writes_and_a_lost_lease(db):
     for job in ("m1", "m2", "m3"):
         create(db, job, "test-chain")
     claims.claim(db, "E", 10, 30)
-    store.write_batch(db, "E", [StartStep(j, 0, "a") for j in ("m1", "m2", "m3")])
+    store.write_batch(db, "E", [StartStep(j, 1, 0, "a") for j in ("m1", "m2", "m3")])
     ops.terminate(db, "test-chain", "m3")  # queued terminations apply at the next step
     answers = store.write_batch(
         db,
         "E",
         [
-            Chain(done(db, "m1", 0), StartStep("m1", 1, "b")),
+            Chain(done(db, "m1", 0), StartStep("m1", 1, 1, "b")),
             done(db, "m2", 0),
-            Chain(done(db, "m3", 0), StartStep("m3", 1, "b")),
+            Chain(done(db, "m3", 0), StartStep("m3", 1, 1, "b")),
         ],
     )
     assert answers[0].attempt == 1 and answers[1] is None
@@ -114,11 +114,11 @@ def test_a_batch_mixes_chains_plain_writes_and_a_lost_lease(db):
 
 def test_a_refused_next_start_keeps_the_checkpoint_before_it(db):
     started(db, "E", "c3")
-    store.write_batch(db, "E", [Chain(done(db, "c3", 0), StartStep("c3", 1, "b"))])
+    store.write_batch(db, "E", [Chain(done(db, "c3", 0), StartStep("c3", 1, 1, "b"))])
     # The workflow asks for "a" again at position 2: a step name used twice in one run
     # violates a unique constraint, the batch fails and its writes are applied one by
     # one, where the checkpoint of position 1 commits before the refused start.
-    chain = Chain(done(db, "c3", 1), StartStep("c3", 2, "a"))
+    chain = Chain(done(db, "c3", 1), StartStep("c3", 1, 2, "a"))
     with pytest.raises(sa.exc.IntegrityError):
         store.write_batch(db, "E", [chain])
     [answer] = store.write_each(db, "E", [chain])
@@ -154,6 +154,6 @@ def test_a_batch_chosen_as_a_deadlock_victim_runs_again(db, monkeypatch):
 
     monkeypatch.setattr(store, "_start_steps", deadlocks_once)
     monkeypatch.setitem(store._APPLY, StartStep, deadlocks_once)
-    [answer] = store.write_batch(db, "E", [Chain(done(db, "d1", 0), StartStep("d1", 1, "b"))])
+    [answer] = store.write_batch(db, "E", [Chain(done(db, "d1", 0), StartStep("d1", 1, 1, "b"))])
     assert answer.attempt == 1 and len(calls) == 2
     assert steps(db, "d1") == [(0, "a", "complete", 1), (1, "b", "running", 1)]

@@ -49,7 +49,13 @@ def test_the_lease_checks_probe_job_ids_when_the_statistics_predate_a_burst(db):
         plans["start"] = _plan(
             conn,
             store._START_STEPS,
-            {"owner": "o", "job_ids": batch, "positions": ints, "names": texts},
+            {
+                "owner": "o",
+                "job_ids": batch,
+                "claims": [1] * BATCH,
+                "positions": ints,
+                "names": texts,
+            },
         )
         plans["finish"] = _plan(
             conn,
@@ -57,6 +63,7 @@ def test_the_lease_checks_probe_job_ids_when_the_statistics_predate_a_burst(db):
             {
                 "owner": "o",
                 "job_ids": batch,
+                "claims": [1] * BATCH,
                 "positions": ints,
                 "attempts": [1] * BATCH,
                 "started": [datetime.now(UTC)] * BATCH,
@@ -71,7 +78,7 @@ def test_the_lease_checks_probe_job_ids_when_the_statistics_predate_a_burst(db):
         # between indexes is tested. The lease checks above probe even a small table.
         conn.execute(sa.text("SET enable_seqscan = off"))
         plans["heartbeat"] = _plan(
-            conn, store._HEARTBEAT, {"owner": "o", "ids": batch, "lease": 30}
+            conn, store._HEARTBEAT, {"owner": "o", "ids": batch, "claims": [1] * BATCH, "lease": 30}
         )
     for name, plan in plans.items():
         instance_scans = [
@@ -121,6 +128,7 @@ def test_the_claim_reads_the_queue_in_order_when_the_statistics_predate_a_burst(
         "owner": "o",
         "lease": 30,
         "now": None,
+        "inflight": [],
         "have_workflows": ["noop-workflow"],
         "have_versions": ["v"],
         "limit": 32,
@@ -157,7 +165,14 @@ def test_the_flow_claim_reads_the_lanes_in_order_when_the_statistics_predate_a_b
             [(f"burst_{i:05d}", {"customer": f"c{i % 50}"}) for i in range(start, start + 1000)],
         )
     flow = flow_controls()[wf.PER_KEY]
-    base = {"owner": "o", "lease": 30, "now": None, "have_workflows": [], "have_versions": []}
+    base = {
+        "owner": "o",
+        "lease": 30,
+        "now": None,
+        "inflight": [],
+        "have_workflows": [],
+        "have_versions": [],
+    }
     values = store_flow.flow_params(wf.PER_KEY, flow, 32, base)
     with db.connect() as conn:
         plan = "\n".join(

@@ -24,7 +24,7 @@ def _answer(write: Write[Any]) -> Answer:
     if isinstance(write, StartStep):
         return write.position * 10  # distinct per caller
     if isinstance(write, Heartbeat):
-        return frozenset(write.job_ids)
+        return frozenset(write.held)
     return None
 
 
@@ -110,7 +110,9 @@ def test_every_caller_gets_its_own_answer():
     batcher = WriteBatcher(store)
 
     async def body() -> list[int]:
-        return await asyncio.gather(*(batcher.write(StartStep(f"j{i}", i, "s")) for i in range(50)))
+        return await asyncio.gather(
+            *(batcher.write(StartStep(f"j{i}", 1, i, "s")) for i in range(50))
+        )
 
     assert run_with(batcher, body) == [i * 10 for i in range(50)]
     assert sum(len(b) for b in store.batches) == 50
@@ -123,9 +125,11 @@ def test_writes_queued_while_a_batch_commits_form_the_next_batch():
     batcher = WriteBatcher(store, writers=1)
 
     async def body() -> list[int]:
-        first = asyncio.ensure_future(batcher.write(StartStep("first", 0, "s")))
+        first = asyncio.ensure_future(batcher.write(StartStep("first", 1, 0, "s")))
         await until(lambda: bool(store.gates))
-        rest = [asyncio.ensure_future(batcher.write(StartStep(f"j{i}", i, "s"))) for i in range(20)]
+        rest = [
+            asyncio.ensure_future(batcher.write(StartStep(f"j{i}", 1, i, "s"))) for i in range(20)
+        ]
         await store.release_next()
         await store.release_next()
         return [await first] + [await f for f in rest]
@@ -140,7 +144,7 @@ def test_max_batch_is_respected():
 
     async def body() -> list[None]:
         writes = [
-            FinishStep(f"j{i}", i, 1, datetime.now(UTC), AttemptOutcome.COMPLETE, b"1")
+            FinishStep(f"j{i}", 1, i, 1, datetime.now(UTC), AttemptOutcome.COMPLETE, b"1")
             for i in range(10)
         ]
         return await asyncio.gather(*(batcher.write(w) for w in writes))
@@ -152,7 +156,7 @@ def test_max_batch_is_respected():
 def test_a_failed_batch_is_replayed_one_write_at_a_time():
     store = FakeStore()
     batcher = WriteBatcher(store)
-    writes = [StartStep("a", 1, "s"), StartStep("b", 2, "bad"), StartStep("c", 3, "s")]
+    writes = [StartStep("a", 1, 1, "s"), StartStep("b", 1, 2, "bad"), StartStep("c", 1, 3, "s")]
 
     async def body() -> list[Any]:
         return await asyncio.gather(*(batcher.write(w) for w in writes), return_exceptions=True)
@@ -168,7 +172,7 @@ def test_a_failed_single_write_gets_the_batch_error():
     batcher = WriteBatcher(store)
 
     async def body() -> int:
-        return await batcher.write(StartStep("b", 2, "bad"))
+        return await batcher.write(StartStep("b", 1, 2, "bad"))
 
     with pytest.raises(Broken):
         run_with(batcher, body)
@@ -180,8 +184,8 @@ def test_a_failed_chain_alone_in_its_batch_is_still_split():
     lone chain goes through the one-by-one path too (which applies its parts apart)."""
     store = FakeStore()
     batcher = WriteBatcher(store)
-    checkpoint = FinishStep("b", 1, 1, datetime.now(UTC), AttemptOutcome.COMPLETE, b"1")
-    chain = Chain(checkpoint, StartStep("b", 2, "bad"))
+    checkpoint = FinishStep("b", 1, 1, 1, datetime.now(UTC), AttemptOutcome.COMPLETE, b"1")
+    chain = Chain(checkpoint, StartStep("b", 1, 2, "bad"))
 
     async def body() -> Any:
         return await batcher.write(chain)
@@ -198,13 +202,15 @@ def test_a_heartbeat_batch_never_overlaps_another_batch():
 
     async def instance(i: int) -> None:
         for position in range(5):
-            assert await batcher.write(StartStep(f"j{i}", position, "s")) == position * 10
+            assert await batcher.write(StartStep(f"j{i}", 1, position, "s")) == position * 10
             await asyncio.sleep(rng.uniform(0, 0.002))
 
     async def heartbeats() -> None:
         for n in range(10):
             ids = tuple(f"j{i}" for i in range(n))
-            assert await batcher.write(Heartbeat(ids, 30.0)) == frozenset(ids)
+            assert await batcher.write(Heartbeat(tuple((i, 1) for i in ids), 30.0)) == frozenset(
+                (i, 1) for i in ids
+            )
             await asyncio.sleep(0.002)
 
     async def body() -> None:
@@ -221,13 +227,17 @@ def test_a_heartbeat_left_behind_by_max_batch_is_taken_at_once():
     batcher = WriteBatcher(store, writers=1, max_batch=2)
 
     async def body() -> None:
-        first = asyncio.ensure_future(batcher.write(StartStep("x", 0, "s")))
+        first = asyncio.ensure_future(batcher.write(StartStep("x", 1, 0, "s")))
         await until(lambda: bool(store.gates))
         queued = [
             asyncio.ensure_future(batcher.write(w))
-            for w in (StartStep("a", 1, "s"), StartStep("b", 2, "s"), StartStep("c", 3, "s"))
+            for w in (
+                StartStep("a", 1, 1, "s"),
+                StartStep("b", 1, 2, "s"),
+                StartStep("c", 1, 3, "s"),
+            )
         ]
-        beat = asyncio.ensure_future(batcher.write(Heartbeat(("a",), 30.0)))
+        beat = asyncio.ensure_future(batcher.write(Heartbeat((("a", 1),), 30.0)))
         for _ in range(3):
             await store.release_next()
         await asyncio.gather(first, beat, *queued)
@@ -246,8 +256,8 @@ def test_a_cancelled_caller_does_not_break_the_batch():
     batcher = WriteBatcher(store, writers=1)
 
     async def body() -> int:
-        gone = asyncio.ensure_future(batcher.write(StartStep("gone", 1, "s")))
-        kept = asyncio.ensure_future(batcher.write(StartStep("kept", 2, "s")))
+        gone = asyncio.ensure_future(batcher.write(StartStep("gone", 1, 1, "s")))
+        kept = asyncio.ensure_future(batcher.write(StartStep("kept", 1, 2, "s")))
         await until(lambda: bool(store.gates))
         gone.cancel()
         await store.release_next()

@@ -35,7 +35,7 @@ def test_a_transient_failure_reaches_every_writer_and_is_not_retried_one_by_one(
         batcher = WriteBatcher(store)
         writer = asyncio.create_task(batcher.run())
         results = await asyncio.gather(
-            *(batcher.write(StartStep(f"job-{n}", 0, "s")) for n in range(5)),
+            *(batcher.write(StartStep(f"job-{n}", 1, 0, "s")) for n in range(5)),
             return_exceptions=True,
         )
         writer.cancel()

@@ -193,11 +193,11 @@ def _latencies(
     everything = listing.InstanceFilter()
     duplicated = listing.InstanceFilter(has_duplicates=True)
     owner = f"bench-{attempt}"
-    claimed: list[str] = []
+    claimed: list[tuple[str, int]] = []
 
     def claim() -> None:
         batch = claims.claim(engine, owner, 32, 30.0)
-        claimed.extend(c.job_id for c in batch)
+        claimed.extend((c.job_id, c.claim_count) for c in batch)
 
     out = {
         "claim 32": _timed(claim, 10),

@@ -17,9 +17,11 @@ import contextlib
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from sqlalchemy.engine import Engine
 
+from onceflow import failpoints
 from workflow_engine.engine.batcher import WriteBatcher
 from workflow_engine.engine.metrics import (
     INSTANCES_BY_STATUS,
@@ -56,11 +58,18 @@ class Service(ABC):
         """The loop; runs until cancelled."""
 
 
+class Run(NamedTuple):
+    """One run in flight: the claim it runs under, and its task."""
+
+    claim: int
+    task: asyncio.Task[None]
+
+
 class LeaseKeeper(Service):
     def __init__(
         self,
         batcher: WriteBatcher,
-        inflight: Mapping[str, asyncio.Task[None]],
+        inflight: Mapping[str, Run],
         lease_seconds: float,
     ) -> None:
         super().__init__()
@@ -71,17 +80,20 @@ class LeaseKeeper(Service):
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.lease_seconds / 3)
-            ids = tuple(self.inflight)
+            held = tuple((job_id, run.claim) for job_id, run in self.inflight.items())
+            await failpoints.hit_async("engine.before_heartbeat")
             try:
-                kept = await self.batcher.write(Heartbeat(ids, self.lease_seconds))
+                kept = await self.batcher.write(Heartbeat(held, self.lease_seconds))
             except Exception:
                 log.exception("heartbeat failed", extra={"event": "engine.heartbeat_error"})
                 continue
-            for lost in set(ids) - kept:
-                self._abandon(lost)
+            for lost in set(held) - kept:
+                self._abandon(*lost)
 
-    def _abandon(self, job_id: str) -> None:
-        task = self.inflight.get(job_id)
+    def _abandon(self, job_id: str, claim: int) -> None:
+        """Cancel the run of ``claim``, if it is still the one in flight for the id."""
+        run = self.inflight.get(job_id)
+        task = run.task if run is not None and run.claim == claim else None
         if task is not None and not task.done():
             log.warning(
                 "lease lost; abandoning run",
@@ -99,6 +111,7 @@ class Rescuer(Service):
     async def run(self) -> None:
         while True:
             try:
+                await failpoints.hit_async("engine.before_rescue")
                 rescued = await asyncio.to_thread(claims.rescue_expired, self.engine)
             except Exception:
                 log.exception("rescue failed", extra={"event": "engine.rescue_error"})

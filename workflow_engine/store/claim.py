@@ -11,6 +11,7 @@ back those a stopping engine will not finish.
 from __future__ import annotations
 
 import random
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -74,7 +75,7 @@ WITH plain AS (
     -- time waited (migration 0009): onceflow_instances_claim_order_idx, in order
     SELECT job_id, onceflow_claim_order(run_after, priority) AS ord FROM onceflow_instances
     WHERE status IN ({_RUNNABLE}) AND run_after <= {_NOW} AND flow_lane IS NULL
-      AND workflow <> ALL(:limited)
+      AND workflow <> ALL(:limited) AND job_id <> ALL(CAST(:inflight AS text[]))
       {_HAVE_VERSION}
     ORDER BY onceflow_claim_order(run_after, priority)
     LIMIT :limit
@@ -133,6 +134,7 @@ def claim(
     limits: dict[str, int] | None = None,
     versions: dict[str, str] | None = None,
     flows: dict[str, FlowControl] | None = None,
+    inflight: Collection[str] = (),
 ) -> list[Claimed]:
     """Claim up to ``limit`` runnable instances of the workflow ``versions`` this engine
     has (``{workflow: version}``); instances without a recorded version are claimed by
@@ -143,6 +145,9 @@ def claim(
     a per-workflow advisory lock held to commit, so that engines claiming at the same
     time cannot exceed a limit. Sleeping and waiting instances do not count toward a
     limit unless ``hold_while_waiting`` says so.
+
+    ``inflight``: the ids this engine still runs; none of them is claimed again, even
+    if a rescue re-queued it (``fragments.mark_running``).
     """
     controlled = {w: FlowControl(concurrency=cap) for w, cap in (limits or {}).items()}
     controlled.update(flows or {})
@@ -151,6 +156,7 @@ def claim(
         "owner": owner,
         "lease": lease_seconds,
         "now": now,
+        "inflight": list(inflight),
         "have_workflows": list(versions),
         "have_versions": list(versions.values()),
     }
@@ -273,17 +279,25 @@ def rescue_expired(engine: Engine) -> list[str]:
 
 _RELEASE = sa.text(
     f"""{_REQUEUE}
-WHERE {held()} AND job_id = ANY(:ids)
+FROM unnest(CAST(:ids AS text[]), CAST(:claims AS int[])) AS input(job_id, claim)
+WHERE onceflow_instances.job_id = input.job_id
+  AND {held("onceflow_instances", "input.claim")}
 """
 )
 
 
-def release(engine: Engine, owner: str, job_ids: list[str]) -> int:
-    """Give back instances this engine will not finish (clean shutdown)."""
-    if not job_ids:
+def release(engine: Engine, owner: str, held_runs: Sequence[tuple[str, int]]) -> int:
+    """Give back instances this engine will not finish (clean shutdown, an outage cut
+    a run): ``(job_id, claim)`` pairs, each released only under that very claim."""
+    if not held_runs:
         return 0
+    params = {
+        "owner": owner,
+        "ids": [job_id for job_id, _ in held_runs],
+        "claims": [claim for _, claim in held_runs],
+    }
     with engine.begin() as conn:
-        return conn.execute(_RELEASE, {"owner": owner, "ids": job_ids}).rowcount
+        return conn.execute(_RELEASE, params).rowcount
 
 
 _NEXT_DUE = sa.text(

@@ -7,8 +7,9 @@ Claiming is :mod:`workflow_engine.store.claim`; the rare one-round-trip writes (
 event waits, markers, suspension) are :mod:`workflow_engine.store.waits`.
 
 All writes on behalf of a running instance are guarded by its lease: they lock the
-instance row (``FOR SHARE``) and check ``lease_owner``, so an engine whose lease was
-taken over can never write a checkpoint for an instance another engine now runs.
+instance row (``FOR SHARE``) and check ``lease_owner`` and ``claim_count`` (the
+write's :class:`~workflow_engine.store.writes.Lease`), so neither an engine whose lease
+was taken over nor an older run of a re-claimed instance can write a checkpoint.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ _LEASE_OF_INPUT = f"""
 lease AS (
     SELECT l.job_id, l.requested_action FROM input CROSS JOIN LATERAL (
         SELECT i.job_id, i.requested_action FROM onceflow_instances i
-        WHERE i.job_id = input.job_id AND {held("i")}
+        WHERE i.job_id = input.job_id AND {held("i", "input.claim")}
         FOR SHARE OF i
     ) l
 )"""
@@ -74,8 +75,9 @@ lease AS (
 _START_STEPS = sa.text(
     f"""
 WITH input AS (
-    SELECT * FROM unnest(CAST(:job_ids AS text[]), CAST(:positions AS int[]),
-                         CAST(:names AS text[])) AS t(job_id, position, name)
+    SELECT * FROM unnest(CAST(:job_ids AS text[]), CAST(:claims AS int[]),
+                         CAST(:positions AS int[]), CAST(:names AS text[]))
+        AS t(job_id, claim, position, name)
 ),
 {_LEASE_OF_INPUT},
 step AS (
@@ -110,11 +112,12 @@ FROM input LEFT JOIN lease USING (job_id) LEFT JOIN attempt USING (job_id)
 _FINISH_STEPS = sa.text(
     f"""
 WITH input AS (
-    SELECT * FROM unnest(CAST(:job_ids AS text[]), CAST(:positions AS int[]),
-                         CAST(:attempts AS int[]), CAST(:started AS timestamptz[]),
-                         CAST(:statuses AS text[]), CAST(:outcomes AS text[]),
-                         CAST(:results AS text[]), CAST(:errors AS text[]))
-        AS t(job_id, position, attempt, started_at, status, outcome, result, error)
+    SELECT * FROM unnest(CAST(:job_ids AS text[]), CAST(:claims AS int[]),
+                         CAST(:positions AS int[]), CAST(:attempts AS int[]),
+                         CAST(:started AS timestamptz[]), CAST(:statuses AS text[]),
+                         CAST(:outcomes AS text[]), CAST(:results AS text[]),
+                         CAST(:errors AS text[]))
+        AS t(job_id, claim, position, attempt, started_at, status, outcome, result, error)
 ),
 {_LEASE_OF_INPUT},
 step AS (
@@ -144,24 +147,26 @@ SELECT job_id FROM step
 _FINISH_INSTANCES = sa.text(
     f"""
 WITH input AS (
-    SELECT * FROM unnest(CAST(:job_ids AS text[]), CAST(:statuses AS text[]),
-                         CAST(:results AS text[]), CAST(:errors AS text[]))
-        AS t(job_id, status, result, error)
+    SELECT * FROM unnest(CAST(:job_ids AS text[]), CAST(:claims AS int[]),
+                         CAST(:statuses AS text[]), CAST(:results AS text[]),
+                         CAST(:errors AS text[]))
+        AS t(job_id, claim, status, result, error)
 )
 UPDATE onceflow_instances i
 SET status = input.status, result = CAST(input.result AS jsonb), error = input.error,
     finished_at = now(), updated_at = now(), lease_owner = NULL, lease_expires_at = NULL
 FROM input
-WHERE i.job_id = input.job_id AND {held("i")}
+WHERE i.job_id = input.job_id AND {held("i", "input.claim")}
 RETURNING i.job_id, i.parent_job_id
 """
 )
 
 _HEARTBEAT = sa.text(
     f"""
-UPDATE onceflow_instances SET lease_expires_at = now() + make_interval(secs => :lease)
-WHERE {held()} AND job_id = ANY(:ids)
-RETURNING job_id
+UPDATE onceflow_instances i SET lease_expires_at = now() + make_interval(secs => :lease)
+FROM unnest(CAST(:ids AS text[]), CAST(:claims AS int[])) AS input(job_id, claim)
+WHERE i.job_id = input.job_id AND {held("i", "input.claim")}
+RETURNING i.job_id, i.claim_count
 """
 )
 
@@ -182,6 +187,7 @@ def _start_steps(conn: sa.Connection, owner: str, writes: list[StartStep]) -> li
         {
             "owner": owner,
             "job_ids": [w.job_id for w in writes],
+            "claims": [w.claim for w in writes],
             "positions": [w.position for w in writes],
             "names": [w.name for w in writes],
         },
@@ -222,6 +228,7 @@ def _guarded(
 def _finish_steps(conn: sa.Connection, owner: str, writes: list[FinishStep]) -> list[Answer]:
     params = {
         "owner": owner,
+        "claims": [w.claim for w in writes],
         "positions": [w.position for w in writes],
         "attempts": [w.attempt for w in writes],
         "started": [w.started_at for w in writes],
@@ -239,6 +246,7 @@ def _finish_instances(
 ) -> list[Answer]:
     params = {
         "owner": owner,
+        "claims": [w.claim for w in writes],
         "statuses": [w.status.value for w in writes],
         "results": [_json_text(w.result) for w in writes],
         "errors": [w.error for w in writes],
@@ -259,11 +267,16 @@ def _finish_instances(
 def _heartbeats(conn: sa.Connection, owner: str, writes: list[Heartbeat]) -> list[Answer]:
     answers: list[Answer] = []
     for w in writes:
-        if not w.job_ids:
+        if not w.held:
             answers.append(frozenset())
             continue
-        params = {"owner": owner, "ids": list(w.job_ids), "lease": w.lease_seconds}
-        answers.append(frozenset(conn.execute(_HEARTBEAT, params).scalars()))
+        params = {
+            "owner": owner,
+            "ids": [job_id for job_id, _ in w.held],
+            "claims": [claim for _, claim in w.held],
+            "lease": w.lease_seconds,
+        }
+        answers.append(frozenset((job, claim) for job, claim in conn.execute(_HEARTBEAT, params)))
     return answers
 
 

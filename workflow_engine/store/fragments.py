@@ -19,8 +19,9 @@ NOW = "coalesce(CAST(:now AS timestamptz), now())"
 
 
 def mark_running(source: str) -> str:
-    """The CTE body that leases the instances whose ``job_id`` the CTE ``source`` holds
-    and returns what the runner needs of each (one shape for every claim)."""
+    """The CTE body that leases the instances whose ``job_id`` the CTE ``source`` holds,
+    but those in ``:inflight``, and returns what the runner needs of each (one shape for
+    every claim)."""
     return f"""
     UPDATE onceflow_instances i
     SET status = '{InstanceStatus.RUNNING}', lease_owner = :owner,
@@ -29,13 +30,21 @@ def mark_running(source: str) -> str:
         claim_count = i.claim_count + 1
     FROM {source} src, onceflow_jobs j
     WHERE i.job_id = src.job_id AND j.job_id = src.job_id
+      -- never an id this engine still runs: a rescue may have re-queued it while its
+      -- run, cut off from the database, goes on (that run is fenced by its claim)
+      AND i.job_id <> ALL(CAST(:inflight AS text[]))
     RETURNING i.job_id, i.workflow, i.params, i.created_at, j.submitted_at, i.claim_count,
               j.traceparent, i.version"""
 
 
-def held(table: str = "") -> str:
-    """The condition "``:owner`` holds this instance's lease", the whole test of it
-    (``table``: the alias of ``onceflow_instances`` in the statement, if any).
+def held(table: str = "", claim: str = ":claim") -> str:
+    """The condition "``:owner`` holds this instance's lease under claim ``claim``", the
+    whole test of it (``table``: the alias of ``onceflow_instances`` in the statement, if
+    any; ``claim``: the SQL expression of the claim number, a column of the batch's input
+    in the batched writes).
+
+    The claim number makes the lease a fencing token (``writes.Lease``): a run from an
+    older claim of the same instance, even in this same engine, matches no row.
 
     ``onceflow_instances_lease_check`` makes an owner and an expiry, both set, mean
     ``status = 'running'``, so no status is named, on purpose: a status condition lets
@@ -43,10 +52,13 @@ def held(table: str = "") -> str:
     ("almost nothing runs") and read every running instance for each batch of
     checkpoints instead of probing its job ids (tests/integration/test_engine_plans.py)."""
     t = f"{table}." if table else ""
-    return f"{t}lease_owner = :owner AND {t}lease_expires_at IS NOT NULL"
+    return (
+        f"{t}lease_owner = :owner AND {t}claim_count = {claim} AND {t}lease_expires_at IS NOT NULL"
+    )
 
 
-#: Locks the running instance ``:job_id`` if ``:owner`` holds its lease (one row or none).
+#: Locks the running instance ``:job_id`` if ``:owner`` holds its lease under claim
+#: ``:claim`` (one row or none).
 LEASE_CTE = f"""
 lease AS (
     SELECT job_id, requested_action FROM onceflow_instances

@@ -20,6 +20,19 @@ from onceflow.vocabulary import AttemptOutcome, InstanceStatus
 T = TypeVar("T", covariant=True)
 
 
+class Lease(NamedTuple):
+    """The fencing token of one claim of one instance: the engine that holds it and the
+    instance's ``claim_count`` when it was claimed.
+
+    Every guarded write names both (``fragments.held``), so a run from an older claim
+    can never write, even in the engine that holds the newer one: after a rescue
+    re-queued an instance whose run was cut off from the database, the same engine may
+    claim it again, and the owner string alone could not tell the two runs apart."""
+
+    owner: str
+    claim: int
+
+
 class Write(Generic[T]):
     """Base of the batched writes; ``T`` is the answer of a committed write."""
 
@@ -46,6 +59,7 @@ class StartStep(Write[Started]):
     start time."""
 
     job_id: str
+    claim: int  # the run's ``Lease.claim``
     position: int
     name: str
 
@@ -55,6 +69,7 @@ class FinishStep(Write[None]):
     """Close an attempt: checkpoint its result, or record its failure or retry."""
 
     job_id: str
+    claim: int
     position: int
     attempt: int
     started_at: datetime  # ``Started.at`` of the attempt
@@ -68,6 +83,7 @@ class FinishInstance(Write[None]):
     """Bring an instance to a final status and release its lease."""
 
     job_id: str
+    claim: int
     status: InstanceStatus
     result: bytes | None = None  # JSON
     error: str | None = None
@@ -90,12 +106,13 @@ class Chain(Write[T]):
 
 
 @dataclass(frozen=True, slots=True)
-class Heartbeat(Write[frozenset[str]]):
-    """Extend the leases of ``job_ids``; answers the ids this engine still holds."""
+class Heartbeat(Write[frozenset[tuple[str, int]]]):
+    """Extend the leases of ``held`` (``(job_id, claim)`` pairs); answers the pairs this
+    engine still holds."""
 
     runs_alone: ClassVar[bool] = True
 
-    job_ids: tuple[str, ...]
+    held: tuple[tuple[str, int], ...]
     lease_seconds: float
 
 
