@@ -193,7 +193,20 @@ def _when(key: str, raw: str) -> datetime:
         raise InvalidFilter(
             f"{key}: {raw!r} is not an ISO 8601 time (e.g. 2026-11-30T10:00:00Z)"
         ) from None
-    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+    utc = as_utc(at)
+    if utc is None:
+        raise InvalidFilter(f"{key}: {raw!r} is out of range (years 1 to 9999 in UTC)")
+    return utc
+
+
+def as_utc(at: datetime) -> datetime | None:
+    """``at`` in UTC (naive: taken as UTC), or None when that falls outside the years
+    datetime holds. Python takes UTC offsets up to ±23:59, PostgreSQL only up to ±15:59
+    ("time zone displacement out of range", a 500 before): a time reaches SQL in UTC."""
+    try:
+        return at.astimezone(UTC) if at.tzinfo is not None else at.replace(tzinfo=UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00 is in year 0 in UTC
+        return None
 
 
 def _flag(key: str, raw: str) -> bool:
@@ -278,6 +291,9 @@ def encode_cursor(sort: Sort, at: datetime, job_id: str) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+_BAD_CURSOR = "invalid cursor (take it from a previous page)"
+
+
 def decode_cursor(cursor: str, sort: Sort) -> tuple[datetime, str]:
     """The (sort key, job id) a cursor points after; :class:`InvalidFilter` if it is
     not one of ours or was made for another sort."""
@@ -285,10 +301,13 @@ def decode_cursor(cursor: str, sort: Sort) -> tuple[datetime, str]:
         doc = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
         at, job_id, made_for = datetime.fromisoformat(doc["t"]), str(doc["j"]), doc["s"]
     except (binascii.Error, ValueError, KeyError, TypeError, orjson.JSONDecodeError):
-        raise InvalidFilter("invalid cursor (take it from a previous page)") from None
+        raise InvalidFilter(_BAD_CURSOR) from None
+    utc = as_utc(at)
+    if utc is None:  # not one we made: ours are in the session's zone, in range
+        raise InvalidFilter(_BAD_CURSOR)
     if made_for != sort:
         raise InvalidFilter(f"the cursor was made for sort {made_for!r}, not {sort!r}")
-    return at, job_id
+    return utc, job_id
 
 
 def _check_sort(sort: str) -> str:
