@@ -129,6 +129,8 @@ def test_the_claim_reads_the_queue_in_order_when_the_statistics_predate_a_burst(
         "lease": 30,
         "now": None,
         "inflight": [],
+        "cutoff": None,
+        "any_workflow": True,
         "have_workflows": ["noop-workflow"],
         "have_versions": ["v"],
         "limit": 32,
@@ -170,6 +172,8 @@ def test_the_flow_claim_reads_the_lanes_in_order_when_the_statistics_predate_a_b
         "lease": 30,
         "now": None,
         "inflight": [],
+        "cutoff": None,
+        "any_workflow": True,
         "have_workflows": [],
         "have_versions": [],
     }

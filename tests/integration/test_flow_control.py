@@ -32,6 +32,7 @@ from workflow_engine.store import waits
 from workflow_engine.store.fragments import in_index_order
 from workflow_engine.store.instances import Delivery, create_instances, describe_instance
 from workflow_engine.store.trace import job_trace
+from workflow_engine.store.writes import Lease
 
 _OFFSETS = itertools.count()
 MODULES = json.dumps(["onceflow_examples", "tests.integration.flow_workflows"])
@@ -312,7 +313,9 @@ def test_hold_while_waiting_keeps_the_slot_of_a_sleeping_instance(db):
     create(db, wf.HOLDING, [(f"hold_{i}", {"customer": "c1"}) for i in range(2)])
     first = claim(db, 10)
     assert len(first) == 1
-    waits.suspend(db, "test-owner", first[0].job_id, InstanceStatus.SLEEPING, None, delay=60)
+    waits.suspend(
+        db, Lease("test-owner", 1), first[0].job_id, InstanceStatus.SLEEPING, None, delay=60
+    )
     assert claim(db, 10) == []  # the sleeper holds the key's one slot
     held = describe_instance(db, "hold_1" if first[0].job_id == "hold_0" else "hold_0")
     assert held.held_because == "per-key limit for key c1: 1 of 1 slots held"
@@ -396,6 +399,9 @@ def test_the_claims_are_served_by_the_claim_order_indexes(db):
         "owner": "o",
         "lease": 30,
         "now": None,
+        "inflight": [],
+        "cutoff": None,
+        "any_workflow": True,
         "have_workflows": [],
         "have_versions": [],
         "limit": 32,

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from onceflow.vocabulary import InstanceStatus, StepKind, StepStatus
-from workflow_engine.store.flow import FlowControl, claim_flow
+from workflow_engine.store.flow import HAVE_VERSION, FlowControl, claim_flow
 from workflow_engine.store.fragments import NOW as _NOW
 from workflow_engine.store.fragments import RUNNABLE as _RUNNABLE
 from workflow_engine.store.fragments import held, in_index_order, mark_running
@@ -53,12 +53,7 @@ class RecordedStep:
     error: str | None = None
 
 
-_HAVE_VERSION = """
-      -- only the definition versions this engine has (no version: created before
-      -- versioning, any engine runs it)
-      AND (version IS NULL OR (workflow, version) IN (
-          SELECT * FROM unnest(CAST(:have_workflows AS text[]), CAST(:have_versions AS text[]))))
-"""
+_HAVE_VERSION = HAVE_VERSION
 
 # A claim is two statements. The first picks and locks the runnable instances in claim
 # order, planned with sorting priced out (``fragments.in_index_order``): its only plan
@@ -105,17 +100,17 @@ WITH candidates AS (
     SELECT * FROM unnest(CAST(:picked AS text[])) AS t(job_id)
 ),
 claimed AS ({mark_running("candidates")}
-),
-locks AS (
-    -- the advisory locks of the flow-controlled workflows, tried in this round trip;
-    -- their claims are the next statements, whose snapshots are taken after the locks
-    SELECT array_agg(w) AS got FROM unnest(CAST(:limited AS text[])) AS w
-    WHERE pg_try_advisory_xact_lock(hashtext('onceflow.limit.' || w))
 )
-SELECT c.*, CAST(NULL AS text[]) AS locked FROM claimed c
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, got FROM locks
+SELECT * FROM claimed
 """
+)
+
+#: The advisory locks of the flow-controlled workflows, only tried: a workflow another
+#: engine is claiming right now is left to it, so two engines cannot deadlock on them.
+#: The flow claims are the next statements, whose snapshots are taken after the locks.
+_TRY_FLOW_LOCKS = sa.text(
+    "SELECT w FROM unnest(CAST(:limited AS text[])) AS w"
+    " WHERE pg_try_advisory_xact_lock(hashtext('onceflow.limit.' || w))"
 )
 
 
@@ -138,7 +133,8 @@ def claim(
 ) -> list[Claimed]:
     """Claim up to ``limit`` runnable instances of the workflow ``versions`` this engine
     has (``{workflow: version}``); instances without a recorded version are claimed by
-    any engine. Higher priority first, aged by time waited (``onceflow_claim_order``).
+    any engine that has their workflow. Higher priority first, aged by time waited
+    (``onceflow_claim_order``), in one order across plain and flow-controlled workflows.
 
     Workflows with flow control (``limits``: a concurrency limit; ``flows``: per-key
     limits, rate limits, fairness, :mod:`workflow_engine.store.flow`) are claimed under
@@ -151,8 +147,10 @@ def claim(
     """
     controlled = {w: FlowControl(concurrency=cap) for w, cap in (limits or {}).items()}
     controlled.update(flows or {})
+    any_workflow = versions is None
     versions = versions or {}
     params = {
+        "any_workflow": any_workflow,
         "owner": owner,
         "lease": lease_seconds,
         "now": now,
@@ -161,8 +159,6 @@ def claim(
         "have_versions": list(versions.values()),
     }
     with engine.begin() as conn:
-        rows: list[Any] = []
-        locked: list[str] = []
         picked = in_index_order(
             conn,
             _PICK,
@@ -173,36 +169,15 @@ def claim(
                 "uncontrolled": [w for w in versions if w not in controlled],
             },
         )
-        # Both kinds in claim order; what is picked beyond the limit stays locked (by
-        # this transaction only) and unclaimed.
+        # Both kinds of plain candidate in claim order; what is picked and not leased
+        # stays locked (by this transaction only) and unclaimed.
         picked.sort(key=lambda row: row[1])
-        for *row, got in conn.execute(
-            _LEASE_PICKED,
-            {
-                **params,
-                "picked": [job_id for job_id, _ in picked[:limit]],
-                "limited": list(controlled),
-            },
-        ):
-            if row[0] is None:
-                locked = got or []
-            else:
-                rows.append(row)
-        # The locks were only tried (a workflow another engine is claiming right now is
-        # left to it), so two engines cannot deadlock on them; a random first workflow,
-        # so one busy workflow does not always fill the batch.
-        order = list(locked)
-        start = random.randrange(len(order)) if order else 0
-        if order:
-            # The flow claim's row estimate on a deep backlog (~141k for 20k rows) is
-            # past the JIT threshold: JIT then took ~55 ms of a ~60 ms claim whose
-            # execution is ~5 ms. Off for the rest of this transaction only.
-            conn.exec_driver_sql("SET LOCAL jit = off")
-        for workflow in order[start:] + order[:start]:
-            room = limit - len(rows)
-            if room <= 0:
-                break
-            rows += _claim_controlled(conn, workflow, controlled[workflow], room, params)
+        rows: list[Any] = []
+        if controlled:
+            rows = _claim_flows(conn, controlled, picked, limit, params)
+        plain = [job_id for job_id, _ in picked[: limit - len(rows)]]
+        if plain:
+            rows += conn.execute(_LEASE_PICKED, {**params, "picked": plain}).all()
         # The histories of everything claimed, in one query, in this transaction.
         history = load_steps(conn, [row[0] for row in rows])
         return [
@@ -219,6 +194,44 @@ def claim(
             )
             for job_id, workflow, params, created, submitted, claims, tp, version in rows
         ]
+
+
+def _claim_flows(
+    conn: sa.Connection,
+    controlled: dict[str, FlowControl],
+    picked: list[Any],
+    limit: int,
+    params: dict[str, Any],
+) -> list[Any]:
+    """Claim the flow-controlled workflows' share of the batch, in the one claim order.
+
+    The plain candidates (``picked``, in claim order) are not leased yet: a
+    flow-controlled instance takes a place in the batch only if it comes before the
+    last plain candidate that would fill it (``:cutoff``), so a batch is the first
+    ``limit`` of both kinds in claim order (priority, aged by time waited), whichever
+    kind is queued deeper; the plain ones fill what is left. Before, the plain claim
+    filled the batch first and a priority-1 job of a limited workflow waited 186 s
+    behind 5,936 priority-5 jobs created before it (issue 23, case 4)."""
+    locked = list(conn.execute(_TRY_FLOW_LOCKS, {"limited": list(controlled)}).scalars())
+    if not locked:
+        return []
+    # The flow claim's row estimate on a deep backlog (~141k for 20k rows) is past the
+    # JIT threshold: JIT then took ~55 ms of a ~60 ms claim whose execution is ~5 ms.
+    # Off for the rest of this transaction only.
+    conn.exec_driver_sql("SET LOCAL jit = off")
+    # A random first workflow, so one busy workflow does not always fill the batch.
+    start = random.randrange(len(locked))
+    rows: list[Any] = []
+    for workflow in locked[start:] + locked[:start]:
+        room = limit - len(rows)
+        if room <= 0:
+            break
+        full = len(picked) >= room  # the plain ones alone would fill what is left
+        cutoff = picked[room - 1][1] if full else None
+        rows += _claim_controlled(
+            conn, workflow, controlled[workflow], room, {**params, "cutoff": cutoff}
+        )
+    return rows
 
 
 def _claim_controlled(

@@ -94,12 +94,26 @@ class FlowControl:
         return doc
 
 
+#: Only the definition versions this engine has. An instance with no recorded version
+#: (created before versioning) is claimed only by an engine that has its workflow: one
+#: that lacks it would fail it as "unknown workflow" (``:any_workflow``: a caller that
+#: named no versions, a tool, takes the unversioned ones of every workflow).
+HAVE_VERSION = """
+      AND ((version IS NULL AND (CAST(:any_workflow AS boolean)
+                                 OR workflow = ANY(CAST(:have_workflows AS text[]))))
+           OR (workflow, version) IN (SELECT * FROM unnest(
+               CAST(:have_workflows AS text[]), CAST(:have_versions AS text[]))))
+"""
+
+#: A flow-controlled instance is claimed only up to ``:cutoff`` in the one claim order,
+#: the place of the last plain candidate that would fill the batch (``claim._claim_flows``;
+#: NULL: no plain candidate competes for the room).
 _CANDIDATE = f"""
     SELECT job_id, params, status, started_at, flow_lane, {_ORDER} AS ord
     FROM onceflow_instances
     WHERE workflow = :workflow AND status IN ({_RUNNABLE}) AND run_after <= {_NOW}
-      AND (version IS NULL OR (workflow, version) IN (
-          SELECT * FROM unnest(CAST(:have_workflows AS text[]), CAST(:have_versions AS text[]))))
+      AND (CAST(:cutoff AS timestamptz) IS NULL OR {_ORDER} <= CAST(:cutoff AS timestamptz))
+      {HAVE_VERSION}
 """
 
 # A flow-controlled claim is two statements, as the plain claim is (store/claim.py): the
@@ -260,7 +274,8 @@ def claim_flow(
 ) -> list[sa.Row[Any]]:
     """Claim up to ``limit`` instances of ``workflow`` within its flow control, in the
     caller's transaction (which holds the workflow's advisory lock). ``params``: owner,
-    lease, now, have_workflows, have_versions, as the plain claim takes them."""
+    lease, now, inflight, have_workflows, have_versions, as the plain claim takes them,
+    and the claim-order ``cutoff``."""
     values = flow_params(workflow, flow, limit, params)
     values["pool"] = [job_id for (job_id,) in in_index_order(conn, _FLOW_POOL, values)]
     return list(conn.execute(_CLAIM_FLOW, values))
