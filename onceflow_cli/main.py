@@ -526,8 +526,9 @@ def _all_letters(settings: Settings, reason: str | None) -> list[DeadLetterRecor
 
 @cli.command("workflows")
 def workflows_command() -> None:
-    """Which workflow versions the live engines run, and the runnable instances whose
-    version none of them has (they wait for an engine with it)."""
+    """Which workflow versions the live engines run, and the instances whose version
+    none of them has: runnable ones (due: they wait for an engine with it) and those
+    that sleep or wait (they will need one)."""
     from workflow_engine.store.engines import instances_without_engine, live_engines
     from workflow_engine.store.instances import ENGINE_STALE_SECONDS
 
@@ -538,10 +539,17 @@ def workflows_command() -> None:
         versions = ", ".join(f"{w}@{v}" for w, v in sorted(e.workflows.items()))
         click.echo(f"  {e.engine_id}\t{versions}")
     for s in instances_without_engine(db, ENGINE_STALE_SECONDS):
-        click.echo(
-            f"{s.count} runnable instances of {s.workflow} version {s.version or '(none)'}:"
-            " waiting for an engine with that version"
-        )
+        version = s.version or "(none)"
+        if s.count:
+            click.echo(
+                f"{s.count} runnable instances of {s.workflow} version {version}:"
+                " waiting for an engine with that version"
+            )
+        if s.later:
+            click.echo(
+                f"{s.later} instances of {s.workflow} version {version} sleeping or waiting"
+                " (not due yet) will need an engine with that version"
+            )
 
 
 @cli.command()

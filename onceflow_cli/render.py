@@ -19,6 +19,14 @@ _STEP_LABELS = {
 }
 
 
+def _with_priority(reason: str, priority: int) -> str:
+    """The hold reason with the instance's priority, said once: "waiting for its turn
+    (priority 3, …)" names it already (onceflow_hold_reason), a limit's reason does not."""
+    if f"(priority {priority}" in reason:
+        return reason
+    return f"{reason} (priority {priority})"
+
+
 def render_instance(view: InstanceView) -> str:
     lines = [
         f"job id: {view.job_id}",
@@ -35,7 +43,7 @@ def render_instance(view: InstanceView) -> str:
     if view.waiting_for_engine:
         lines.append(view.waiting_for_engine)
     if view.held_because:
-        lines.append(f"held back: {view.held_because} (priority {view.priority})")
+        lines.append(f"held back: {_with_priority(view.held_because, view.priority)}")
     if view.dead_letters:
         lines.append(f"records of this id dead-lettered: {view.dead_letters}")
     if view.parent_job_id:

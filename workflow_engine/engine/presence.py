@@ -57,6 +57,8 @@ class Presence(Service):
         INSTANCES_WITHOUT_ENGINE.clear()
         reported, self._reported = self._reported, {}
         for s in stranded:
+            if not s.count:  # none due: none stuck yet (the gauge counts runnable ones)
+                continue
             INSTANCES_WITHOUT_ENGINE.labels(s.workflow, s.version or UNVERSIONED).set(s.count)
             self._reported[(s.workflow, s.version)] = s.count
             if reported.get((s.workflow, s.version)) == s.count:

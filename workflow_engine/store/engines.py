@@ -33,9 +33,15 @@ _FORGET = sa.text(
 )
 
 _RUNNABLE = ", ".join(f"'{s}'" for s in sorted(RUNNABLE_STATUSES))
+# "Runnable" is what the claim would take now: a runnable status *and* due. A sleeper
+# whose timer is hours away, or an instance waiting for an event (run_after infinity),
+# is not stuck yet; it is counted apart (``later``), since it will need the version too.
 _WITHOUT_ENGINE = sa.text(
     f"""
-SELECT i.workflow, i.version, count(*) FROM onceflow_instances i
+SELECT i.workflow, i.version,
+       count(*) FILTER (WHERE i.run_after <= now()),
+       count(*) FILTER (WHERE i.run_after > now())
+FROM onceflow_instances i
 WHERE i.status IN ({_RUNNABLE})
   AND NOT EXISTS (
       SELECT 1 FROM onceflow_engines e
@@ -54,11 +60,14 @@ class LiveEngine:
 
 @dataclass(frozen=True, slots=True)
 class Stranded:
-    """Runnable instances of one (workflow, version) that no live engine has."""
+    """Instances of one (workflow, version) that no live engine has: ``count`` are
+    runnable now (due, so stuck until an engine with it runs); ``later`` sleep or wait
+    and are not due yet (they will need it when they are)."""
 
     workflow: str
     version: str | None
     count: int
+    later: int = 0
 
 
 def announce(engine: Engine, engine_id: str, workflows: dict[str, str]) -> None:
@@ -91,7 +100,8 @@ def live_engines(engine: Engine, stale_seconds: float) -> list[LiveEngine]:
 
 
 def instances_without_engine(engine: Engine, stale_seconds: float) -> list[Stranded]:
-    """Runnable instances per (workflow, version) that no live engine can run."""
+    """Instances per (workflow, version) that no live engine can run, runnable now or
+    later (:class:`Stranded`)."""
     with engine.connect() as conn:
         rows = conn.execute(_WITHOUT_ENGINE, {"stale": stale_seconds})
-        return [Stranded(w, v, n) for w, v, n in rows]
+        return [Stranded(w, v, due, later) for w, v, due, later in rows]
