@@ -134,10 +134,8 @@ inst AS (
     INSERT INTO onceflow_instances (job_id, workflow, params, version, parent_job_id,
                                     parent_close_policy, flow_lane)
     SELECT i.child, i.workflow, i.params, i.version, :parent, i.policy,
-           -- the fairness lane, as the create path stores it (store.instances)
-           CASE WHEN i.lane_path IS NULL THEN NULL
-                WHEN cardinality(i.lane_path) = 0 THEN ''
-                ELSE coalesce(i.params #>> i.lane_path, '') END
+           -- the fairness lane, bounded, as the create path stores it (migration 0014)
+           onceflow_flow_lane(i.params, i.lane_path)
     FROM input i JOIN job ON job.job_id = i.child WHERE job.inserted
     RETURNING job_id
 ),

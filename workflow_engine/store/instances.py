@@ -163,9 +163,8 @@ dups AS (
 inst AS (
     INSERT INTO onceflow_instances (job_id, workflow, params, version, priority, flow_lane)
     SELECT f.job_id, f.workflow, f.params, f.version, f.priority,
-           CASE WHEN f.lane_path IS NULL THEN NULL
-                WHEN cardinality(f.lane_path) = 0 THEN ''
-                ELSE coalesce(f.params #>> f.lane_path, '') END
+           -- bounded (migration 0014): the lane index takes any key's value
+           onceflow_flow_lane(f.params, f.lane_path)
     FROM firsts f JOIN upsert u USING (job_id)
     WHERE u.inserted AND f.kind = :workflow_kind
     RETURNING job_id

@@ -177,6 +177,12 @@ CREATE FUNCTION public.onceflow_claim_order(run_after timestamp with time zone, 
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ SELECT run_after + priority * interval '30 seconds' $$;
 
+CREATE FUNCTION public.onceflow_flow_lane(params jsonb, lane_path text[]) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT CASE WHEN lane_path IS NULL THEN NULL
+                  WHEN cardinality(lane_path) = 0 THEN ''
+                  ELSE onceflow_lane_key(coalesce(params #>> lane_path, '')) END $$;
+
 CREATE FUNCTION public.onceflow_hold_reason(p_job_id text) RETURNS text
     LANGUAGE plpgsql STABLE
     AS $$
@@ -227,6 +233,10 @@ BEGIN
                        ELSE '' END);
 END
 $$;
+
+CREATE FUNCTION public.onceflow_lane_key(value text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT CASE WHEN octet_length(value) <= 200 THEN value ELSE 'md5:' || md5(value) END $$;
 
 CREATE FUNCTION public.onceflow_path(spec jsonb, field text) RETURNS text[]
     LANGUAGE sql IMMUTABLE
