@@ -28,7 +28,7 @@ from confluent_kafka import Producer
 from sqlalchemy.engine import Engine
 from tenacity import Retrying, retry_if_exception, stop_never, wait_exponential_jitter
 
-from onceflow import tracing
+from onceflow import failpoints, tracing
 from onceflow.settings import Settings
 from onceflow.vocabulary import DeadLetterReason, JobKind
 from streams.dead_letters import DeadLetterWriter
@@ -192,6 +192,9 @@ class BatchHandler:
         return RawRecord(d.topic, d.partition, d.offset, env.key(), env.encode(), env.headers())
 
     def _after_commit(self) -> None:
+        # Two ways to stop here: the test-armed failpoint (tests/failpoint_main.py) and
+        # the older ``failpoint`` setting the chaos run's worker is started with.
+        failpoints.hit("streams.after_db_commit")
         with self._lock:
             self._commits += 1
             commits = self._commits

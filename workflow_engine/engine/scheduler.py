@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 
 from sqlalchemy.engine import Engine
 
+from onceflow import failpoints
 from onceflow.ticks import DEFAULT_GRACE_SECONDS
 from onceflow.vocabulary import TickSkipReason, TickTrigger
 from workflow_engine.clock import FakeClock, SystemClock
@@ -98,6 +99,9 @@ class Scheduler(Service):
 
     async def tick(self) -> list[TickReport]:
         """One pass: fire what is due, and now and then refresh the next-fire gauges."""
+        # The time this pass fires by is read here; another engine may fire (or an
+        # operator delete) the same schedule before fire_due locks it.
+        await failpoints.hit_async("engine.before_tick_fire")
         reports = await asyncio.to_thread(
             store.fire_due,
             self.engine,

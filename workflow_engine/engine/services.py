@@ -153,6 +153,9 @@ class Maintenance(Service):
             await asyncio.sleep(self.interval)
 
     async def _prune(self) -> None:
+        # Where a test holds a round while another engine's round, or a parent
+        # collecting a child, goes on (docs/architecture.md, "Interleavings").
+        await failpoints.hit_async("engine.before_partition_maintenance")
         pruned = await asyncio.to_thread(
             maintenance.prune, self.engine, *self.retention, *self.partitions
         )
