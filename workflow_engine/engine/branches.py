@@ -36,6 +36,26 @@ class GatherTooDeep(WorkflowError):
     """Nested gathers multiplied the position stride past what a position can hold."""
 
 
+class PatchedInBranch(WorkflowError):
+    """``ctx.patched()`` asked inside a gather branch where the history cannot answer.
+
+    A branch's positions are sparse (``offset + stride*k``), and a branch that ended
+    early on the old code leaves its later positions empty for good, while the main
+    line goes on at positions no branch lattice tells apart from a branch's. So an
+    empty position inside a branch means "not reached yet" or "ended before it, the
+    gather is long finished": answering True there would add a step to an instance
+    that already ran past the patch point. The call is refused instead; ask on the
+    main line before the gather (README, "Deploying new workflow code")."""
+
+    def __init__(self, patch_id: str) -> None:
+        super().__init__(
+            f"ctx.patched({patch_id!r}) inside a gather branch: replay cannot tell whether"
+            " this branch ran past that point on the old code; call ctx.patched() on the"
+            " main line before ctx.gather and choose the branches there"
+        )
+        self.patch_id = patch_id
+
+
 @dataclass(slots=True)
 class Cursor:
     """The next position of one branch (or of the workflow's main line)."""

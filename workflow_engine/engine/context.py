@@ -106,6 +106,10 @@ class WorkflowContext:
         self.version = version  # what the instance was created with
         self.engine_version = engine_version  # what this engine's definition is
         self._recorded = {s.position: s for s in recorded}
+        # The furthest position the history reached: on the main line, where positions
+        # follow the program's order, anything recorded past a position means the
+        # instance ran past it (``patched``).
+        self._furthest = max(self._recorded, default=-1)
         self._main = branches.Cursor()
         self._patches: dict[str, bool] = {}
         # One write of this instance at a time (concurrent gather branches).
@@ -200,20 +204,36 @@ class WorkflowContext:
 
     async def patched(self, patch_id: str) -> bool:
         """Whether this instance takes the code of patch ``patch_id`` (Temporal's
-        ``patched``): at a fresh history position it records a marker and answers True;
-        on replay it answers True iff the marker is recorded at this position (an
-        instance that ran past this point on the old code answers False, and the marker
-        takes no position). The answer is remembered for the rest of the run."""
+        ``patched``). The answer is what the history can prove, remembered for the rest
+        of the run:
+
+        * a marker of ``patch_id`` at this position: True (it took the patch before);
+        * another entry here: False (it ran past this point on the old code), and the
+          marker takes no position;
+        * nothing here, on the main line: True, recording the marker, if nothing is
+          recorded further on either; False if something is (main-line positions follow
+          the program's order, so a later entry was made after this point: e.g. by a
+          gather whose first branch recorded nothing at its base position);
+        * nothing here, inside a gather branch: :class:`~.branches.PatchedInBranch`.
+          A branch's positions are sparse and the main line goes on at positions that
+          look like a branch's, so "empty" may mean "the branch ended before this point
+          on the old code"; True would add a step to an instance past its gather.
+        """
         if patch_id in self._patches:
             return self._patches[patch_id]
         cursor = self._cursor()
-        recorded = self._recorded.get(cursor.peek())
+        position = cursor.peek()
+        recorded = self._recorded.get(position)
         if recorded is not None:
             taken = recorded.kind == StepKind.PATCH and recorded.name == patch_id
             if taken:
                 cursor.take()
+        elif cursor is not self._main:
+            raise branches.PatchedInBranch(patch_id)
+        elif position < self._furthest:
+            taken = False
         else:
-            position = cursor.take()
+            cursor.take()
             await self._db(waits.record_marker, self._rt.owner, self.job_id, position, patch_id)
             taken = True
         self._patches[patch_id] = taken
