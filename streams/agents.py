@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, cast
 
 import faust
@@ -18,7 +19,7 @@ from faust.types import AgentT, EventT, StreamT
 
 from onceflow.envelope import KafkaHeaders
 from onceflow.settings import Settings
-from streams.batch import BatchHandler
+from streams.batch import BatchHandler, StoppedRetrying
 from streams.records import RawRecord
 from streams.topics import jobs_topic
 from workflow_engine.definitions import load_workflow_modules
@@ -32,7 +33,7 @@ AGENT_NAME = "streams.agents.create_instances"
 
 def register(app: faust.App, settings: Settings) -> AgentT:
     """Declare the jobs topic on ``app`` and attach the agent that consumes it."""
-    creator = InstanceCreator(settings)
+    creator = InstanceCreator(settings, stopped=app.wait_until_stopped)
     agent: AgentT = app.agent(jobs_topic(app, settings), name=AGENT_NAME, concurrency=1)(
         creator.consume
     )
@@ -40,9 +41,14 @@ def register(app: faust.App, settings: Settings) -> AgentT:
 
 
 class InstanceCreator:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self, settings: Settings, stopped: Callable[[], Awaitable[Any]] | None = None
+    ) -> None:
         self.settings = settings
+        #: Returns once the app is stopping (faust's ``App.wait_until_stopped``).
+        self._stopped = stopped
         self._handler: BatchHandler | None = None
+        self._inflight: asyncio.Future[Any] | None = None  # the batch being handled
 
     def handler(self) -> BatchHandler:
         """The batch handler, built on first use: inside the running worker, not when
@@ -61,19 +67,51 @@ class InstanceCreator:
         (The agent runs with ``concurrency=1``: see faust-streaming #606.)
         """
         work = self.handler()
+        watch = asyncio.ensure_future(self._keep_the_grace(work)) if self._stopped else None
         batches = cast(faust.Stream, stream)  # take_events is not on the StreamT interface
-        async for events in batches.take_events(
-            self.settings.streams_batch_size, within=self.settings.streams_batch_within_seconds
-        ):
-            await self._handle(work, [_raw_record(e) for e in events])
+        try:
+            async for events in batches.take_events(
+                self.settings.streams_batch_size,
+                within=self.settings.streams_batch_within_seconds,
+            ):
+                await self._handle(work, [_raw_record(e) for e in events])
+        finally:
+            if watch is not None:
+                watch.cancel()
+
+    async def _keep_the_grace(self, work: BatchHandler) -> None:
+        """Stop within the shutdown grace, whatever the database does.
+
+        On SIGTERM faust first waits, with no time limit, for every record in flight to
+        be acked (``Consumer.wait_empty``), and only then cancels this agent: a batch
+        retrying an unreachable database kept the worker alive until it was killed. So
+        once the app is stopping, the batch stops retrying (the transaction under way
+        may still commit), and if it has not finished within the grace the process
+        exits without committing."""
+        assert self._stopped is not None
+        await self._stopped()
+        work.stop_retrying()
+        task = self._inflight
+        if task is None or task.done():
+            return
+        done, _ = await asyncio.wait({task}, timeout=self.settings.streams_shutdown_grace_seconds)
+        if not done:
+            _exit_without_commit(
+                "in-flight batch did not commit within the shutdown grace;"
+                " exiting without committing offsets"
+            )
 
     async def _handle(self, work: BatchHandler, records: list[RawRecord]) -> None:
-        task = asyncio.ensure_future(work.handle(records))
+        task = self._inflight = asyncio.ensure_future(work.handle(records))
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
             await self._finish_or_exit(task)
             raise
+        except StoppedRetrying as stopped:
+            # Stopping while the database could not take the batch: it is not acked,
+            # so its records are redelivered to whoever takes the partition next.
+            _exit_without_commit(f"{stopped}; exiting without committing offsets")
         except Exception:
             # handle() retries database outages forever and dead-letters bad records,
             # so this is a bug: stop without acking rather than lose the batch.

@@ -5,7 +5,12 @@ Guarantees (see docs/architecture.md, "Offsets after commits"):
 * A batch's records are acked to Faust only when :meth:`BatchHandler.handle` returns,
   and it returns only after every record is either committed to Postgres (instance
   created or duplicate recorded) or acknowledged by Kafka on the dead-letter topic.
-* Database outages block and retry with backoff; nothing is skipped.
+* Database outages block and retry with backoff; nothing is skipped. Errors are told
+  apart by SQLSTATE (:func:`workflow_engine.store.db.classify`): a record the database
+  refuses for good (a value too large for an index, bad data, a constraint) is isolated
+  and dead-lettered (``database_refused``), and the rest of the batch is created.
+* A worker that is stopping no longer retries: a batch waiting for the database is
+  abandoned, unacked (:meth:`BatchHandler.stop_retrying`).
 * Bounded concurrency lives *inside* a batch: up to ``streams_concurrency``
   transactions in parallel, one per group of whole partitions. The next batch is not
   taken until all of them committed, so no offset can pass an uncommitted record
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import signal
 import threading
 import time
@@ -26,7 +32,6 @@ from typing import Any, TypeVar
 import sqlalchemy.exc as sa_exc
 from confluent_kafka import Producer
 from sqlalchemy.engine import Engine
-from tenacity import Retrying, retry_if_exception, stop_never, wait_exponential_jitter
 
 from onceflow import failpoints, tracing
 from onceflow.settings import Settings
@@ -52,18 +57,31 @@ from streams.records import (
 from streams.tasks import run_task
 from streams.tracing import record_spans
 from workflow_engine.store import task_runs
-from workflow_engine.store.db import is_transient
+from workflow_engine.store.db import ErrorClass, refusal, sqlstate
+from workflow_engine.store.db import classify as error_class
 from workflow_engine.store.instances import CreateResult, Delivery, create_instances
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # "The database cannot answer right now" (unreachable, failing over, a server that is no
-# longer the primary): block and retry (workflow_engine.store.db.is_transient). The
-# create is an upsert keyed by job id and Kafka position, so a retry after a commit
-# whose answer was lost changes nothing.
+# longer the primary) and "the transaction was rolled back for a conflict" (deadlock,
+# serialization failure): block and retry. The create is an upsert keyed by job id and
+# Kafka position, so a retry after a commit whose answer was lost changes nothing.
+# Anything else the database says is the row's fault: retrying it would wedge the
+# partition (SQLSTATE 54000, "index row too large", raised as an OperationalError like a
+# dropped connection, was retried forever before: issue 23).
+_RETRIED = frozenset({ErrorClass.TRANSIENT, ErrorClass.RETRY_TRANSACTION})
+#: Backoff between retries: 0.1 s doubling up to 5 s, plus up to 1 s of jitter.
+_RETRY_INITIAL_SECONDS, _RETRY_MAX_SECONDS, _RETRY_JITTER_SECONDS = 0.1, 5.0, 1.0
 
 MAX_RECORD_BYTES = 1024 * 1024
+
+
+class StoppedRetrying(Exception):
+    """The worker is stopping while a transaction waits for the database: the batch is
+    abandoned (its records are not acked, so their offsets are not committed, and they
+    are redelivered to whoever consumes the partition next)."""
 
 
 class BatchHandler:
@@ -87,6 +105,14 @@ class BatchHandler:
         self._lock = threading.Lock()
         self._failpoint_after = _parse_failpoint(settings.failpoint, "streams.after_db_commit")
         self._traced = tracing.enabled()
+        self._stopping = threading.Event()
+
+    def stop_retrying(self) -> None:
+        """The worker is stopping: a transaction that fails for a transient reason now
+        raises :class:`StoppedRetrying` instead of waiting for the database, and a wait
+        between two attempts ends at once. A transaction under way is not interrupted:
+        it commits (and its batch is acked) or fails."""
+        self._stopping.set()
 
     async def handle(self, records: list[RawRecord]) -> CreateResult:
         IN_FLIGHT.set(len(records))
@@ -128,17 +154,23 @@ class BatchHandler:
         await asyncio.gather(*(one(p) for p in todo))
 
     def with_db_retry(self, fn: Callable[..., T], *args: Any) -> T:
-        """Call ``fn``; while the database is unreachable, wait and call it again."""
-        for attempt in Retrying(
-            retry=retry_if_exception(is_transient),
-            wait=wait_exponential_jitter(initial=0.1, max=5.0),
-            stop=stop_never,
-            before_sleep=_log_retry,
-            reraise=True,
-        ):
-            with attempt:
+        """Call ``fn``; while the database is unreachable (or rolled the transaction back
+        for a conflict), wait and call it again, with backoff, until the worker stops
+        (:class:`StoppedRetrying`). An error that is the row's fault is raised at once."""
+        attempt = 0
+        while True:
+            try:
                 return fn(*args)
-        raise AssertionError("unreachable")
+            except Exception as exc:
+                if error_class(exc) not in _RETRIED:
+                    raise
+                if self._stopping.is_set():
+                    raise StoppedRetrying(f"stopping; the database: {refusal(exc)}") from exc
+                attempt += 1
+                delay = _backoff(attempt)
+                _log_retry(exc, attempt, delay)
+                if self._stopping.wait(delay):
+                    raise StoppedRetrying(f"stopping; the database: {refusal(exc)}") from exc
 
     # --- in worker threads ---------------------------------------------------------
 
@@ -149,34 +181,47 @@ class BatchHandler:
             result = self.with_db_retry(create_instances, self.engine, chunk)
             DB_LATENCY.observe(time.perf_counter() - started)
         except sa_exc.DBAPIError as exc:
-            # The database refused the batch for a reason that retrying will not fix:
-            # isolate the offending record(s), dead-letter them, keep the rest.
+            # The database refused the batch for a reason that retrying will not fix
+            # (with_db_retry retried every other): isolate the offending record(s),
+            # dead-letter them, keep the rest.
             log.error(
-                "batch rejected (%s); retrying record by record",
-                exc.orig,
-                extra={"event": "streams.batch_rejected"},
+                "batch refused (%s); isolating the refused records",
+                refusal(exc),
+                extra={"event": "streams.batch_rejected", "sqlstate": sqlstate(exc)},
             )
-            result = self._create_one_by_one(chunk)
+            result = self._create_isolating(chunk, exc)
         self._after_commit()
         self._report(chunk, result)
         if self._traced:
             record_spans(chunk, result, started_ns, time.time_ns())
         return result
 
-    def _create_one_by_one(self, chunk: list[Delivery]) -> CreateResult:
+    def _create_isolating(self, chunk: list[Delivery], refused: sa_exc.DBAPIError) -> CreateResult:
+        """Create ``chunk``, which the database refused as a whole (``refused``): in two
+        halves, in order, each its own transaction, splitting again whichever is
+        refused, down to the single records it refuses, which are dead-lettered. One
+        culprit among n records costs about 2 log2(n) transactions instead of n."""
+        if len(chunk) == 1:
+            self._dead_letter([self._refused(chunk[0], refused)])
+            return CreateResult()
         total = CreateResult()
-        for delivery in chunk:
+        middle = len(chunk) // 2
+        for half in (chunk[:middle], chunk[middle:]):
             try:
-                total.add(self.with_db_retry(create_instances, self.engine, [delivery]))
+                total.add(self.with_db_retry(create_instances, self.engine, half))
             except sa_exc.DBAPIError as exc:
-                letter = DeadLetter(
-                    self._as_record(delivery),
-                    DeadLetterReason.DATABASE_REFUSED,
-                    f"database rejected: {exc.orig}",
-                    delivery.envelope.job_id,
-                )
-                self._dead_letter([letter])
+                total.add(self._create_isolating(half, exc))
         return total
+
+    def _refused(self, delivery: Delivery, exc: sa_exc.DBAPIError) -> DeadLetter:
+        """The dead letter of a record the database refused: the SQLSTATE and the
+        server's message in its detail."""
+        return DeadLetter(
+            self._as_record(delivery),
+            DeadLetterReason.DATABASE_REFUSED,
+            f"database rejected: {refusal(exc)}",
+            delivery.envelope.job_id,
+        )
 
     def _dead_letter(self, dead: list[DeadLetter]) -> None:
         """Write dead letters and wait for Kafka's acknowledgement (retrying forever)."""
@@ -247,14 +292,19 @@ def _first_by_job(deliveries: list[Delivery]) -> dict[str, Delivery]:
     return first
 
 
-def _log_retry(retry_state) -> None:
+def _backoff(attempt: int) -> float:
+    """Seconds to wait before retry number ``attempt`` (1-based)."""
+    exponential = _RETRY_INITIAL_SECONDS * 2 ** min(attempt - 1, 32)
+    return min(_RETRY_MAX_SECONDS, exponential + random.uniform(0, _RETRY_JITTER_SECONDS))
+
+
+def _log_retry(exc: BaseException, attempt: int, delay: float) -> None:
     DB_RETRIES.inc()
-    exc = retry_state.outcome.exception() if retry_state.outcome else None
     log.warning(
         "database unavailable (%s); retrying in %.1fs",
-        exc,
-        retry_state.next_action.sleep if retry_state.next_action else 0,
-        extra={"event": "streams.db_retry", "attempt": retry_state.attempt_number},
+        refusal(exc),
+        delay,
+        extra={"event": "streams.db_retry", "attempt": attempt, "sqlstate": sqlstate(exc)},
     )
 
 
