@@ -9,11 +9,14 @@ The DDL runs inside two SECURITY DEFINER functions of the migration
 (``onceflow_add_partition``, ``onceflow_retire_partition``) so the services' database
 role, which cannot change the schema, can still maintain partitions; each call is its
 own short transaction under ``lock_timeout`` so a busy table makes maintenance wait for
-the next round, never the hot path (a deadlock that aborts maintenance postpones it the
-same way). Retiring holds nothing stronger than ACCESS SHARE on the partition until
-its detach (migration 0013), so the engine's checkpoints never wait on it. Two engines
-maintaining at once is harmless (the functions skip a partition that exists or is
-gone) but :mod:`.maintenance` serialises them anyway.
+the next round, never the hot path. Whatever error a partition's creation or retirement
+meets (a lock timeout, a deadlock, a cancelled statement, a row in the way) leaves that
+partition for the next round and the round goes on; only a lost connection ends the
+round, since the round's advisory lock went with it. Retiring holds nothing stronger
+than ACCESS SHARE on the partition until its detach (migration 0013), so the engine's
+checkpoints never wait on it. Two engines maintaining at once is harmless (the
+functions skip a partition that exists or is gone) but :mod:`.maintenance` serialises
+them anyway.
 """
 
 from __future__ import annotations
@@ -42,12 +45,25 @@ _ORPHAN = {
 }
 
 # Maintenance waits at most this long for a table lock, then retries next round:
-# attaching needs SHARE UPDATE EXCLUSIVE on the parent, detaching ACCESS EXCLUSIVE.
+# attaching needs SHARE UPDATE EXCLUSIVE on the parent (and ACCESS EXCLUSIVE on its
+# default partition, which it scans), detaching ACCESS EXCLUSIVE on the parent.
 LOCK_TIMEOUT = "2s"
-# What postpones a partition to the next round instead of failing it: the lock was
-# not free in time (55P03), or PostgreSQL broke a lock cycle by aborting this
-# maintenance transaction (40P01, deadlock_detected) - the DDL is retried as a whole.
-_POSTPONED = {"55P03": "busy", "40P01": "deadlock"}
+# A new partition starts at least this far ahead of the database's clock. Its range
+# must hold no row, committed or in flight, until its ATTACH commits: the function
+# moves the rows the default partition holds for the range, then the ATTACH scans the
+# default partition again and fails (23514) on any row an engine committed in between.
+# The keys are the writers' now() (step attempts' started_at, job ids' received_at),
+# so no transaction can write into a range that starts after the clock; after a lapse
+# the range being written stays in the default partition instead of being attached
+# under load. Minutes cover the attach's lock waits (each at most LOCK_TIMEOUT) and its
+# scan of a default partition that grew during the lapse.
+START_AHEAD = timedelta(minutes=5)
+# Why a partition was left for the next round (the log's reason), by SQLSTATE: the
+# lock was not free in time, PostgreSQL broke a lock cycle by aborting this
+# transaction, a row of the range reached the default partition while the attach
+# waited, the statement was cancelled (statement_timeout, pg_cancel_backend); any
+# other: "error". The DDL is retried as a whole.
+_REASONS = {"55P03": "busy", "40P01": "deadlock", "23514": "rows_in_range", "57014": "cancelled"}
 _BOUND_RE = re.compile(r"FROM \('([^']+)'\) TO \('([^']+)'\)")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -67,7 +83,7 @@ class Retired:
 
     dropped: tuple[str, ...] = ()
     kept_rows: int = 0  # rows of live history moved to the default partition
-    skipped: int = 0  # partitions left for the next round (lock busy, or a deadlock)
+    skipped: int = 0  # partitions left for the next round (any error but a lost connection)
 
 
 def partitions(conn: Connection, parent: str) -> list[Partition]:
@@ -107,36 +123,43 @@ def add_partition(conn: Connection, parent: str, lower: datetime, upper: datetim
     return name
 
 
+def first_new_lower(newest_upper: datetime | None, now: datetime) -> datetime:
+    """Where a table's next partition starts: the newest one's upper bound (so ranges
+    stay contiguous, and changing the interval never overlaps one), unless that is
+    closer than :data:`START_AHEAD` to ``now`` (maintenance lapsed): then the first
+    whole minute past ``now + START_AHEAD``, and the rows from before it stay in the
+    default partition (it is never attached while it can still be written)."""
+    earliest = now + START_AHEAD
+    if newest_upper is not None and newest_upper >= earliest:
+        return newest_upper
+    return aligned(earliest, timedelta(minutes=1)) + timedelta(minutes=1)
+
+
 def ensure_partitions(
     conn: Connection, now: datetime, interval: timedelta, ahead: int
 ) -> list[str]:
     """Make sure every partitioned table has partitions up to ``now + ahead * interval``.
 
-    New ranges continue from the newest partition's upper bound (so changing the
-    interval never overlaps an existing range); after a long outage they restart at
-    ``now`` and the gap's rows stay in the default partition. Each partition is its
-    own transaction (``conn`` must not be in one).
+    Ranges start at :func:`first_new_lower` and end on multiples of ``interval`` (a
+    first range after a lapse is the rest of its interval). A range that cannot be
+    created now (any error but a lost connection) stops that table for this round:
+    the next round starts again from its newest partition, so no gap is left behind
+    a range created later. Each partition is its own transaction (``conn`` must not
+    be in one).
     """
     created: list[str] = []
     horizon = now + ahead * interval
     for parent in PARTITIONED_TABLES:
         with conn.begin():
             existing = partitions(conn, parent)
-        start = existing[-1].upper if existing else aligned(now, interval)
-        if start < now - interval:
-            start = aligned(now, interval)
+        start = first_new_lower(existing[-1].upper if existing else None, now)
         while start < horizon:
+            upper = aligned(start, interval) + interval
             try:
                 with conn.begin():
-                    name = add_partition(conn, parent, start, start + interval)
+                    name = add_partition(conn, parent, start, upper)
             except sa.exc.DBAPIError as exc:
-                reason = _postponed(exc)
-                log.warning(
-                    "partition creation postponed: %s (%s)",
-                    parent,
-                    reason,
-                    extra={"event": "store.partition_busy", "table": parent, "reason": reason},
-                )
+                _left_for_next_round("creation", parent, f"{start} - {upper}", exc)
                 break
             if name:
                 created.append(name)
@@ -145,16 +168,36 @@ def ensure_partitions(
                     name,
                     extra={"event": "store.partition_created", "table": parent},
                 )
-            start += interval
+            start = upper
     return created
 
 
-def _postponed(exc: sa.exc.DBAPIError) -> str:
-    """Why maintenance left a partition for the next round; re-raises anything else."""
-    reason = _POSTPONED.get(getattr(exc.orig, "pgcode", None) or "")
-    if reason is None:
+def _left_for_next_round(what: str, parent: str, target: str, exc: sa.exc.DBAPIError) -> None:
+    """Log why a partition's ``what`` (creation, retirement) waits for the next round.
+
+    Re-raises when the connection is gone (a failover, a restart): the round's
+    session-level advisory lock went with it, so the round ends and the next one
+    retries everything; any other error concerns this partition's statement only."""
+    if exc.connection_invalidated:
         raise exc
-    return reason
+    code = getattr(exc.orig, "pgcode", None) or ""
+    reason = _REASONS.get(code, "error")
+    log.warning(
+        "partition %s left for the next round: %s %s (%s, SQLSTATE %s): %s",
+        what,
+        parent,
+        target,
+        reason,
+        code or "none",
+        (str(exc.orig).strip().splitlines() or [""])[0],  # the message, not its context
+        extra={
+            "event": "store.partition_postponed",
+            "table": parent,
+            "action": what,
+            "reason": reason,
+            "sqlstate": code,
+        },
+    )
 
 
 def retire_expired(conn: Connection, parent: str, expired_before: datetime) -> Retired:
@@ -179,13 +222,7 @@ def retire_expired(conn: Connection, parent: str, expired_before: datetime) -> R
                     {"name": partition.name, "cutoff": expired_before},
                 ).scalar_one()
         except sa.exc.DBAPIError as exc:
-            reason = _postponed(exc)
-            log.warning(
-                "partition retirement postponed: %s (%s)",
-                partition.name,
-                reason,
-                extra={"event": "store.partition_busy", "table": parent, "reason": reason},
-            )
+            _left_for_next_round("retirement", parent, partition.name, exc)
             skipped += 1
             continue
         dropped.append(partition.name)
