@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from urllib.parse import unquote
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -14,11 +15,11 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy.engine import Engine
 
 from console.auth import CSRF_COOKIE, Gatekeeper, is_https
-from console.bulk_runner import BulkRunner
-from console.deps import Console
+from console.deps import Console, render
 from console.pages import install_error_pages
 from console.routes import actions, dead_letters, instances, login, overview
 from onceflow.settings import Settings
+from workflow_engine.store.bulk_runner import BulkRunner
 from workflow_engine.store.db import shared_engine
 
 STATIC = Path(__file__).parent / "static"
@@ -35,8 +36,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.bulk.start()  # also resumes operations another process left running
         yield
-        state.bulk.stop()  # let running bulk batches finish their transaction
+        state.bulk.stop()  # the batch in progress commits; the rest resumes elsewhere
 
     app = FastAPI(
         title="onceflow console", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
@@ -46,6 +48,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     for module in (login, overview, instances, actions, dead_letters):
         app.include_router(module.router)
     app.middleware("http")(csrf_cookie_and_headers)
+    app.middleware("http")(refuse_nul)  # added last: runs first
     install_error_pages(app)
     app.add_api_route("/favicon.ico", _no_favicon, include_in_schema=False)
     app.add_api_route("/api/ping", _ping, include_in_schema=False)
@@ -65,6 +68,20 @@ async def csrf_cookie_and_headers(request: Request, call_next) -> Response:
     response.headers.setdefault("X-Content-Type-Options", "nosniff")
     response.headers.setdefault("Referrer-Policy", "same-origin")
     return response
+
+
+async def refuse_nul(request: Request, call_next) -> Response:
+    """400 for a NUL character in the path or the query (``/instances/%00``): PostgreSQL's
+    text holds none, so every query it reached answered 500."""
+    if "\x00" in request.scope["path"] or "\x00" in unquote(request.url.query):
+        return _nul_page(request)
+    response: Response = await call_next(request)
+    return response
+
+
+def _nul_page(request: Request) -> Response:
+    message = "NUL characters are not allowed in the URL"
+    return render(request, "error.html", {"title": "Bad request", "message": message}, 400)
 
 
 def _no_favicon() -> Response:

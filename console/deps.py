@@ -13,9 +13,9 @@ from sqlalchemy.engine import Engine
 
 from console import views
 from console.auth import CONTROL, READ, Gatekeeper, Principal, check_csrf, csrf_token
-from console.bulk_runner import BulkRunner
 from console.forms import Form, read_form
 from onceflow.settings import Settings
+from workflow_engine.store.bulk_runner import BulkRunner
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -30,7 +30,7 @@ class Console:
     settings: Settings
     engine: Engine
     gate: Gatekeeper
-    bulk: BulkRunner
+    bulk: BulkRunner  # the process's one runner of bulk operations (also resumes cut-off ones)
 
 
 def console(request: Request) -> Console:

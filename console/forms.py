@@ -7,7 +7,13 @@ from urllib.parse import parse_qs
 
 from fastapi import Request
 
+from onceflow.errors import OnceflowError
+
 MAX_FORM_BYTES = 256 * 1024
+
+
+class BadForm(OnceflowError):
+    """A form the console cannot take as sent (a 400 page, :mod:`console.pages`)."""
 
 
 class Form:
@@ -29,4 +35,9 @@ async def read_form(request: Request) -> Form:
     body = await request.body()
     if len(body) > MAX_FORM_BYTES:
         body = b""
-    return Form(parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True))
+    fields = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+    # PostgreSQL's text holds no NUL: refused here, for every field of every form,
+    # instead of failing (500) in whichever query the value reaches.
+    if any("\x00" in k or any("\x00" in v for v in vs) for k, vs in fields.items()):
+        raise BadForm("a form field holds a NUL character")
+    return Form(fields)

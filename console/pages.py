@@ -6,6 +6,7 @@ from __future__ import annotations
 from urllib.parse import quote
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import RedirectResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -44,6 +45,17 @@ async def invalid_filter(request: Request, exc: Exception) -> Response:
     return _page(request, "Invalid filter", str(exc), 400)
 
 
+async def invalid_request(request: Request, exc: Exception) -> Response:
+    """A path or query parameter of the wrong type (``/bulk/abc``): a page, like every
+    other refusal, not FastAPI's JSON."""
+    assert isinstance(exc, RequestValidationError)
+    reasons = "; ".join(
+        f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}"
+        for e in exc.errors()
+    )
+    return _page(request, "Bad request", reasons or "invalid request", 400)
+
+
 async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     title = "Not found" if exc.status_code == 404 else "Error"
@@ -59,6 +71,7 @@ def install_error_pages(app: FastAPI) -> None:
     app.add_exception_handler(InvalidFilter, invalid_filter)
     app.add_exception_handler(OnceflowError, bad_request)
     app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, invalid_request)
 
 
 def _is_htmx(request: Request) -> bool:

@@ -320,9 +320,7 @@ def _bulk(op: str, filter_text: str, dry_run: bool, yes: bool, batch: int) -> No
     from workflow_engine.store import bulk
     from workflow_engine.store.listing import InstanceFilter, count_matching
 
-    f = InstanceFilter.parse(filter_text)
-    if f.empty:
-        raise OnceflowError("--filter matches every instance; narrow it (e.g. workflow=...)")
+    f = bulk.refuse_empty(InstanceFilter.parse(filter_text))
     db = _db()
     n = count_matching(db, f)
     what = f"{op} {n} instance(s) matching {f.describe()!r}"
@@ -340,7 +338,13 @@ def _bulk(op: str, filter_text: str, dry_run: bool, yes: bool, batch: int) -> No
     def progress(o: bulk.BulkOperation) -> None:
         click.echo(f"  {o.done + o.skipped}/{o.total} ({o.done} done, {o.skipped} skipped)")
 
-    finished = bulk.run_bulk(db, started.id, batch=batch, on_progress=progress)
+    try:
+        finished = bulk.run_bulk(db, started.id, batch=batch, on_progress=progress)
+    except KeyboardInterrupt:
+        raise OnceflowError(
+            f"interrupted: bulk {op} #{started.id} stays running; a console or admin-API"
+            " process resumes it after its last committed batch"
+        ) from None
     click.echo(finished.describe())
 
 

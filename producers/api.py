@@ -95,7 +95,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         if tracing.enabled():
             producer = TracedSender(producer, ingest.settings.jobs_topic)
         ingest.producer = producer
+    if ingest.settings.admin_api_enabled:
+        from workflow_engine.store.db import shared_engine
+
+        # Resumes bulk operations a dead process left running, even before this
+        # process is asked to start one.
+        ingest.bulk_runner(shared_engine(ingest.settings.database_url)).start()
     yield
+    if ingest.bulk is not None:
+        ingest.bulk.stop()  # the batch in progress commits; the rest resumes elsewhere
     remaining = ingest.producer.close()
     log.info("producer flushed", extra={"event": "ingest.stopped", "undelivered": remaining})
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 from sqlalchemy.engine import Engine
@@ -19,6 +19,9 @@ from onceflow.settings import SCOPES, Settings
 from producers.auth import Authenticator
 from producers.kafka import JobSender
 from producers.limits import ClientLimiter
+
+if TYPE_CHECKING:
+    from workflow_engine.store.bulk_runner import BulkRunner
 
 
 @dataclass(slots=True, eq=False)
@@ -32,6 +35,9 @@ class Ingest:
     known_types: frozenset[str] | None
     #: Given by the caller, or created by the app's lifespan (it starts a thread).
     producer: JobSender | None = None
+    #: The admin API's bulk runner (started by the lifespan, or by the first bulk
+    #: operation): it also resumes operations a dead process left running.
+    bulk: BulkRunner | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, producer: JobSender | None = None) -> Ingest:
@@ -46,6 +52,14 @@ class Ingest:
             _known_types(settings) if settings.ingest_validate_types else None,
             producer,
         )
+
+    def bulk_runner(self, engine: Engine) -> BulkRunner:
+        """The process's one bulk runner (created on first use, on ``engine``)."""
+        if self.bulk is None:
+            from workflow_engine.store.bulk_runner import BulkRunner
+
+            self.bulk = BulkRunner(engine)
+        return self.bulk
 
     def sender(self) -> JobSender:
         if self.producer is None:

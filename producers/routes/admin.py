@@ -22,7 +22,6 @@ here.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -30,11 +29,12 @@ from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from sqlalchemy.engine import Engine
 
+from onceflow.instance_events import MAX_EVENT_PAYLOAD_BYTES, MAX_EVENT_TYPE_CHARS, InvalidEvent
 from onceflow.vocabulary import BulkAction, InstanceStatus
-from producers.deps import DbDep, require
+from producers.deps import DbDep, IngestDep, require
 from producers.errors import error_responses
 from producers.models import FieldError, RequestError
 from workflow_engine.store import bulk, control, listing
@@ -55,8 +55,14 @@ _CONTROL = [Depends(require("instances:control"))]
 
 
 class EventIn(BaseModel):
-    type: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$")
-    payload: Any = None
+    # Checked by the store (onceflow.instance_events.check_event), the one rule every
+    # front end applies: a refusal is a 422 naming the field.
+    type: str = Field(
+        description=f"Letters, digits and _ . : - (at most {MAX_EVENT_TYPE_CHARS} characters)."
+    )
+    payload: Any = Field(
+        default=None, description=f"Any JSON, at most {MAX_EVENT_PAYLOAD_BYTES} bytes."
+    )
 
 
 class ControlOut(BaseModel):
@@ -71,6 +77,9 @@ def _guarded(op: Callable[[], T]) -> T:
         return op()
     except control.InstanceNotFound as exc:
         raise RequestError(404, "not_found", str(exc)) from None
+    except InvalidEvent as exc:
+        field = FieldError(field=f"body.{exc.field}", reason=exc.reason)
+        raise RequestError(422, "invalid_request", str(exc), [field]) from None
     except control.ControlError as exc:
         raise RequestError(409, "conflict", str(exc)) from None
 
@@ -145,6 +154,14 @@ class BulkIn(BaseModel):
     )
     dry_run: bool = False
 
+    @field_validator("filter")
+    @classmethod
+    def _no_nul(cls, text: str) -> str:
+        # PostgreSQL's text holds no NUL: a 422 here, not a 500 in the listing query.
+        if "\x00" in text:
+            raise ValueError("the filter holds a NUL character")
+        return text
+
 
 def _op_body(op: bulk.BulkOperation) -> dict[str, Any]:
     body = asdict(op)
@@ -153,37 +170,19 @@ def _op_body(op: bulk.BulkOperation) -> dict[str, Any]:
     return body
 
 
-def _run_in_background(engine: Engine, op_id: int) -> None:
-    def run() -> None:
-        try:
-            bulk.run_bulk(engine, op_id)
-        except Exception:
-            log.exception(
-                "bulk operation #%d failed",
-                op_id,
-                extra={"event": "ingest.bulk.failed", "bulk_id": op_id},
-            )
-
-    threading.Thread(target=run, name=f"onceflow-bulk-{op_id}", daemon=True).start()
-
-
 @router.post("/bulk/{action}", dependencies=_CONTROL, status_code=202)
-def start_bulk(action: BulkAction, body: BulkIn, engine: DbDep) -> Any:
-    """Apply ``action`` to every instance the filter matches, in the background; poll
-    ``GET /v1/instances/bulk/{id}``. With ``dry_run``, only count them (200)."""
-    f = _filtered(lambda: listing.InstanceFilter.parse(body.filter))
-    if f.empty:
-        raise RequestError(
-            400, "invalid_filter", "a bulk operation needs a filter that narrows something"
-        )
+def start_bulk(action: BulkAction, body: BulkIn, engine: DbDep, ingest: IngestDep) -> Any:
+    """Apply ``action`` to every instance the filter matches, in the background (the
+    process's bulk runner, which also resumes operations a dead process left running);
+    poll ``GET /v1/instances/bulk/{id}``. With ``dry_run``, only count them (200). An
+    empty filter is refused (400), as everywhere."""
+    f = _filtered(lambda: bulk.refuse_empty(listing.InstanceFilter.parse(body.filter)))
     if body.dry_run:
         n = listing.count_matching(engine, f)
         return JSONResponse(
             {"action": str(action), "filter": f.describe(), "dry_run": True, "count": n}
         )
-    op = bulk.start_bulk(engine, action, f)
-    if not op.finished:
-        _run_in_background(engine, op.id)
+    op = _filtered(lambda: ingest.bulk_runner(engine).submit(action, f))
     return _op_body(op)
 
 

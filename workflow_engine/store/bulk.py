@@ -3,9 +3,19 @@ matches.
 
 :func:`start_bulk` records the operation and, in the same transaction, the job ids the
 filter matches at that moment (its snapshot, ``onceflow_bulk_operation_items``): the
-operation's ``total``. :func:`run_bulk` then applies the action in batches of job ids,
-in job-id order, one transaction per batch that also records the progress, so an
-operation cut off (the process died) continues where it stopped when it is run again.
+operation's ``total``. An empty filter (every instance) is refused here
+(:func:`refuse_empty`), so every front end refuses it. :func:`run_bulk` then applies
+the action in batches of job ids, in job-id order, one transaction per batch that also
+records the progress (``last_job_id``) under the operation's row lock: a batch is
+applied exactly once, whoever runs it, and an operation cut off continues after its
+last committed batch.
+
+Who runs an operation is a lease: a session-level advisory lock on the operation's id
+(:func:`leased`), held by the connection that runs its batches. A process that dies
+(SIGKILL, a crash, a stop between batches) loses the lock with its connection, and any
+:class:`workflow_engine.store.bulk_runner.BulkRunner` (the console's, the admin API's)
+finds the operation still ``running`` and unleased (:func:`unleased`) and resumes it.
+The lock holds no transaction open between batches.
 
 Each instance goes through the per-instance rules of :mod:`workflow_engine.store.control`:
 one an engine is running gets a ``requested_action`` (the engine applies it at its next
@@ -17,13 +27,16 @@ snapshot) is counted as ``skipped``, not as an error.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, Row
 
+from onceflow import failpoints
 from onceflow.errors import OnceflowError
 from onceflow.vocabulary import (
     BulkAction,
@@ -32,15 +45,38 @@ from onceflow.vocabulary import (
     InstanceStatus,
 )
 from workflow_engine.store import control
-from workflow_engine.store.db import retry_on_deadlock
+from workflow_engine.store.db import is_transient, retry_on_deadlock
 from workflow_engine.store.instances import notify_runnable
-from workflow_engine.store.listing import InstanceFilter, where_clause
+from workflow_engine.store.listing import InstanceFilter, InvalidFilter, where_clause
 
 log = logging.getLogger(__name__)
+
+#: The advisory lock space of bulk leases (the two-key form: its keys never meet the
+#: one-key locks of retention and migrations).
+LEASE_LOCK_SPACE = 0x0CEF_B0
+_INT4 = 2**31 - 1
+#: How often :func:`run_bulk` looks at an operation another process runs.
+FOLLOW_SECONDS = 0.5
 
 
 class BulkOperationNotFound(OnceflowError):
     """No bulk operation has that id."""
+
+
+class EmptyFilter(InvalidFilter):
+    """A bulk operation's filter that narrows nothing (it would apply to every instance)."""
+
+
+def refuse_empty(f: InstanceFilter) -> InstanceFilter:
+    """``f``, or :class:`EmptyFilter` when it matches every instance: one rule for the
+    CLI, the admin API and the console (each calls this before counting, and
+    :func:`start_bulk` calls it again)."""
+    if f.empty:
+        raise EmptyFilter(
+            "a bulk operation needs a filter that narrows something: the empty filter"
+            " would apply it to every instance; narrow it (e.g. workflow=...)"
+        )
+    return f
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +123,10 @@ def _op(row: Row) -> BulkOperation:
 
 def start_bulk(engine: Engine, action: BulkAction, f: InstanceFilter) -> BulkOperation:
     """Record a bulk operation and the job ids ``f`` matches now (``total``); nothing is
-    applied yet (:func:`run_bulk` does). An operation matching nothing is complete."""
+    applied yet (:func:`run_bulk` does). An operation matching nothing is complete.
+    Raises :class:`EmptyFilter` for a filter that narrows nothing."""
     action = BulkAction(action)
+    refuse_empty(f)
     where, params = where_clause(f)
     with engine.begin() as conn:
         op_id = conn.execute(
@@ -144,34 +182,137 @@ def recent_bulk(engine: Engine, limit: int = 20) -> list[BulkOperation]:
     return [_op(r) for r in rows]
 
 
+def unleased(engine: Engine) -> list[int]:
+    """Running operations no process holds the lease of (its runner died or stopped),
+    oldest first: what a runner resumes."""
+    with engine.connect() as conn:
+        ids = conn.execute(
+            sa.text(
+                "SELECT o.id FROM onceflow_bulk_operations o WHERE o.status = 'running'"
+                " AND NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory'"
+                " AND l.classid::bigint = :space AND l.objid::bigint = o.id % :int4"
+                " AND l.objsubid = 2 AND l.granted) ORDER BY o.id"
+            ),
+            {"space": LEASE_LOCK_SPACE, "int4": _INT4},
+        ).scalars()
+        return [int(i) for i in ids]
+
+
+@contextmanager
+def leased(engine: Engine, op_id: int) -> Iterator[Connection | None]:
+    """Hold operation ``op_id``'s lease for the block: the connection to run its batches
+    on, or None when another process holds it. The lease is a session-level advisory
+    lock, so it ends with the connection: a process that dies releases it at once
+    (PostgreSQL sees the socket close), and no transaction stays open between batches."""
+    conn = engine.connect()
+    try:
+        key = {"space": LEASE_LOCK_SPACE, "key": op_id % _INT4}
+        taken = conn.execute(sa.text("SELECT pg_try_advisory_lock(:space, :key)"), key).scalar()
+        conn.commit()
+        if not taken:
+            yield None
+            return
+        try:
+            yield conn
+        finally:
+            _unlock(conn, key)
+    finally:
+        conn.close()
+
+
+def _unlock(conn: Connection, key: dict[str, int]) -> None:
+    """Release the lease; a connection that cannot is closed for good, never handed back
+    to the pool still holding it."""
+    try:
+        conn.rollback()
+        conn.execute(sa.text("SELECT pg_advisory_unlock(:space, :key)"), key)
+        conn.commit()
+    except Exception:
+        conn.invalidate()
+
+
 def run_bulk(
     engine: Engine,
     op_id: int,
     batch: int = 500,
     on_progress: Callable[[BulkOperation], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> BulkOperation:
     """Apply operation ``op_id`` to its remaining instances, ``batch`` per transaction,
     calling ``on_progress`` after each batch; return it finished (``complete``, or
-    ``failed`` with the error if a batch raised: the error is re-raised too)."""
+    ``failed`` with the error if a batch raised: the error is re-raised too).
+
+    When another process holds its lease (a runner took it up first), follow that one's
+    progress until it finishes instead. ``should_stop`` is asked between batches: when
+    it answers True the operation is returned still ``running``, its lease released, for
+    a runner to resume."""
     if batch < 1:
         raise ValueError("batch must be at least 1")
+    with leased(engine, op_id) as conn:
+        if conn is not None:
+            return run_leased(conn, op_id, batch, on_progress, should_stop)
+    return _follow(engine, op_id, on_progress, should_stop)
+
+
+def run_leased(
+    conn: Connection,
+    op_id: int,
+    batch: int,
+    on_progress: Callable[[BulkOperation], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> BulkOperation:
+    """:func:`run_bulk`'s loop, on the connection that holds the lease. A database that
+    cannot answer (:func:`~workflow_engine.store.db.is_transient`) leaves the operation
+    running, to be resumed; any other error fails it."""
     while True:
         try:
-            op, more = _run_batch(engine, op_id, batch)
+            op, more = _run_batch(conn, op_id, batch)
         except OnceflowError:
             raise
         except Exception as exc:
-            _fail(engine, op_id, f"{type(exc).__name__}: {exc}")
+            if not is_transient(exc):
+                _fail(conn, op_id, f"{type(exc).__name__}: {exc}")
             raise
         if on_progress is not None:
             on_progress(op)
         if not more:
             return op
+        failpoints.hit("bulk.between_batches", str(op_id))
+        if should_stop is not None and should_stop():
+            log.info(
+                "bulk #%d stopped between batches; it resumes where it stopped",
+                op_id,
+                extra={"event": "bulk.stopped", "bulk_id": op_id},
+            )
+            return op
+
+
+def _follow(
+    engine: Engine,
+    op_id: int,
+    on_progress: Callable[[BulkOperation], None] | None,
+    should_stop: Callable[[], bool] | None,
+) -> BulkOperation:
+    """Wait for an operation another process runs, reporting its progress; take the
+    lease over if that process lets it go before the end."""
+    seen = None
+    while True:
+        op = bulk_status(engine, op_id)
+        if op is None:
+            raise BulkOperationNotFound(f"no bulk operation #{op_id}")
+        if on_progress is not None and (op.done, op.skipped) != seen:
+            seen = (op.done, op.skipped)
+            on_progress(op)
+        if op.finished or (should_stop is not None and should_stop()):
+            return op
+        if op_id in unleased(engine):
+            return run_bulk(engine, op_id, on_progress=on_progress, should_stop=should_stop)
+        time.sleep(FOLLOW_SECONDS)
 
 
 @retry_on_deadlock
-def _run_batch(engine: Engine, op_id: int, batch: int) -> tuple[BulkOperation, bool]:
-    with engine.begin() as conn:
+def _run_batch(conn: Connection, op_id: int, batch: int) -> tuple[BulkOperation, bool]:
+    with conn.begin():
         head = conn.execute(
             sa.text(
                 "SELECT action, status, coalesce(last_job_id, '') AS last"
@@ -232,8 +373,9 @@ def _read(conn: Connection, op_id: int) -> BulkOperation:
     return _op(row)
 
 
-def _fail(engine: Engine, op_id: int, error: str) -> None:
-    with engine.begin() as conn:
+def _fail(conn: Connection, op_id: int, error: str) -> None:
+    conn.rollback()
+    with conn.begin():
         conn.execute(
             sa.text(
                 "UPDATE onceflow_bulk_operations SET status = 'failed', finished_at = now(),"

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from onceflow.errors import OnceflowError
+from onceflow.instance_events import check_event
 from onceflow.vocabulary import (
     TERMINAL_STATUSES,
     BulkAction,
@@ -265,7 +265,12 @@ def apply_requested(engine: Engine, owner: str, job_id: str, action: str) -> str
 def send_event(
     engine: Engine, workflow: str, job_id: str, event_type: str, payload: Any = None
 ) -> int:
-    """Store an event for the instance and wake it if it waits; return the event id."""
+    """Store an event for the instance and wake it if it waits; return the event id.
+
+    The event is checked first (:func:`onceflow.instance_events.check_event`: the type
+    pattern and the size caps, for every front end alike); a refused one raises
+    :class:`~onceflow.instance_events.InvalidEvent` and nothing is stored."""
+    encoded = check_event(event_type, payload)
     with engine.begin() as conn:
         status, _ = _lock(conn, workflow, job_id)
         if status in TERMINAL_STATUSES:
@@ -275,7 +280,7 @@ def send_event(
                 "INSERT INTO onceflow_events (job_id, type, payload)"
                 " VALUES (:j, :t, CAST(:p AS jsonb)) RETURNING id"
             ),
-            {"j": job_id, "t": event_type, "p": orjson.dumps(payload).decode()},
+            {"j": job_id, "t": event_type, "p": encoded.decode()},
         ).scalar_one()
         if status == InstanceStatus.WAITING:
             conn.execute(
