@@ -469,14 +469,16 @@ def _text(raw: bytes | None) -> str:
     multiple=True,
     help="The letter at PARTITION@OFFSET of the dead-letter topic (repeatable).",
 )
-@click.option("--dry-run", is_flag=True, help="Only say what would be sent back.")
+@click.option("--dry-run", is_flag=True, help="Only say what would be done with each letter.")
 def dead_letters_redrive(
     everything: bool, reason: str | None, positions: tuple[str, ...], dry_run: bool
 ) -> None:
-    """Send dead letters' originals back to the jobs topic (truncated ones are refused).
-
-    A letter of a job id that already has an instance collapses as a duplicate."""
-    from onceflow.redrive import parse_position, read_dead_letters, redrive
+    """Send dead letters back, saying what each one does: a dead-lettered task runs
+    again (its next attempt), a job id the database does not know is delivered again,
+    one that already has an instance or a succeeded task is skipped (it would only
+    collapse as a duplicate), a truncated letter is refused."""
+    from onceflow.redrive import parse_position, read_dead_letters
+    from workflow_engine.store.redrives import Verdict, redrive_letters
 
     if sum((everything, reason is not None, bool(positions))) != 1:
         raise OnceflowError("give exactly one of --all, --reason R or --offset P@O")
@@ -491,28 +493,13 @@ def dead_letters_redrive(
             letters.append(found[0])
     else:
         letters = _all_letters(settings, reason)
-    truncated = [x for x in letters if x.truncated]
-    if dry_run:
-        click.echo(
-            f"dry run: would send back {len(letters) - len(truncated)} letter(s);"
-            f" {len(truncated)} truncated would be refused"
-            + "".join(f"\n  refused {x.position}" for x in truncated)
-        )
-        return
-    result = redrive(settings, letters)
-    for r in result.redriven:
-        click.echo(
-            f"{r.dlq_partition}@{r.dlq_offset} -> {settings.jobs_topic}/{r.partition}@{r.offset}"
-        )
-    for x in result.refused:
-        click.echo(f"{x.dlq_partition}@{x.dlq_offset} refused: {x.why}")
-    for x in result.failed:
-        click.echo(f"{x.dlq_partition}@{x.dlq_offset} FAILED: {x.why}", err=True)
-    click.echo(
-        f"sent back {result.produced}, refused {result.refused_count}, failed {len(result.failed)}"
-    )
-    if result.failed:
-        raise OnceflowError(f"{len(result.failed)} letter(s) not acknowledged; run it again")
+    report = redrive_letters(settings, _db(), letters, dry_run=dry_run)
+    for outcome in report.outcomes:
+        click.echo(outcome.line(), err=outcome.verdict == Verdict.FAILED)
+    click.echo(report.summary())
+    failed = report.count(Verdict.FAILED)
+    if failed:
+        raise OnceflowError(f"{failed} letter(s) not acknowledged by Kafka; run it again")
 
 
 def _all_letters(settings: Settings, reason: str | None) -> list[DeadLetterRecord]:

@@ -1,9 +1,9 @@
 """``/dead-letters``: browse the dead-letter topic (``onceflow.redrive``) and re-drive
-one record or every record of a reason back to the jobs topic."""
+one record or every record of a reason back to the jobs topic
+(``store.redrives``: the page says what each letter did)."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
@@ -12,8 +12,9 @@ from fastapi.responses import Response
 
 from console.deps import Console, ConsoleDep, ControlForm, reader, render
 from console.metrics import REDRIVES
-from onceflow.redrive import DeadLetterRecord, parse_position, read_dead_letters, redrive
+from onceflow.redrive import DeadLetterRecord, parse_position, read_dead_letters
 from onceflow.vocabulary import DeadLetterReason
+from workflow_engine.store.redrives import Verdict, redrive_letters
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -70,6 +71,7 @@ def redrive_records(request: Request, form: ControlForm, c: ConsoleDep) -> Respo
     chosen = records if every else [r for r in records if _key(r) in wanted]
     if form.get("confirm") != "yes" or not chosen:
         fields: dict[str, Any] = {"reason": reason, "all": "yes" if every else ""}
+        planned = redrive_letters(c.settings, c.engine, chosen, dry_run=True)
         return render(
             request,
             "confirm.html",
@@ -78,21 +80,28 @@ def redrive_records(request: Request, form: ControlForm, c: ConsoleDep) -> Respo
                 "action_url": "/dead-letters/redrive",
                 "fields": fields,
                 "multi": {"record": sorted(wanted)} if not every else {},
-                "summary": f"Produce {len(chosen)} dead-lettered records back to the jobs"
-                f" topic {c.settings.jobs_topic!r}" + (f" (reason {reason})." if reason else "."),
+                "summary": f"Re-drive {len(chosen)} dead letters to the jobs topic"
+                f" {c.settings.jobs_topic!r}"
+                + (f" (reason {reason})" if reason else "")
+                + f": {planned.summary()}.",
                 "count": len(chosen),
-                "detail": "\n".join(f"{c.settings.dlq_topic}/{_key(r)}" for r in chosen[:50]),
+                "detail": "\n".join(o.line() for o in planned.outcomes[:50]),
                 "error": None if chosen else "no record selected",
                 "back": "/dead-letters" + (f"?reason={reason}" if reason else ""),
             },
             200 if chosen else 400,
         )
-    result = redrive(c.settings, chosen)
-    REDRIVES.inc(len(chosen))
-    log.info("re-drove %d dead letters", len(chosen), extra={"event": "console.redrive"})
-    shown = dataclasses.asdict(result) if dataclasses.is_dataclass(result) else {"result": result}
+    report = redrive_letters(c.settings, c.engine, chosen)
+    sent = report.count(Verdict.REDRIVEN)
+    REDRIVES.inc(sent)
+    log.info(
+        "re-drive of %d dead letters: %s",
+        len(chosen),
+        report.summary(),
+        extra={"event": "console.redrive"},
+    )
     return render(
         request,
         "redriven.html",
-        {"result": shown, "count": len(chosen), "reason": reason},
+        {"report": report, "count": len(chosen), "reason": reason},
     )

@@ -92,12 +92,13 @@ def test_dead_letters_list_and_redrive(settings, db):
     assert len(only) == 1 and "dl_cut" in only[0] and "(truncated)" in only[0]
 
     dry = cli("dead-letters", "redrive", "--all", "--dry-run")
-    assert "would send back 1 letter(s); 1 truncated would be refused" in dry
+    assert "would be re-driven 1, skipped 0, refused 1, failed 0" in dry
     good_at = next(x["position"] for x in letters if x["key"] == "dl_good")
     out = cli("dead-letters", "redrive", "--offset", good_at)
-    assert "sent back 1, refused 0, failed 0" in out
+    assert "re-driven 1, skipped 0, refused 0, failed 0" in out
+    assert "delivered again (no instance or task run)" in out
     out = cli("dead-letters", "redrive", "--reason", "too_large")
-    assert "sent back 0, refused 1" in out
+    assert "re-driven 0, skipped 0, refused 1" in out
     records = consume_all(settings.kafka_bootstrap_servers, settings.jobs_topic, 1)
     assert [m.key() for m in records] == [b"dl_good"]
     assert "exactly one of" in run_cli("dead-letters", "redrive", env=env).stderr

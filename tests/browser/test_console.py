@@ -198,7 +198,7 @@ def test_an_operator_reads_filters_acts_and_redrives(stack, console_url, browser
     click(browser, "#redrive-selected")
     wait_text(browser, "#confirm-count", "1")
     confirm(browser)
-    wait_text(browser, "#redrive-result", "redriven")
+    wait_text(browser, "#redrive-result", "re-driven")
     stack.wait_for(
         lambda: len(dead_letters_for(stack.db, "ghost_0001")) == 2,
         60,

@@ -3,6 +3,11 @@
 The job-id registry (``onceflow_jobs``) makes a task run at most once per job id, like
 a workflow instance; its run record says whether it succeeded, so that a redelivered
 task that already succeeded is not run again.
+
+A dead-lettered run runs again only when it is re-driven: :func:`reopen` makes it
+``pending`` (its attempts kept), and the re-driven record's delivery, which collapses on
+the job id like any duplicate, then finds it pending and runs attempt ``attempts + 1``
+(``store.redrives``). A plain redelivery of a dead-lettered task still runs nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +46,58 @@ def pending(engine: Engine, job_ids: Sequence[str]) -> list[PendingTask]:
             {"ids": list(job_ids), "pending": str(TaskRunStatus.PENDING)},
         )
         return [PendingTask(*row) for row in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRunState:
+    """Where a task run stands: its status and the attempts it has made."""
+
+    job_id: str
+    task: str
+    status: TaskRunStatus
+    attempts: int
+
+
+def states(engine: Engine, job_ids: Sequence[str]) -> dict[str, TaskRunState]:
+    """The task runs among ``job_ids``, by job id."""
+    if not job_ids:
+        return {}
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT job_id, task, status, attempts FROM onceflow_task_runs"
+                " WHERE job_id = ANY(:ids)"
+            ),
+            {"ids": list(job_ids)},
+        ).all()
+    return {
+        r.job_id: TaskRunState(r.job_id, r.task, TaskRunStatus(r.status), r.attempts) for r in rows
+    }
+
+
+def reopen(engine: Engine, job_ids: Sequence[str]) -> dict[str, TaskRunState]:
+    """Make the dead-lettered runs among ``job_ids`` pending again (a re-drive), their
+    attempts and last error kept: the worker's next delivery of the job id runs attempt
+    ``attempts + 1``. Returns the runs it reopened; one that was not dead-lettered is
+    left as it is."""
+    if not job_ids:
+        return {}
+    with engine.begin() as conn:
+        rows = conn.execute(
+            sa.text(
+                "UPDATE onceflow_task_runs SET status = :pending, finished_at = NULL"
+                " WHERE job_id = ANY(:ids) AND status = :dead"
+                " RETURNING job_id, task, status, attempts"
+            ),
+            {
+                "ids": sorted(set(job_ids)),
+                "pending": str(TaskRunStatus.PENDING),
+                "dead": str(TaskRunStatus.DEAD_LETTERED),
+            },
+        ).all()
+    return {
+        r.job_id: TaskRunState(r.job_id, r.task, TaskRunStatus(r.status), r.attempts) for r in rows
+    }
 
 
 def record_attempt(
