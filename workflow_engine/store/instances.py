@@ -214,6 +214,43 @@ def _row(ord_: int, d: Delivery) -> dict[str, Any]:
     }
 
 
+# The instances' duplicate flags (migration 0015: what the list's has_duplicates and
+# payload_mismatch filters read), set for the job ids that got a duplicate row. Its own
+# statement, after _CREATE_SQL: a statement's snapshot is taken when it starts, and an
+# instance another worker committed while _CREATE_SQL waited on the job id's registry
+# row (keyless records of one id on two partitions) is visible only to a later one; the
+# instances created in this batch are too. Only the rows that change are locked, in job
+# id order (LockRows sits above the sort), so two workers flagging the same ids cannot
+# deadlock; a deadlock with an engine's write batch re-runs the transaction (40P01).
+_FLAG_DUPLICATED_SQL = sa.text(
+    """
+WITH flags AS (
+    SELECT job_id, bool_or(mismatch) AS mismatch
+    FROM unnest(CAST(:job_ids AS text[]), CAST(:mismatches AS boolean[])) AS f(job_id, mismatch)
+    GROUP BY job_id
+),
+locked AS (
+    SELECT i.job_id, f.mismatch FROM onceflow_instances i JOIN flags f USING (job_id)
+    WHERE NOT i.duplicated OR (f.mismatch AND NOT i.mismatched)
+    ORDER BY i.job_id
+    FOR UPDATE OF i
+)
+UPDATE onceflow_instances i
+SET duplicated = true, mismatched = i.mismatched OR l.mismatch
+FROM locked l WHERE i.job_id = l.job_id
+"""
+)
+
+
+def _flag_duplicated(conn: Connection, flags: dict[str, bool]) -> None:
+    """Mark the instances of ``flags``' job ids duplicated (and mismatched where True)."""
+    if flags:
+        conn.execute(
+            _FLAG_DUPLICATED_SQL,
+            {"job_ids": list(flags), "mismatches": list(flags.values())},
+        )
+
+
 def create_instances_in(conn: Connection, deliveries: Sequence[Delivery]) -> CreateResult:
     """Create instances for a batch of deliveries inside the caller's transaction.
 
@@ -224,6 +261,7 @@ def create_instances_in(conn: Connection, deliveries: Sequence[Delivery]) -> Cre
     if not deliveries:
         return result
     rows = orjson.dumps([_row(i, d) for i, d in enumerate(deliveries)]).decode()
+    flags: dict[str, bool] = {}  # job id -> a duplicate of it mismatched
     for kind, job_id, params_match, workflow_match, redelivery in conn.execute(
         _CREATE_SQL,
         {
@@ -242,6 +280,8 @@ def create_instances_in(conn: Connection, deliveries: Sequence[Delivery]) -> Cre
         elif kind == "duplicate":
             result.duplicates += 1
             result.duplicate_ids.append(job_id)
+            mismatch = not params_match or workflow_match is False
+            flags[job_id] = flags.get(job_id, False) or mismatch
             if redelivery:
                 result.redeliveries += 1
             if not params_match:
@@ -250,6 +290,7 @@ def create_instances_in(conn: Connection, deliveries: Sequence[Delivery]) -> Cre
             if not workflow_match:
                 result.workflow_mismatches += 1
                 result.workflow_mismatch_ids.append(job_id)
+    _flag_duplicated(conn, flags)
     result.already_recorded = (
         len(deliveries) - result.created - result.tasks_created - result.duplicates
     )

@@ -465,14 +465,21 @@ CREATE TABLE public.onceflow_instances (
     flow_lane text,
     parent_job_id text,
     parent_close_policy text,
+    duplicated boolean DEFAULT false NOT NULL,
+    mismatched boolean DEFAULT false NOT NULL,
     CONSTRAINT onceflow_instances_finished_check CHECK (((status = ANY (ARRAY['complete'::text, 'errored'::text, 'terminated'::text])) = (finished_at IS NOT NULL))),
     CONSTRAINT onceflow_instances_lease_check CHECK (((status = 'running'::text) = ((lease_owner IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT onceflow_instances_mismatched_check CHECK ((duplicated OR (NOT mismatched))),
     CONSTRAINT onceflow_instances_parent_check CHECK (((parent_job_id IS NULL) = (parent_close_policy IS NULL))),
     CONSTRAINT onceflow_instances_parent_close_policy_check CHECK ((parent_close_policy = ANY (ARRAY['terminate'::text, 'abandon'::text]))),
     CONSTRAINT onceflow_instances_priority_check CHECK (((priority >= 1) AND (priority <= 5))),
     CONSTRAINT onceflow_instances_requested_action_check CHECK ((requested_action = ANY (ARRAY['pause'::text, 'terminate'::text, 'restart'::text]))),
     CONSTRAINT onceflow_instances_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'sleeping'::text, 'waiting'::text, 'paused'::text, 'complete'::text, 'errored'::text, 'terminated'::text])))
 );
+
+COMMENT ON COLUMN public.onceflow_instances.duplicated IS 'A later delivery of this job id was recorded (onceflow_duplicate_deliveries).';
+
+COMMENT ON COLUMN public.onceflow_instances.mismatched IS 'One of those deliveries had other params or named another workflow.';
 
 CREATE TABLE public.onceflow_jobs (
     job_id text NOT NULL,
@@ -687,6 +694,10 @@ CREATE INDEX onceflow_events_pending_idx ON public.onceflow_events USING btree (
 CREATE INDEX onceflow_instances_claim_order_idx ON public.onceflow_instances USING btree (public.onceflow_claim_order(run_after, priority)) WHERE ((status = ANY (ARRAY['queued'::text, 'sleeping'::text, 'waiting'::text])) AND (flow_lane IS NULL));
 
 CREATE INDEX onceflow_instances_created_idx ON public.onceflow_instances USING btree (created_at, job_id);
+
+CREATE INDEX onceflow_instances_duplicated_created_idx ON public.onceflow_instances USING btree (created_at, job_id) WHERE duplicated;
+
+CREATE INDEX onceflow_instances_duplicated_updated_idx ON public.onceflow_instances USING btree (updated_at, job_id) WHERE duplicated;
 
 CREATE INDEX onceflow_instances_finished_idx ON public.onceflow_instances USING btree (finished_at) WHERE (finished_at IS NOT NULL);
 
