@@ -84,6 +84,38 @@ class Context(Protocol):
 
 WorkflowFn = Callable[[Context, dict[str, Any]], Awaitable[Any]]
 
+# --- bounds on names: every one of them reaches an index ------------------------------
+#
+# A B-tree entry holds at most ~2.7 kB; a longer value fails its insert (SQLSTATE
+# 54000). So names are bounded where they enter: a workflow's or task's at registration,
+# a step's (or sleep's, event wait's, patch's, child's) when the workflow asks for it,
+# which fails that instance with the reason instead of a write batch in the database.
+
+#: A workflow's or task's name: what the ingest API accepts in ``workflow``.
+MAX_TYPE_NAME_CHARS = 100
+#: A step's name, indexed with the job id (``onceflow_steps_name_key``): 500 characters
+#: are at most 2,000 bytes of UTF-8.
+MAX_STEP_NAME_CHARS = 500
+#: An awaited event's type: what the admin API's send-event accepts.
+MAX_EVENT_TYPE_CHARS = 200
+
+
+def check_name(what: str, name: str) -> str:
+    """``name`` if it is short enough for a ``what`` ("workflow name", "task name",
+    "step name", "sleep name", "event type"...), else ValueError saying so."""
+    limit = MAX_STEP_NAME_CHARS
+    if what in ("workflow name", "task name"):
+        limit = MAX_TYPE_NAME_CHARS
+    elif what == "event type":
+        limit = MAX_EVENT_TYPE_CHARS
+    if len(name) > limit:
+        raise ValueError(
+            f"{what} {name[:40]!r}... is {len(name)} characters, over the limit of {limit}"
+            " (names are indexed, and an index entry holds at most ~2.7 kB)"
+        )
+    return name
+
+
 _REGISTRY: dict[str, WorkflowFn] = {}
 _LIMITS: dict[str, int] = {}
 _VERSIONS: dict[str, str] = {}
@@ -126,6 +158,7 @@ def workflow(
     their slot only with ``hold_while_waiting``); at most ``rate_limit`` starts per
     period per key; claims rotated round-robin across the values of ``fairness_key``.
     """
+    check_name("workflow name", name)
     declared = _declared_schedule(name, schedule, timezone)
 
     def register(fn: WorkflowFn) -> WorkflowFn:
@@ -195,6 +228,7 @@ def task(
     The handler gets the job's params. A failure is retried ``max_retries`` times,
     ``delay`` seconds apart; then the record goes to the dead-letter topic.
     """
+    check_name("task name", name)
 
     def register(fn: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
         if name in _REGISTRY or (name in _TASKS and _TASKS[name].fn is not fn):

@@ -23,6 +23,20 @@ class StepResultError(NonRetryableError):
     """A step returned something that is not JSON-serialisable or is too large."""
 
 
+class DatabaseRefused(WorkflowError):
+    """The database refused one of the instance's writes for good (by SQLSTATE, the row
+    is at fault: a value too large for its index, data it cannot store): retrying cannot
+    help, so the instance errors with this message. The other writes of its batch are
+    not affected (``workflow_engine.store.execution.write_each``).
+
+    ``checkpoint_committed``: the refused write followed the previous step's checkpoint
+    in one chain, and that checkpoint committed on its own before it."""
+
+    def __init__(self, message: str, checkpoint_committed: bool = False) -> None:
+        super().__init__(message)
+        self.checkpoint_committed = checkpoint_committed
+
+
 class LeaseLost(WorkflowError):
     """This engine no longer holds the instance's lease; another engine owns it now."""
 

@@ -17,9 +17,10 @@ the same rows, because an instance has at most one write pending. The heartbeat 
 exception — it touches every leased row (``Write.runs_alone``) — so a batch carrying it
 runs alone.
 
-If a batch fails (a step name used twice in one run violates a unique constraint, say),
-its writes are applied again one at a time, so only the culprit's instance gets the
-error.
+If a batch fails (a step name used twice in one run violates a unique constraint, a
+value too large for its index, say), its writes are applied again one at a time, so
+only the culprit's instance gets the error. Only a database that cannot answer (by
+SQLSTATE: :func:`workflow_engine.store.db.is_transient`) fails every write of the batch.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from sqlalchemy.engine import Engine
 
 from workflow_engine.engine.metrics import WRITE_BATCH_SIZE
 from workflow_engine.store import execution as store
-from workflow_engine.store.db import is_transient
+from workflow_engine.store.db import is_transient, refusal, sqlstate
 from workflow_engine.store.writes import Answer, Chain, Write
 
 log = logging.getLogger(__name__)
@@ -146,15 +147,19 @@ class WriteBatcher:
     async def _isolate(self, writes: list[Write[Any]], exc: Exception) -> list[Answer]:
         """Find the write that broke the batch; the others still go through. A chain
         alone in its batch is split too, so its checkpoint commits even when what follows
-        it is refused. If the database itself failed (an outage, a failover), every write
-        gets the error: none is retried here, since the batch may have committed (see
+        it is refused; a single write gets the answer its error means for its instance
+        (a refused row fails that instance: ``store.error_answer``). If the database
+        itself failed (an outage, a failover), every write gets the error: none is
+        retried here, since the batch may have committed (see
         ``EngineRunner._give_back``)."""
-        if is_transient(exc) or (len(writes) == 1 and not isinstance(writes[0], Chain)):
+        if is_transient(exc):
             return [exc] * len(writes)
+        if len(writes) == 1 and not isinstance(writes[0], Chain):
+            return [store.error_answer(writes[0], exc)]
         log.warning(
             "batch of %d writes failed (%s); applying them one by one",
             len(writes),
-            type(exc).__name__,
-            extra={"event": "engine.batch_split"},
+            refusal(exc),
+            extra={"event": "engine.batch_split", "sqlstate": sqlstate(exc)},
         )
         return await self.store.apply_each(writes)

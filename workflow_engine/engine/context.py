@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, cast
 
 from sqlalchemy.engine import Engine
 
@@ -42,7 +43,13 @@ from onceflow.vocabulary import (
     StepKind,
     StepStatus,
 )
-from workflow_engine.definitions import DEFAULT_RETRY, ChildHandle, RetryPolicy, workflow_version
+from workflow_engine.definitions import (
+    DEFAULT_RETRY,
+    ChildHandle,
+    RetryPolicy,
+    check_name,
+    workflow_version,
+)
 from workflow_engine.engine import branches, tracing
 from workflow_engine.engine.metrics import INLINE_SLOW, STEP_DURATION, STEPS, STEPS_STARTED
 from workflow_engine.engine.runtime import Runtime
@@ -50,6 +57,7 @@ from workflow_engine.engine.tracing import JobSpans
 from workflow_engine.errors import (
     ChildWorkflowFailed,
     ControlRequested,
+    DatabaseRefused,
     EventTimeout,
     NonDeterminismError,
     NonRetryableError,
@@ -61,7 +69,7 @@ from workflow_engine.steps import StepInfo, _current_step, idempotency_key
 from workflow_engine.store import children, waits
 from workflow_engine.store import execution as store
 from workflow_engine.store.claim import RecordedStep
-from workflow_engine.store.writes import Chain, FinishStep, StartStep, Write
+from workflow_engine.store.writes import Chain, FinishInstance, FinishStep, StartStep, Write
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -142,7 +150,18 @@ class WorkflowContext:
 
     async def commit(self, write: Write[T]) -> T:
         """The runner's last write of a run (the instance's finish), after the held
-        checkpoint if any."""
+        checkpoint if any. A run whose checkpoint the database refused for good ends
+        errored with that reason, whatever the workflow did after it: a refusal is a
+        known outcome (nothing of that write committed, and it never will), not a lost
+        connection's unknown one, so its instance is finished rather than left to a
+        lease expiry, a rescue and the same refusal again."""
+        refused = self._broken
+        if isinstance(refused, DatabaseRefused) and isinstance(write, FinishInstance):
+            self._broken = None
+            errored = dataclasses.replace(
+                write, status=InstanceStatus.ERRORED, result=None, error=str(refused)
+            )
+            return cast(T, await self._write(errored))
         return await self._write(write)
 
     async def flush(self) -> None:
@@ -161,6 +180,12 @@ class WorkflowContext:
             answer = await self._rt.write(write)
         except (ControlRequested, NonDeterminismError):
             self._checkpointed(held)  # refused after the checkpoint, which committed
+            raise
+        except DatabaseRefused as exc:
+            if exc.checkpoint_committed:  # what followed the checkpoint was refused
+                self._checkpointed(held)
+            else:  # the checkpoint itself: the run ends errored (see commit)
+                self._lost(held, exc)
             raise
         except BaseException as exc:
             self._lost(held, exc)
@@ -192,6 +217,8 @@ class WorkflowContext:
         """The next history position, checked against what was recorded there."""
         position = self._cursor().take()
         recorded = self._recorded.get(position)
+        if recorded is None:  # a new entry: bounded before it reaches an index
+            check_name(f"{kind} name", name)
         if recorded is not None and (recorded.name != name or recorded.kind != kind):
             raise NonDeterminismError(
                 f"workflow {self.workflow!r} asked for {kind} {name!r} at position {position},"
@@ -233,6 +260,7 @@ class WorkflowContext:
         elif position < self._furthest:
             taken = False
         else:
+            check_name("patch name", patch_id)  # a new marker: bounded before its index
             cursor.take()
             await self._db(waits.record_marker, self._rt.owner, self.job_id, position, patch_id)
             taken = True
@@ -406,6 +434,8 @@ class WorkflowContext:
         :class:`EventTimeout` if ``timeout`` passes first (the workflow may catch it).
         """
         position, recorded = self._next(name, StepKind.EVENT)
+        if recorded is None:
+            check_name("event type", type)  # one the admin API could never send waits forever
         if recorded is not None and recorded.status == StepStatus.COMPLETE:
             return recorded.result
         if recorded is not None and recorded.status == StepStatus.FAILED:

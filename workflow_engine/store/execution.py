@@ -30,12 +30,13 @@ from onceflow.vocabulary import (
 )
 from workflow_engine.errors import (
     ControlRequested,
+    DatabaseRefused,
     LeaseLost,
     NonDeterminismError,
     StepResultError,
 )
 from workflow_engine.store import children
-from workflow_engine.store.db import retry_on_deadlock
+from workflow_engine.store.db import is_row_at_fault, refusal, retry_on_deadlock
 from workflow_engine.store.fragments import held
 from workflow_engine.store.fragments import json_text as _json_text
 from workflow_engine.store.writes import (
@@ -334,26 +335,49 @@ def write_batch(engine: Engine, owner: str, writes: Sequence[Write[Any]]) -> lis
 
 def write_each(engine: Engine, owner: str, writes: Sequence[Write[Any]]) -> list[Answer]:
     """Apply writes one transaction each (after a batch failed): one bad write (a step
-    name used twice in a run, say) fails only its own instance. A chain's checkpoint
-    commits on its own first, so the step it records stays recorded even when what
-    follows it is refused."""
+    name used twice in a run, a value the database refuses) fails only its own
+    instance. A chain's checkpoint commits on its own first, so the step it records
+    stays recorded even when what follows it is refused."""
     answers: list[Answer] = []
     for write in writes:
         if isinstance(write, Chain):
             head = _apply_one(engine, owner, write.first)
-            answers.append(head if head is not None else _apply_one(engine, owner, write.then))
+            answers.append(head if head is not None else _after_checkpoint(engine, owner, write))
         else:
             answers.append(_apply_one(engine, owner, write))
     return answers
 
 
+def _after_checkpoint(engine: Engine, owner: str, chain: Chain[Any]) -> Answer:
+    """The second half of a chain whose checkpoint committed: a refusal says so, so the
+    instance knows its last step stays recorded."""
+    answer = _apply_one(engine, owner, chain.then)
+    if isinstance(answer, DatabaseRefused):
+        return DatabaseRefused(str(answer), checkpoint_committed=True)
+    return answer
+
+
 def _apply_one(engine: Engine, owner: str, write: Write[Any]) -> Answer:
     try:
         return write_batch(engine, owner, [write])[0]
-    except IntegrityError as exc:
-        return _integrity_answer(write, exc)
     except Exception as exc:
-        return exc
+        return error_answer(write, exc)
+
+
+def error_answer(write: Write[Any], exc: BaseException) -> Answer:
+    """What a write that failed alone answers its instance. A step name used twice is
+    the workflow's nondeterminism; what else the database refuses for good (by
+    SQLSTATE: a value too large for its index, data it cannot store) fails the instance
+    with the reason, once, instead of being taken for an outage (which gives the run
+    back, to be claimed and refused again). Anything else (the database unreachable) is
+    the error itself."""
+    if isinstance(exc, IntegrityError):
+        answer = _integrity_answer(write, exc)
+        if answer is not exc:
+            return answer
+    if is_row_at_fault(exc):
+        return DatabaseRefused(f"the database refused {_what(write)}: {refusal(exc)}")
+    return exc
 
 
 def _integrity_answer(write: Write[Any], exc: IntegrityError) -> Answer:
@@ -362,6 +386,20 @@ def _integrity_answer(write: Write[Any], exc: IntegrityError) -> Answer:
         name = write.name if isinstance(write, StartStep) else "?"
         return NonDeterminismError(f"step name {name!r} is used twice in one workflow run")
     return exc
+
+
+def _what(write: Write[Any]) -> str:
+    """The refused write, for its instance's error (a name cut short: it may be huge)."""
+    match write:
+        case StartStep(position=position, name=name):
+            shown = name if len(name) <= 60 else f"{name[:60]}... ({len(name)} characters)"
+            return f"the start of step {shown!r} at position {position}"
+        case FinishStep(position=position):
+            return f"the checkpoint of the step at position {position}"
+        case FinishInstance(status=status):
+            return f"the instance's final status ({status})"
+        case _:
+            return f"a write ({type(write).__name__})"
 
 
 def encode_result(value: Any, max_bytes: int) -> bytes:
