@@ -16,12 +16,14 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+import sqlalchemy.exc as sa_exc
 from sqlalchemy.engine import Engine
 
 from onceflow.vocabulary import DeadLetterReason, TaskRunStatus
 from streams.metrics import TASKS
 from workflow_engine.definitions import TaskDef, get_task
 from workflow_engine.errors import NonRetryableError
+from workflow_engine.store.db import refusal
 from workflow_engine.store.task_runs import RETRY, PendingTask, record_attempt
 
 log = logging.getLogger(__name__)
@@ -57,7 +59,15 @@ def run_task(
             time.sleep(definition.delay)
             continue
         succeeded = TaskRunStatus.SUCCEEDED
-        with_db_retry(record_attempt, engine, pending.job_id, attempt, succeeded, encoded, None)
+        try:
+            with_db_retry(record_attempt, engine, pending.job_id, attempt, succeeded, encoded, None)
+        except sa_exc.DBAPIError as exc:
+            # Refused for good (with_db_retry retries the rest): a result jsonb cannot
+            # hold, say. Raised from here it stopped the batch, and every restart ran
+            # the task again; dead-lettered, the partition moves on.
+            detail = f"task {pending.task!r} ran, but the database refused its result: "
+            refused = (DeadLetterReason.DATABASE_REFUSED, detail + refusal(exc))
+            return _give_up(engine, pending, attempt, refused, dead_letter, with_db_retry)
         _report(pending, attempt, succeeded)
         return succeeded
 

@@ -20,6 +20,7 @@ from onceflow.envelope import HEADER_DLQ_DETAIL, HEADER_DLQ_REASON, JobEnvelope
 from onceflow_tools.processes import ProcessGroup, free_port
 from tests.conftest import settings_env
 from tests.integration import flow_workflows as wf
+from tests.integration import poison_tasks
 from tests.integration.kafka_helpers import committed_offsets, consume_all
 from tests.integration.test_flow_control import MODULES
 from tests.integration.test_poison_records import _produce_to_partition_0
@@ -149,3 +150,33 @@ def test_a_worker_retrying_an_unreachable_database_stops_on_sigterm(settings, tm
     assert code == 70, f"exit {code} after {took:.1f} s"  # stopped, without committing
     assert took < grace + 5, f"took {took:.1f} s to stop, the grace is {grace} s"
     assert _committed(settings) < 0  # nothing was committed (no offset: OFFSET_INVALID)
+
+
+def test_a_task_result_the_database_refuses_is_dead_lettered_not_rerun(settings, db, tmp_path):
+    """Before, the refusal escaped the batch: the worker exited 70, and every restart ran
+    the task again and exited again."""
+    jobs = [
+        JobEnvelope("job_task_nul", poison_tasks.NUL_RESULT, {}),
+        JobEnvelope("job_after_task", "order-workflow", {"i": 1}),
+    ]
+    _produce_to_partition_0(
+        settings.kafka_bootstrap_servers, settings.jobs_topic, [(e.key(), e.encode()) for e in jobs]
+    )
+    modules = '["onceflow_examples", "tests.integration.poison_tasks"]'
+    env = {**settings_env(settings), "ONCEFLOW_WORKFLOW_MODULES": modules}
+    with ProcessGroup(env, tmp_path / "logs") as group:
+        start_worker(group)
+        dead = consume_all(settings.kafka_bootstrap_servers, settings.dlq_topic, 1)
+        wait_until(lambda: _committed(settings) == 2, 30, "partition 0 committed", group)
+        assert group.stop("streams", signal.SIGTERM) == 0
+    assert [m.key() for m in dead] == [b"job_task_nul"]
+    headers = dict(dead[0].headers())
+    assert headers[HEADER_DLQ_REASON] == b"database_refused"
+    assert b"refused its result: SQLSTATE 22P05" in headers[HEADER_DLQ_DETAIL]
+    with db.connect() as conn:
+        status, attempts = conn.execute(
+            sa.text("SELECT status, attempts FROM onceflow_task_runs WHERE job_id = 'job_task_nul'")
+        ).one()
+    assert (status, attempts) == ("dead_lettered", 1)
+    after = "SELECT count(*) FROM onceflow_instances WHERE job_id = 'job_after_task'"
+    assert scalar(db, after) == 1
