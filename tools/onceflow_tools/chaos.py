@@ -5,14 +5,19 @@ different params) from concurrent clients, while a fault schedule runs against t
 streams workers and two engines: SIGKILL a worker, a worker that SIGKILLs itself
 between its database commit and its offset commit, restart the Kafka broker, restart
 PostgreSQL (with ``--postgres-ha``: SIGKILL the primary of the pg_auto_failover
-formation, so the standby takes over), SIGKILL an engine mid-step. Then it waits for
+formation, so the standby takes over), SIGKILL an engine mid-step, SIGSTOP the other
+engine for longer than its lease and SIGCONT it (a zombie that wakes up to write under
+claims another engine took over). Then it waits for
 everything to finish and checks, with the store's figures and the audit:
 
 * every job id that got a 202 has exactly one instance, and no other instance exists;
 * every instance completes; no step checkpoint was written twice;
 * every side effect was applied once per (job id, step) through its idempotency key
   (re-executions after crashes are counted and shown, not hidden);
-* the audit is clean and the consumer lag returns to 0.
+* the audit is clean and the consumer lag returns to 0;
+* the interleaving harness's history checker finds nothing
+  (:func:`onceflow_tools.interleavings.history.check_history`: no overlapping attempts,
+  no completed step or recorded failure run again, no event or request left over).
 
 The seed fixes the workload and the fault schedule, so a failing seed can be rerun.
 """
@@ -39,6 +44,7 @@ from onceflow.settings import Settings
 from onceflow.vocabulary import InstanceStatus
 from onceflow_cli.audit import run_audit
 from onceflow_examples import applied_effect_counts
+from onceflow_tools.interleavings.history import check_history
 from onceflow_tools.stack import Stack
 from producers.client import SubmitError
 from workflow_engine.store.stats import (
@@ -172,6 +178,23 @@ class _Faults:
     def kill_engine(self) -> None:
         self._restart("engine-1", self.stack.start_engine)
         self._note("SIGKILL engine mid-step")
+
+    def zombie_engine(self) -> None:
+        """SIGSTOP the second engine for longer than its lease, then SIGCONT it: the other
+        engine's rescuer re-queues what it held and runs it on, and the zombie wakes up
+        mid-run to write under claims that are no longer its own (every such write must
+        be refused: a lease is a fencing token)."""
+        assert self.stack.group is not None
+        proc = self.stack.group.procs["engine-2"]
+        lease = float(self.stack.env["ONCEFLOW_ENGINE_LEASE_SECONDS"])
+        # Past the lease, plus a rescuer pass (every half lease) and a margin.
+        stopped_for = lease * 1.5 + 2.0
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(stopped_for)
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        self._note(f"SIGSTOP engine {stopped_for:.0f}s (past its {lease:.0f}s lease), SIGCONT")
 
     def restart_kafka(self) -> None:
         if self.dev is None:
@@ -335,6 +358,7 @@ def _fault_schedule(
         faults.restart_kafka,
         faults.fail_over_postgres if postgres_ha else faults.restart_postgres,
         faults.kill_engine,
+        faults.zombie_engine,
     ]
     rng.shuffle(schedule)
     pauses = [rng.uniform(2.0, 4.0) for _ in schedule]
@@ -460,6 +484,7 @@ def _check(stack: Stack, accepted: set[str], result: ChaosResult) -> None:
         v.append(f"{twice} step checkpoints written twice")
     if applied_wrong:
         v.append(f"{applied_wrong} (job, step) pairs not applied exactly once")
+    v += [f"history: {b}" for b in check_history(stack.db, completing=["order-workflow"])]
     report = run_audit(stack.settings, stack.db)
     if not report.clean:
         v.append(f"audit: missing {report.missing[:5]}, doubled {report.doubled[:5]}")

@@ -12,6 +12,7 @@ import click
 import orjson
 
 from onceflow.errors import OnceflowError
+from onceflow.settings import Settings
 from onceflow_cli.main import settings_from_env as _settings
 
 # `onceflow bench` scenarios (onceflow_tools.bench.SCENARIOS; kept here so the CLI starts
@@ -172,21 +173,55 @@ def dashboard(path: Path | None) -> None:
     help="Fail over PostgreSQL (SIGKILL the primary of `dev up --postgres-ha`) instead of"
     " restarting it; DATABASE_URL from `onceflow dev env --postgres-ha`.",
 )
-def chaos(seed: int | None, size: str, n_jobs: int | None, runs: int, postgres_ha: bool) -> None:
+@click.option(
+    "--interleavings",
+    envvar="ONCEFLOW_CHAOS_INTERLEAVINGS",
+    is_flag=True,
+    help="Instead: the randomized interleaving search (a Hypothesis state machine on an"
+    " in-process engine and PostgreSQL; needs only DATABASE_URL).",
+)
+@click.option(
+    "--examples",
+    envvar="ONCEFLOW_CHAOS_EXAMPLES",
+    type=int,
+    default=100,
+    help="With --interleavings: sequences per run.",
+)
+@click.option(
+    "--steps",
+    envvar="ONCEFLOW_CHAOS_STEPS",
+    type=int,
+    default=30,
+    help="With --interleavings: steps per sequence, at most.",
+)
+def chaos(
+    seed: int | None,
+    size: str,
+    n_jobs: int | None,
+    runs: int,
+    postgres_ha: bool,
+    interleavings: bool,
+    examples: int,
+    steps: int,
+) -> None:
     """Inject faults while jobs flow; check nothing is lost or doubled."""
     import random
+
+    settings = _settings()
+    first = seed if seed is not None else random.randrange(1 << 20)
+    if interleavings:
+        _chaos_interleavings(settings, first, runs, examples, steps)
+        return
 
     from onceflow_tools.chaos import SIZES, run_chaos
     from onceflow_tools.dev import local_dev_services
 
-    settings = _settings()
     dev = local_dev_services(settings)
     if postgres_ha and (dev is None or not dev.postgres_ha):
         raise OnceflowError(
             "--postgres-ha needs the HA formation: onceflow dev up --postgres-ha, then"
             ' eval "$(onceflow dev env --postgres-ha)"'
         )
-    first = seed if seed is not None else random.randrange(1 << 20)
     failed = 0
     for s in range(first, first + runs):
         log_dir = (settings.state_dir / "runs" / f"chaos-{s}").resolve()
@@ -197,6 +232,21 @@ def chaos(seed: int | None, size: str, n_jobs: int | None, runs: int, postgres_h
         failed += bool(result.violations)
     if failed:
         raise OnceflowError(f"{failed} of {runs} chaos run(s) found violations")
+
+
+def _chaos_interleavings(
+    settings: Settings, first: int, runs: int, examples: int, steps: int
+) -> None:
+    from onceflow_tools.interleavings.machine import run_interleavings
+
+    failed = sum(
+        not run_interleavings(settings, s, examples, steps, click.echo)
+        for s in range(first, first + runs)
+    )
+    if failed:
+        raise OnceflowError(
+            f"{failed} of {runs} interleaving search(es) failed (seeds from {first})"
+        )
 
 
 @click.command()
