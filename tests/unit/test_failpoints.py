@@ -76,3 +76,10 @@ def test_a_paused_hit_waits_for_release_and_only_for_its_job():
         failpoints.hit("engine.before_finish", "j1")  # times=1: a second hit passes
     finally:
         failpoints.disarm_all()
+
+
+def test_the_architecture_doc_lists_every_failpoint():
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    section = doc.split("\n## Interleavings\n", 1)[1].split("\n## ", 1)[0]
+    listed = dict(re.findall(r"^\| `([a-z_.]+)` \| (.+?) \|$", section, re.MULTILINE))
+    assert listed == failpoints.POINTS
