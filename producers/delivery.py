@@ -154,15 +154,21 @@ class Deliveries:
         local: list[_Report] = []
         others: dict[asyncio.AbstractEventLoop, list[_Report]] = {}
         delivered = False
+        failed: KafkaError | None = None
         while served:
             item = served.popleft()
-            delivered = delivered or item[2] is None
+            if item[2] is None:
+                delivered = True
+            elif failed is None:
+                failed = item[2]
             if item[0].loop is here:
                 local.append(item)
             else:
                 others.setdefault(item[0].loop, []).append(item)
         if delivered:
             self._link.on_delivered()
+        elif failed is not None:  # nothing confirmed: the link learns why (BrokerLink)
+            self._link.on_failed(failed)
         if local:
             self._settle(local)
         for loop, items in others.items():

@@ -13,11 +13,12 @@ import threading
 from collections.abc import Sequence
 from typing import Protocol
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 from onceflow.envelope import JobEnvelope
 from onceflow.settings import Settings
-from producers.broker_link import RECONNECT_BACKOFF_MAX_MS, BrokerLink
+from producers.broker_link import RECONNECT_BACKOFF_MAX_MS, BrokerLink, Down, unwritable
 from producers.delivery import Ack, Deliveries, Reports, resolve
 from producers.metrics import KAFKA_ERRORS, PRODUCE_LATENCY
 
@@ -68,7 +69,8 @@ class JobProducer:
         self._deliveries = Deliveries(self._producer, self.link)
         self._poller = threading.Thread(target=self._deliveries.run, name="kafka-poll", daemon=True)
         self._poller.start()
-        self.link.watch(self._answers)
+        self._admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
+        self.link.watch(self._writable)
 
     async def send(self, envelopes: Sequence[JobEnvelope]) -> list[Ack]:
         """Produce every envelope; wait for each one's delivery report.
@@ -135,19 +137,44 @@ class JobProducer:
             return True
         return False
 
-    def _answers(self, timeout: float) -> bool:
-        """Does a broker answer a metadata request (the link watcher's probe)?"""
-        return bool(self._producer.list_topics(self.topic, timeout=timeout).brokers)
+    def _unwritable(self, timeout: float) -> str | None:
+        """Why Kafka cannot confirm a write to the jobs topic now (None: it can); raises
+        KafkaException when no broker answers in ``timeout`` (not this check's to say:
+        librdkafka's "all brokers down" marks the link)."""
+        md = self._producer.list_topics(self.topic, timeout=timeout)
+        if not md.brokers:
+            raise KafkaException(KafkaError(KafkaError._ALL_BROKERS_DOWN, "no broker answers"))
+        return unwritable(md.topics.get(self.topic), self._min_insync(timeout))
+
+    def _min_insync(self, timeout: float) -> int:
+        """The jobs topic's ``min.insync.replicas`` (its own or the broker's default),
+        asked each time: a probe runs only while the link is down, a readiness check
+        every few seconds. 1 when it cannot be read (then only leaders are checked)."""
+        resource = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
+        try:
+            configs = self._admin.describe_configs([resource], request_timeout=timeout)
+            entry = configs[resource].result(timeout)["min.insync.replicas"]
+            return int(entry.value)
+        except (KafkaException, KeyError, ValueError, TypeError, TimeoutError):
+            return 1
+
+    def _writable(self, timeout: float) -> bool:
+        """The link watcher's probe: can Kafka take and confirm a write now?"""
+        return self._unwritable(timeout) is None
 
     def ready(self, timeout: float = 2.0) -> bool:
+        """Kafka can take and confirm a write. A "cannot confirm" found here (a partition
+        without a leader or short of in-sync replicas) marks the link down too, so that
+        submissions get their 503 at once instead of after the ack timeout."""
         if not self.link.up:  # known at once: no 2 s wait for a broker that is gone
             return False
         try:
-            md = self._producer.list_topics(self.topic, timeout=timeout)
+            reason = self._unwritable(timeout)
         except Exception:
             return False
-        topic = md.topics.get(self.topic)
-        return topic is not None and topic.error is None and bool(topic.partitions)
+        if reason is not None:
+            self.link.mark_down(reason, Down.UNWRITABLE)
+        return reason is None
 
     def close(self, timeout: float = 30.0) -> int:
         """Flush what is queued (clean shutdown); return records still undelivered."""

@@ -341,12 +341,14 @@ def _kafka_refused(
 def _kafka_unreachable(
     exc: KafkaUnreachable, envelopes: list[JobEnvelope], request_id: str
 ) -> Response:
-    """The 503 given at once while no broker is connected: nothing was written."""
-    rejected = [JobRejected(job_id=e.job_id, reason="kafka_unreachable") for e in envelopes]
-    JOBS_REJECTED.labels("kafka_unreachable").inc(len(rejected))
+    """The 503 given at once while Kafka is known to be unable to take a write (no
+    broker connected, or it cannot confirm one: broker_link): nothing was written."""
+    code = str(exc.why)
+    rejected = [JobRejected(job_id=e.job_id, reason=code) for e in envelopes]
+    JOBS_REJECTED.labels(code).inc(len(rejected))
     body = ErrorBody(
-        error="kafka_unreachable",
-        message=f"no connection to Kafka for {exc.down_for:.1f}s, nothing was written;"
+        error=code,
+        message=f"{exc.why.text} for {exc.down_for:.1f}s, nothing was written;"
         f" retry after {exc.retry_after}s (duplicates are safe)",
         rejected=rejected,
         details={"kafka": exc.reason},
