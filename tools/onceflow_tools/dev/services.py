@@ -29,6 +29,7 @@ from typing import Protocol
 
 from onceflow.errors import OnceflowError, ServiceUnavailable
 from onceflow.settings import Settings
+from onceflow_tools.dev.ports import STATE_DIR_MARKER, port_taken
 
 log = logging.getLogger(__name__)
 
@@ -207,10 +208,9 @@ class KafkaService:
     def up(self) -> None:
         if self.running() and self.ready():
             return
-        if _port_open("127.0.0.1", self.port):
-            raise ServiceUnavailable(
-                f"port {self.port} is taken by a process onceflow did not start"
-            )
+        for port in (self.port, self.controller_port):
+            if _port_open("127.0.0.1", port):
+                raise port_taken(port, "Kafka", self.state_dir)
         self.ensure_jars()
         data, logs = self.root / "data", self.root / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -336,10 +336,15 @@ class PostgresService:
         ).stdout.strip()
 
     def up(self) -> None:
+        # Before anything else: pg_ctl would only say "Examine the log output."
+        if not self.running() and _port_open("127.0.0.1", self.port):
+            raise port_taken(self.port, "PostgreSQL", self.state_dir)
         bindir = self.bindir()
         data = self.root / "data"
+        self.root.mkdir(parents=True, exist_ok=True)
+        # Whose cluster this is, for a second checkout's `dev up` to name (dev.ports).
+        (self.root / STATE_DIR_MARKER).write_text(f"{self.state_dir.resolve()}\n")
         if not (data / "PG_VERSION").exists():
-            self.root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(data, ignore_errors=True)
             data.mkdir()
             if os.geteuid() == 0:
