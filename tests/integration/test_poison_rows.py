@@ -22,7 +22,7 @@ from tests.conftest import settings_env
 from tests.integration import flow_workflows as wf
 from tests.integration import poison_tasks
 from tests.integration.kafka_helpers import committed_offsets, consume_all
-from tests.integration.test_flow_control import MODULES
+from tests.integration.test_flow_control import MODULES, run_until
 from tests.integration.test_poison_records import _produce_to_partition_0
 from tests.integration.test_streams_worker import scalar, start_worker, wait_until
 
@@ -70,6 +70,12 @@ def test_a_20000_character_fairness_key_does_not_stop_its_partition(settings, db
         ).one()
     assert tenant == HUGE_KEY  # the params are stored exactly ...
     assert len(lane) < 100  # ... the lane holds a bounded form of the key
+    # and the engine's flow-controlled claim takes it like any other
+    done = (
+        "SELECT count(*) FROM onceflow_instances"
+        f" WHERE workflow = '{wf.FAIR}' AND status = 'complete'"
+    )
+    run_until(settings, db, lambda: scalar(db, done) == 3)
 
 
 def test_a_row_refused_by_an_index_is_dead_lettered_and_the_partition_moves_on(
