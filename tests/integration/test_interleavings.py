@@ -195,14 +195,16 @@ def expire_and_rescue(db, job_id: str) -> None:
     assert claims.rescue_expired(db) == [job_id]
 
 
-def hold_until_claimed_again(db) -> None:
-    """Keep the first run's step going (its thread cannot be cancelled) while the engine,
-    whose heartbeat has just found the lease taken, could claim the instance again: up
-    to two heartbeats and claim rounds. Claimed again meanwhile, the new run's step would
-    execute beside the old one's (``Executions.overlaps``)."""
+def hold_until_claimed_again(db, seconds: float) -> None:
+    """After a rescue, keep the old run where it is (held at its failpoint, or inside its
+    step, whose thread cannot be cancelled) for as long as the engine could claim the
+    instance anew (claim rounds come every 50 ms; ``seconds`` covers several, and two
+    heartbeats where the run is held in its step). An engine that claims an id it still
+    runs does it meanwhile, and its new run then goes on beside the old one (issue 23,
+    case 2): the checker sees the overlap, or the old run's writes accepted."""
     with contextlib.suppress(AssertionError):
-        wait_for(lambda: instance(db, JOB).claim_count >= 2, "claimed again", 2 * LEASE / 3)
-    with contextlib.suppress(AssertionError):  # and its step started, if it is to
+        wait_for(lambda: instance(db, JOB).claim_count >= 2, "claimed again", seconds)
+    with contextlib.suppress(AssertionError):  # and its first step started, if it is to
         wait_for(lambda: EXECUTIONS.count(JOB, "a") >= 2, "step a again", 0.5)
 
 
@@ -249,10 +251,12 @@ def test_cell(settings, db, point, action):
         paused = cell.reach(name, phase)
         assert status(db, JOB) == "running", "the window is inside a run"
         cell.act(action)
+        if action == "rescue" and phase != "held":
+            hold_until_claimed_again(db, 1.0)  # the old run held at its failpoint
         paused.release()
         if phase == "held":
-            if action == "rescue":
-                hold_until_claimed_again(db)
+            if action == "rescue":  # the heartbeat, let go, finds the lease taken
+                hold_until_claimed_again(db, 2 * LEASE / 3)
             wf.HOLDS[JOB].set()
         cell.driver.settle([JOB])
         check_cell(cell, point, action)

@@ -109,6 +109,9 @@ class EngineHarness:
         if self._main is not None:
             self.loop.call_soon_threadsafe(self._main.cancel)
         self.thread.join(30)
+        # The runs left suspended are collected with the loop: that is the point, not
+        # an error to print ("Task was destroyed but it is pending!").
+        self.loop.set_exception_handler(lambda loop, context: None)
 
     def inflight(self) -> int:
         return len(self.runner._inflight)
