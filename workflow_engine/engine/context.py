@@ -36,6 +36,7 @@ from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, cast
 
 from sqlalchemy.engine import Engine
 
+from onceflow import failpoints
 from onceflow.vocabulary import (
     AttemptOutcome,
     InstanceStatus,
@@ -460,6 +461,9 @@ class WorkflowContext:
             if self.spans:
                 self.spans.waited("wait", name, position, reached_ns, event=type)
             return payload
+        # "No event yet" is only what this transaction saw: one sent from here on is
+        # caught by the suspend's re-check under the row lock (waits.suspend).
+        await failpoints.hit_async("engine.after_consume_event", self.job_id)
         if due:
             message = f"timed out waiting for event {type!r} ({name!r})"
             await self._db(

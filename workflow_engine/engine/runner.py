@@ -32,7 +32,7 @@ from typing import Concatenate, ParamSpec, TypeVar, cast
 from sqlalchemy.engine import Engine
 from ulid import ULID
 
-from onceflow import tracing
+from onceflow import failpoints, tracing
 from onceflow.health import serve_metrics_and_health
 from onceflow.logs import setup_logging
 from onceflow.settings import Settings
@@ -362,15 +362,22 @@ class EngineRunner:
                 )
 
     async def _suspend(self, inst: claims.Claimed, wait: Suspended) -> None:
-        await self.db(
-            waits.suspend,
-            self.owner,
-            inst.job_id,
-            wait.status,
-            self.clock.db_now(),
-            wait.wake_at,
-            wait.delay,
-        )
+        await failpoints.hit_async("engine.before_suspend", inst.job_id)
+        try:
+            runnable = await self.db(
+                waits.suspend,
+                self.owner,
+                inst.job_id,
+                wait.status,
+                self.clock.db_now(),
+                wait.wake_at,
+                wait.delay,
+            )
+        except ControlRequested as control:
+            # An operator's request came in after the run's last write: the suspend
+            # re-checked it under the row lock and left it to apply, not to wait on.
+            await self._apply_control(inst, ControlAction(control.action))
+            return
         log.info(
             "instance %s",
             wait.status,
@@ -379,6 +386,7 @@ class EngineRunner:
                 "job_id": inst.job_id,
                 "wake_at": wait.wake_at,
                 "delay": wait.delay,
+                "runnable": runnable,  # what it waits for was already there
             },
         )
 

@@ -10,8 +10,9 @@ Waking a parent that awaits a child (``ctx.child_result``) cannot be lost, by lo
 order, with no timer: every transaction that finishes a child locks its parent's row
 and then, in a later statement (a fresh snapshot), wakes the parent if it is waiting
 for that child (:func:`wake_parents`); a parent that suspends re-checks its awaited
-children after its suspending update has locked its row (:func:`wake_if_children_done`).
-Whichever of the two takes the parent's row first, the second sees the first's commit.
+children after it has locked its row (:func:`awaited_child_finished`, in
+:func:`workflow_engine.store.waits.suspend`). Whichever of the two takes the parent's
+row first, the second sees the first's commit.
 """
 
 from __future__ import annotations
@@ -340,16 +341,16 @@ _LOCK_PARENTS = sa.text(
     "SELECT job_id FROM onceflow_instances WHERE job_id = ANY(:parents) ORDER BY job_id FOR UPDATE"
 )
 
-#: Parents waiting for a child that has finished (the suspend's re-check).
-_WAKE = sa.text(
-    f"""
-UPDATE onceflow_instances p SET run_after = now(), updated_at = now()
-WHERE p.job_id = ANY(:parents) AND p.status = '{InstanceStatus.WAITING}' AND EXISTS (
+
+def awaited_child_finished(parent: str) -> str:
+    """SQL: "a child that the instance ``parent`` (its job id column) awaits has
+    finished". The suspend's re-check (:func:`workflow_engine.store.waits.suspend`),
+    evaluated after the suspend has locked the parent's row."""
+    return f"""EXISTS (
     SELECT 1 FROM onceflow_steps s JOIN onceflow_instances c ON c.job_id = s.child_job_id
-    WHERE s.job_id = p.job_id AND s.kind = '{StepKind.CHILD}'
-      AND s.status = '{StepStatus.WAITING}' AND c.status IN ({_FINAL}))
-"""
-)
+    WHERE s.job_id = {parent} AND s.kind = '{StepKind.CHILD}'
+      AND s.status = '{StepStatus.WAITING}' AND c.status IN ({_FINAL}))"""
+
 
 #: Parents waiting for one of the children this transaction finished.
 _WAKE_FOR = sa.text(
@@ -382,12 +383,6 @@ def wake_parents(conn: Connection, finished: list[tuple[str, str]]) -> int:
     if woken:
         notify_runnable(conn)
     return woken
-
-
-def wake_if_children_done(conn: Connection, job_id: str) -> bool:
-    """In the transaction that suspends ``job_id`` as waiting (after the update that
-    locked its row): make it runnable at once if a child it awaits has finished."""
-    return bool(conn.execute(_WAKE, {"parents": [job_id]}).rowcount)
 
 
 # --- the tree, for describe ----------------------------------------------------------

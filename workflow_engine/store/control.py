@@ -267,6 +267,13 @@ def send_event(
 ) -> int:
     """Store an event for the instance and wake it if it waits; return the event id.
 
+    The instance row is locked first (``FOR UPDATE``), the same row, in the same order,
+    as the engine's suspend locks before it re-checks pending events
+    (:func:`workflow_engine.store.waits.suspend`). So the two serialize: an instance
+    still running when this commits sees the event in its suspend and does not wait;
+    one that suspended first is seen here as waiting and woken. No event is left
+    beside an instance that waits for it.
+
     The event is checked first (:func:`onceflow.instance_events.check_event`: the type
     pattern and the size caps, for every front end alike); a refused one raises
     :class:`~onceflow.instance_events.InvalidEvent` and nothing is stored."""

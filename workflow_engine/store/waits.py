@@ -21,7 +21,7 @@ from workflow_engine.errors import ControlRequested, LeaseLost, NonDeterminismEr
 from workflow_engine.store import children
 from workflow_engine.store.fragments import LEASE_CTE as _LEASE_CTE
 from workflow_engine.store.fragments import NOW as _NOW
-from workflow_engine.store.fragments import held
+from workflow_engine.store.fragments import RUNNABLE, held
 from workflow_engine.store.fragments import json_text as _json_text
 from workflow_engine.store.instances import notify_runnable
 
@@ -211,15 +211,38 @@ def consume_event(engine: Engine, owner: str, job_id: str, position: int) -> tup
     return bool(found), payload
 
 
+# Suspending is two statements in one transaction. The first locks the instance row
+# (if this run still holds its lease) and reads the control request; the second,
+# whose snapshot is taken after that lock, suspends and re-checks every wake condition.
+# Every actor that can make a suspended instance runnable (send_event, a finishing
+# child, an operator's request) locks this row before it looks at the status, so
+# whichever takes the row first, the other sees its commit: "nothing yet", read by the
+# run in an earlier transaction (consume_event, child collect), decides nothing.
+_LOCK_SUSPENDING = sa.text(
+    f"""
+SELECT requested_action FROM onceflow_instances WHERE job_id = :job_id AND {held()}
+FOR NO KEY UPDATE
+"""
+)
+
+#: An event is stored, not consumed, for one of the instance's waits in progress.
+_EVENT_PENDING = f"""EXISTS (
+    SELECT 1 FROM onceflow_steps s JOIN onceflow_events e
+      ON e.job_id = s.job_id AND e.type = s.event_type AND e.consumed_at IS NULL
+    WHERE s.job_id = i.job_id AND s.kind = '{StepKind.EVENT}'
+      AND s.status = '{StepStatus.WAITING}')"""
+
 _SUSPEND = sa.text(
     f"""
-UPDATE onceflow_instances
+UPDATE onceflow_instances i
 SET status = :status, lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
     run_after = CASE
+        WHEN {_EVENT_PENDING} OR {children.awaited_child_finished("i.job_id")} THEN {_NOW}
         WHEN :delay IS NOT NULL
             THEN {_NOW} + make_interval(secs => CAST(:delay AS double precision))
         ELSE coalesce(CAST(:wake_at AS timestamptz), 'infinity') END
-WHERE job_id = :job_id AND {held()}
+WHERE i.job_id = :job_id
+RETURNING i.status IN ({RUNNABLE}) AND i.run_after <= {_NOW} AS runnable
 """
 )
 
@@ -232,12 +255,16 @@ def suspend(
     now: datetime | None,
     wake_at: datetime | None = None,
     delay: float | None = None,
-) -> None:
-    """Release the instance until ``wake_at`` / ``now + delay`` (forever if neither).
+) -> bool:
+    """Release the instance until ``wake_at`` / ``now + delay`` (forever if neither),
+    unless something it waits for is already there; True if it is runnable at once.
 
     Statuses: sleeping (a sleep or a retry delay), waiting (an event, a child),
-    paused. A waiting instance whose awaited child finished meanwhile is made runnable
-    in the same transaction (:mod:`workflow_engine.store.children`).
+    paused. Under the instance's row lock, in the suspending transaction, it re-checks
+    every wake condition (docs/architecture.md, "Suspending"): an event stored for a
+    wait in progress or a finished awaited child makes it runnable now, as does a
+    timer already due; a pending control request is not suspended over but raised
+    (``ControlRequested``: the runner applies it, holding the lease still).
     """
     params = {
         "owner": owner,
@@ -248,7 +275,12 @@ def suspend(
         "now": now,
     }
     with engine.begin() as conn:
-        if conn.execute(_SUSPEND, params).rowcount != 1:
+        locked = conn.execute(_LOCK_SUSPENDING, params).one_or_none()
+        if locked is None:
             raise LeaseLost(f"lease on {job_id} lost before it could be suspended")
-        if status == InstanceStatus.WAITING and children.wake_if_children_done(conn, job_id):
+        if locked.requested_action is not None:
+            raise ControlRequested(locked.requested_action)
+        runnable = bool(conn.execute(_SUSPEND, params).scalar_one())
+        if runnable:
             notify_runnable(conn)
+        return runnable
