@@ -12,7 +12,16 @@ class NonRetryableError(WorkflowError):
 
 
 class StepFailed(WorkflowError):
-    """A step exhausted its retries; the instance errors with this message."""
+    """A step exhausted its retries; the instance errors with this message.
+
+    ``cause_type`` names the class of the last attempt's exception (``module:qualname``).
+    Replay raises a recorded StepFailed again from the history, with the same message and
+    ``cause_type``, without running the step: only its ``__cause__`` (that exception
+    object) is not rebuilt."""
+
+    def __init__(self, message: str, cause_type: str | None = None) -> None:
+        super().__init__(message)
+        self.cause_type = cause_type
 
 
 class NonDeterminismError(WorkflowError):

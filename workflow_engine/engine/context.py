@@ -2,9 +2,11 @@
 
 Replay model: a workflow function runs from the top every time its instance is
 claimed. ``ctx.step`` counts positions; a step already checkpointed at that position
-returns its stored result without running again, so only unfinished work runs. If the
-code now asks for a different step name than the one recorded at that position, the
-instance fails with :class:`NonDeterminismError` instead of doing something wrong.
+returns its stored result without running again, and one whose final failure is
+recorded raises that error again (:mod:`workflow_engine.engine.replay`), so only
+unfinished work runs. If the code now asks for a different step name than the one
+recorded at that position, the instance fails with :class:`NonDeterminismError`
+instead of doing something wrong.
 
 Concurrent branches (``ctx.gather``) each take positions from their own cursor
 (:mod:`workflow_engine.engine.branches`), so replay matches whatever order they ran
@@ -51,7 +53,7 @@ from workflow_engine.definitions import (
     check_name,
     workflow_version,
 )
-from workflow_engine.engine import branches, tracing
+from workflow_engine.engine import branches, replay, tracing
 from workflow_engine.engine.metrics import INLINE_SLOW, STEP_DURATION, STEPS, STEPS_STARTED
 from workflow_engine.engine.runtime import Runtime
 from workflow_engine.engine.tracing import JobSpans
@@ -301,6 +303,9 @@ class WorkflowContext:
         position, recorded = self._next(name, StepKind.STEP)
         if recorded is not None and recorded.status == StepStatus.COMPLETE:
             return recorded.result
+        if recorded is not None and recorded.status == StepStatus.FAILED:
+            # The workflow caught this failure before: the same error, not a second run.
+            raise replay.replayed_failure(self.job_id, recorded)
         policy = retries or self._rt.default_retry or DEFAULT_RETRY
         while True:
             attempt, started_at = await self._write(StartStep(self.job_id, position, name))
@@ -315,7 +320,12 @@ class WorkflowContext:
             except NonRetryableError as exc:
                 tracing.end(span, exc)
                 await self._finish(
-                    position, attempt, started_at, AttemptOutcome.FAILED, error=_describe(exc)
+                    position,
+                    attempt,
+                    started_at,
+                    AttemptOutcome.FAILED,
+                    replay.step_failure(exc),
+                    _describe(exc),
                 )
                 STEPS.labels(self.workflow, AttemptOutcome.FAILED).inc()
                 raise
@@ -351,7 +361,14 @@ class WorkflowContext:
         ``Suspend`` for a retry delay; returns when the step should run again at once."""
         final = attempt > policy.limit
         outcome = AttemptOutcome.FAILED if final else AttemptOutcome.RETRY
-        await self._finish(position, attempt, started_at, outcome, error=_describe(exc))
+        failed = None
+        if final:  # recorded with the entry, so that replay raises it again
+            failed = StepFailed(
+                f"step {name!r} failed after {attempt} attempts: {_describe(exc)}",
+                cause_type=replay.type_name(type(exc)),
+            )
+        record = replay.step_failure(failed) if failed is not None else None
+        await self._finish(position, attempt, started_at, outcome, record, _describe(exc))
         STEPS.labels(self.workflow, outcome).inc()
         delay = 0.0 if final else policy.delay_for(exc, attempt)
         log.warning(
@@ -367,10 +384,8 @@ class WorkflowContext:
                 "retry_in": delay,
             },
         )
-        if final:
-            raise StepFailed(
-                f"step {name!r} failed after {attempt} attempts: {_describe(exc)}"
-            ) from exc
+        if failed is not None:
+            raise failed from exc
         if delay > 0:
             raise Suspend(InstanceStatus.SLEEPING, None, delay=delay) from None
 
@@ -440,7 +455,7 @@ class WorkflowContext:
         if recorded is not None and recorded.status == StepStatus.COMPLETE:
             return recorded.result
         if recorded is not None and recorded.status == StepStatus.FAILED:
-            raise EventTimeout(recorded.error or f"timed out waiting for event {type!r}")
+            raise replay.replayed_failure(self.job_id, recorded)  # it timed out
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         rt = self._rt
         reached_ns = time.time_ns()
@@ -523,17 +538,14 @@ class WorkflowContext:
         durably (no worker held) and is woken when the child finishes. A child that
         errored or was terminated raises :class:`ChildWorkflowFailed` (catchable)."""
         recorded = self._recorded.get(handle.position)
-        if (
-            recorded is not None
-            and recorded.kind == StepKind.CHILD
-            and recorded.status in (StepStatus.COMPLETE, StepStatus.FAILED)
-        ):
-            outcome = children.recorded_outcome(recorded.status, recorded.result, recorded.error)
-        else:
-            got = await self._collects.submit(children.Awaited(handle.position, handle.job_id))
-            if got is None:
-                raise Suspend(InstanceStatus.WAITING, None)
-            outcome = got
+        if recorded is not None and recorded.kind == StepKind.CHILD:
+            if recorded.status == StepStatus.COMPLETE:
+                return recorded.result
+            if recorded.status == StepStatus.FAILED:
+                raise replay.replayed_failure(self.job_id, recorded)
+        outcome = await self._collects.submit(children.Awaited(handle.position, handle.job_id))
+        if outcome is None:
+            raise Suspend(InstanceStatus.WAITING, None)
         if outcome.status == StepStatus.FAILED:
             raise ChildWorkflowFailed(handle.job_id, outcome.child_status, outcome.error or "")
         return outcome.result
