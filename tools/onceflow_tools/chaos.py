@@ -51,6 +51,7 @@ from workflow_engine.store.stats import (
     checkpoints_written_twice,
     count_instances,
     instance_job_ids,
+    running_by_owner,
 )
 
 if TYPE_CHECKING:
@@ -184,17 +185,36 @@ class _Faults:
         engine's rescuer re-queues what it held and runs it on, and the zombie wakes up
         mid-run to write under claims that are no longer its own (every such write must
         be refused: a lease is a fencing token)."""
-        assert self.stack.group is not None
+        assert self.stack.group is not None and self.stack.db is not None
         proc = self.stack.group.procs["engine-2"]
         lease = float(self.stack.env["ONCEFLOW_ENGINE_LEASE_SECONDS"])
         # Past the lease, plus a rescuer pass (every half lease) and a margin.
         stopped_for = lease * 1.5 + 2.0
+        held = self._wait_until_holding(proc.pid, timeout=10.0)
         proc.send_signal(signal.SIGSTOP)
         try:
             time.sleep(stopped_for)
         finally:
             proc.send_signal(signal.SIGCONT)
-        self._note(f"SIGSTOP engine {stopped_for:.0f}s (past its {lease:.0f}s lease), SIGCONT")
+        self._note(
+            f"SIGSTOP engine holding {held} running instance(s) {stopped_for:.0f}s"
+            f" (past its {lease:.0f}s lease), SIGCONT"
+        )
+
+    def _wait_until_holding(self, pid: int, timeout: float) -> int:
+        """Until the engine of process ``pid`` runs an instance (a zombie holding
+        nothing proves nothing); how many it runs (0 if none in time)."""
+        assert self.stack.db is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            held = sum(
+                n
+                for owner, n in running_by_owner(self.stack.db).items()
+                if owner.split(":")[1:2] == [str(pid)]
+            )
+            if held or time.monotonic() > deadline:
+                return held
+            time.sleep(0.01)
 
     def restart_kafka(self) -> None:
         if self.dev is None:

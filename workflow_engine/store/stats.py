@@ -133,6 +133,20 @@ def checkpoints_written_twice(engine: Engine) -> int:
     return int(n or 0)
 
 
+def running_by_owner(engine: Engine) -> dict[str, int]:
+    """Running instances per lease owner (an engine's id, ``host:pid:suffix``): the chaos
+    run stops an engine while it holds work, so that it wakes up as a zombie."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT lease_owner, count(*) FROM onceflow_instances"
+                " WHERE status = :running AND lease_owner IS NOT NULL GROUP BY 1"
+            ),
+            {"running": str(InstanceStatus.RUNNING)},
+        ).all()
+    return {owner: int(n) for owner, n in rows}
+
+
 @dataclass(frozen=True, slots=True)
 class Latency:
     """Submit-to-first-step and submit-to-complete percentiles (ms) of complete jobs."""
