@@ -30,7 +30,7 @@ from workflow_engine.store import control as ops
 from workflow_engine.store import execution as store
 from workflow_engine.store.instances import describe_instance
 from workflow_engine.store.trace import job_trace
-from workflow_engine.store.writes import FinishInstance
+from workflow_engine.store.writes import FinishInstance, Lease
 
 
 class Harness(FakeClockHarness):
@@ -347,11 +347,11 @@ def _parent_awaiting_its_child(db, parent):
     start = children.StartChild(
         parent, 0, "charge", child, "test-child", {}, ParentClosePolicy.TERMINATE, None
     )
-    assert children.start_children(db, "A", [start]) == [True]
+    assert children.start_children(db, Lease("A", 1), [start]) == [True]
     assert status(db, child) == "queued"
     assert [c.job_id for c in claims.claim(db, "B", 1, 30)] == [child]
     awaited = [children.Awaited(0, child)]
-    assert children.collect(db, "A", parent, awaited) == [None]  # not finished: awaited
+    assert children.collect(db, Lease("A", 1), parent, awaited) == [None]  # not finished: awaited
     return child
 
 
@@ -366,17 +366,17 @@ def _runnable_now(db, job_id):
 
 def test_a_child_finishing_before_its_parent_suspends_still_wakes_it(db):
     child = _parent_awaiting_its_child(db, "r1")
-    store.write_batch(db, "B", [FinishInstance(child, InstanceStatus.COMPLETE, b"1")])
+    store.write_batch(db, "B", [FinishInstance(child, 1, InstanceStatus.COMPLETE, b"1")])
     assert status(db, "r1") == "running"  # the finish found the parent still running
-    waits.suspend(db, "A", "r1", InstanceStatus.WAITING, None)
+    waits.suspend(db, Lease("A", 1), "r1", InstanceStatus.WAITING, None)
     assert _runnable_now(db, "r1")  # the suspend saw the finished child
 
 
 def test_a_child_finishing_after_its_parent_suspended_wakes_it(db):
     child = _parent_awaiting_its_child(db, "r2")
-    waits.suspend(db, "A", "r2", InstanceStatus.WAITING, None)
+    waits.suspend(db, Lease("A", 1), "r2", InstanceStatus.WAITING, None)
     assert not _runnable_now(db, "r2")  # waits, forever unless woken
-    store.write_batch(db, "B", [FinishInstance(child, InstanceStatus.ERRORED, None, "no")])
+    store.write_batch(db, "B", [FinishInstance(child, 1, InstanceStatus.ERRORED, None, "no")])
     assert _runnable_now(db, "r2")
 
 
@@ -387,10 +387,10 @@ def test_a_parent_waiting_for_an_event_is_not_woken_by_a_child_it_does_not_await
     start = children.StartChild(
         "r3", 0, "charge", child, "test-child", {}, ParentClosePolicy.ABANDON, None
     )
-    children.start_children(db, "A", [start])
+    children.start_children(db, Lease("A", 1), [start])
     claims.claim(db, "B", 1, 30)
-    waits.suspend(db, "A", "r3", InstanceStatus.WAITING, None)
-    store.write_batch(db, "B", [FinishInstance(child, InstanceStatus.COMPLETE, b"1")])
+    waits.suspend(db, Lease("A", 1), "r3", InstanceStatus.WAITING, None)
+    store.write_batch(db, "B", [FinishInstance(child, 1, InstanceStatus.COMPLETE, b"1")])
     assert not _runnable_now(db, "r3")  # no spurious replay
 
 

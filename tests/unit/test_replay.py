@@ -22,6 +22,7 @@ from workflow_engine.store.writes import (
     Chain,
     FinishInstance,
     FinishStep,
+    Lease,
     Started,
     StartStep,
     Write,
@@ -29,6 +30,7 @@ from workflow_engine.store.writes import (
 
 T = TypeVar("T")
 AT = datetime(2025, 1, 1, tzinfo=UTC)  # every attempt's start, as the fake answers it
+LEASE = Lease("test-engine", 1)  # the claim every test run holds
 
 
 class FakeRuntime:
@@ -74,7 +76,7 @@ def step(position: int, name: str, result: Any, status: StepStatus = StepStatus.
 
 
 def context(rt: FakeRuntime, history: list[RecordedStep]) -> WorkflowContext:
-    return WorkflowContext(_runtime(rt), "job-1", "orders", history)
+    return WorkflowContext(_runtime(rt), LEASE, "job-1", "orders", history)
 
 
 def never(*args: Any) -> Any:
@@ -139,8 +141,8 @@ def test_a_new_step_after_the_history_runs_and_is_checkpointed():
     assert asyncio.run(workflow()) == "shipped 7"
     assert seen == [(7, "job-1:ship")]
     assert rt.writes == [
-        StartStep("job-1", 2, "ship"),
-        FinishStep("job-1", 2, 1, AT, AttemptOutcome.COMPLETE, b'"shipped 7"'),
+        StartStep("job-1", 1, 2, "ship"),
+        FinishStep("job-1", 1, 2, 1, AT, AttemptOutcome.COMPLETE, b'"shipped 7"'),
     ]
 
 
@@ -155,7 +157,7 @@ def test_an_interrupted_step_runs_again_at_its_position():
 
     assert asyncio.run(workflow()) == 5
     assert [type(w) for w in rt.writes] == [StartStep, FinishStep]
-    assert rt.writes[0] == StartStep("job-1", 0, "fetch")
+    assert rt.writes[0] == StartStep("job-1", 1, 0, "fetch")
 
 
 def test_a_failing_step_records_each_attempt_until_its_retries_run_out():
@@ -206,17 +208,17 @@ def test_a_checkpoint_commits_with_the_next_step_start_before_that_step_runs():
     async def workflow() -> None:
         for n in range(3):
             await ctx.step(f"s{n}", body, n)
-        await ctx.commit(FinishInstance("job-1", InstanceStatus.COMPLETE, b"null"))
+        await ctx.commit(FinishInstance("job-1", 1, InstanceStatus.COMPLETE, b"null"))
 
     asyncio.run(workflow())
     done = [
-        FinishStep("job-1", n, 1, AT, AttemptOutcome.COMPLETE, str(n).encode()) for n in range(3)
+        FinishStep("job-1", 1, n, 1, AT, AttemptOutcome.COMPLETE, str(n).encode()) for n in range(3)
     ]
     assert rt.sent == [
-        StartStep("job-1", 0, "s0"),
-        Chain(done[0], StartStep("job-1", 1, "s1")),
-        Chain(done[1], StartStep("job-1", 2, "s2")),
-        Chain(done[2], FinishInstance("job-1", InstanceStatus.COMPLETE, b"null")),
+        StartStep("job-1", 1, 0, "s0"),
+        Chain(done[0], StartStep("job-1", 1, 1, "s1")),
+        Chain(done[1], StartStep("job-1", 1, 2, "s2")),
+        Chain(done[2], FinishInstance("job-1", 1, InstanceStatus.COMPLETE, b"null")),
     ]
     assert seen == [1, 2, 3]
 
@@ -231,8 +233,8 @@ def test_a_held_checkpoint_is_written_before_a_gather():
 
     asyncio.run(workflow())
     assert rt.sent[:2] == [
-        StartStep("job-1", 0, "a"),
-        FinishStep("job-1", 0, 1, AT, AttemptOutcome.COMPLETE, b"1"),
+        StartStep("job-1", 1, 0, "a"),
+        FinishStep("job-1", 1, 0, 1, AT, AttemptOutcome.COMPLETE, b"1"),
     ]
     # branches write their own checkpoints: none is held past the gather
     assert sum(isinstance(w, FinishStep) for w in rt.writes) == 3
@@ -255,7 +257,7 @@ def test_an_inline_step_runs_on_the_event_loop_thread_and_a_plain_one_does_not()
         ]
 
     assert asyncio.run(workflow()) == [False, True, False]
-    ctx2 = WorkflowContext(_runtime(FakeRuntime()), "job-2", "orders", [], inline_steps=True)
+    ctx2 = WorkflowContext(_runtime(FakeRuntime()), LEASE, "job-2", "orders", [], inline_steps=True)
 
     async def defaulted() -> list[bool]:
         here = threading.get_ident
@@ -299,8 +301,8 @@ def test_a_failed_chained_write_ends_the_run_even_if_the_workflow_catches_it():
     with pytest.raises(ConnectionError):
         asyncio.run(workflow())
     with pytest.raises(ConnectionError):
-        asyncio.run(ctx.commit(FinishInstance("job-1", InstanceStatus.COMPLETE, b"null")))
-    assert rt.writes == [StartStep("job-1", 0, "a")]  # nothing after the lost write
+        asyncio.run(ctx.commit(FinishInstance("job-1", 1, InstanceStatus.COMPLETE, b"null")))
+    assert rt.writes == [StartStep("job-1", 1, 0, "a")]  # nothing after the lost write
 
 
 def test_two_main_line_steps_run_concurrently_without_gather_both_checkpoint():

@@ -21,7 +21,7 @@ from workflow_engine.definitions import registered_versions, workflow, workflow_
 from workflow_engine.engine.context import WorkflowContext
 from workflow_engine.errors import NonDeterminismError
 from workflow_engine.store.claim import RecordedStep
-from workflow_engine.store.writes import Chain, Started, StartStep, Write
+from workflow_engine.store.writes import Chain, Lease, Started, StartStep, Write
 from workflow_engine.versions import check_version, fingerprint
 
 T = TypeVar("T")
@@ -140,7 +140,9 @@ class MarkerRuntime:
 
 
 def _ctx(rt: MarkerRuntime, history: list[RecordedStep]) -> WorkflowContext:
-    return WorkflowContext(rt, "job-1", "orders", history, version="v1", engine_version="v1")
+    return WorkflowContext(
+        rt, Lease("test-engine", 1), "job-1", "orders", history, version="v1", engine_version="v1"
+    )
 
 
 def done(position: int, name: str, kind: StepKind = StepKind.STEP) -> RecordedStep:
@@ -195,6 +197,7 @@ def test_a_replay_mismatch_names_the_step_the_position_and_both_versions():
     rt = MarkerRuntime()
     ctx = WorkflowContext(
         rt,
+        Lease("test-engine", 1),
         "job-1",
         "orders",
         [done(0, "a"), done(1, "ship")],

@@ -72,7 +72,7 @@ from workflow_engine.steps import StepInfo, _current_step, idempotency_key
 from workflow_engine.store import children, waits
 from workflow_engine.store import execution as store
 from workflow_engine.store.claim import RecordedStep
-from workflow_engine.store.writes import Chain, FinishInstance, FinishStep, StartStep, Write
+from workflow_engine.store.writes import Chain, FinishInstance, FinishStep, Lease, StartStep, Write
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -103,6 +103,7 @@ class WorkflowContext:
     def __init__(
         self,
         runtime: Runtime,
+        lease: Lease,
         job_id: str,
         workflow: str,
         recorded: list[RecordedStep],
@@ -111,6 +112,8 @@ class WorkflowContext:
         inline_steps: bool = False,
     ) -> None:
         self._rt = runtime
+        #: The claim this run holds: every write it makes names it (a fencing token).
+        self.lease = lease
         self.inline_steps = inline_steps  # the workflow's default for sync steps
         self.job_id = job_id
         self.workflow = workflow
@@ -265,7 +268,7 @@ class WorkflowContext:
         else:
             check_name("patch name", patch_id)  # a new marker: bounded before its index
             cursor.take()
-            await self._db(waits.record_marker, self._rt.owner, self.job_id, position, patch_id)
+            await self._db(waits.record_marker, self.lease, self.job_id, position, patch_id)
             taken = True
         self._patches[patch_id] = taken
         return taken
@@ -308,7 +311,9 @@ class WorkflowContext:
             raise replay.replayed_failure(self.job_id, recorded)
         policy = retries or self._rt.default_retry or DEFAULT_RETRY
         while True:
-            attempt, started_at = await self._write(StartStep(self.job_id, position, name))
+            await failpoints.hit_async("engine.before_step_start", self.job_id)
+            start = StartStep(self.job_id, self.lease.claim, position, name)
+            attempt, started_at = await self._write(start)
             STEPS_STARTED.labels(self.workflow).inc()
             token = _current_step.set(StepInfo(self.job_id, self.workflow, name, position, attempt))
             span = self.spans.step(name, position, attempt) if self.spans else None
@@ -335,8 +340,15 @@ class WorkflowContext:
                 continue
             finally:
                 _current_step.reset(token)
+            await failpoints.hit_async("engine.after_step_run", self.job_id)
             checkpoint = FinishStep(
-                self.job_id, position, attempt, started_at, AttemptOutcome.COMPLETE, encoded
+                self.job_id,
+                self.lease.claim,
+                position,
+                attempt,
+                started_at,
+                AttemptOutcome.COMPLETE,
+                encoded,
             )
             done = _Held(checkpoint, name, time.perf_counter() - started, span)
             if self._cursor() is self._main and self._held is None:
@@ -424,7 +436,7 @@ class WorkflowContext:
             return
         wake, due = await self._db(
             waits.begin_wait,
-            self._rt.owner,
+            self.lease,
             self.job_id,
             position,
             name,
@@ -436,7 +448,7 @@ class WorkflowContext:
         if not due:
             raise Suspend(InstanceStatus.SLEEPING, wake)
         await self._db(
-            waits.close_entry, self._rt.owner, self.job_id, position, StepStatus.COMPLETE, b"null"
+            waits.close_entry, self.lease, self.job_id, position, StepStatus.COMPLETE, b"null"
         )
         if self.spans:
             self.spans.waited("sleep", name, position, tracing.sleep_start_ns(wake, delay))
@@ -461,7 +473,7 @@ class WorkflowContext:
         reached_ns = time.time_ns()
         wake, due = await self._db(
             waits.begin_wait,
-            rt.owner,
+            self.lease,
             self.job_id,
             position,
             name,
@@ -471,7 +483,7 @@ class WorkflowContext:
             None,
             type,
         )
-        found, payload = await self._db(waits.consume_event, rt.owner, self.job_id, position)
+        found, payload = await self._db(waits.consume_event, self.lease, self.job_id, position)
         if found:
             if self.spans:
                 self.spans.waited("wait", name, position, reached_ns, event=type)
@@ -482,7 +494,13 @@ class WorkflowContext:
         if due:
             message = f"timed out waiting for event {type!r} ({name!r})"
             await self._db(
-                waits.close_entry, rt.owner, self.job_id, position, StepStatus.FAILED, None, message
+                waits.close_entry,
+                self.lease,
+                self.job_id,
+                position,
+                StepStatus.FAILED,
+                None,
+                message,
             )
             if self.spans:
                 self.spans.waited("wait", name, position, reached_ns, timed_out=type)
@@ -551,12 +569,13 @@ class WorkflowContext:
         return outcome.result
 
     async def _start_children(self, starts: list[children.StartChild]) -> list[bool]:
-        return await self._db(children.start_children, self._rt.owner, starts)
+        return await self._db(children.start_children, self.lease, starts)
 
     async def _collect_children(
         self, awaited: list[children.Awaited]
     ) -> list[children.ChildOutcome | None]:
-        return await self._db(children.collect, self._rt.owner, self.job_id, awaited)
+        await failpoints.hit_async("engine.before_children_collect", self.job_id)
+        return await self._db(children.collect, self.lease, self.job_id, awaited)
 
     async def gather(self, *awaitables: Awaitable[Any]) -> list[Any]:
         """Run branches concurrently; their results in order. Pass coroutines (``ctx``
@@ -635,7 +654,9 @@ class WorkflowContext:
         error: str | None = None,
     ) -> None:
         await self._write(
-            FinishStep(self.job_id, position, attempt, started_at, outcome, result, error)
+            FinishStep(
+                self.job_id, self.lease.claim, position, attempt, started_at, outcome, result, error
+            )
         )
 
 

@@ -68,7 +68,7 @@ from workflow_engine.engine.outcomes import (
 )
 from workflow_engine.engine.presence import Presence
 from workflow_engine.engine.scheduler import Scheduler
-from workflow_engine.engine.services import LeaseKeeper, Maintenance, Rescuer, Service
+from workflow_engine.engine.services import LeaseKeeper, Maintenance, Rescuer, Run, Service
 from workflow_engine.engine.tracing import JobSpans
 from workflow_engine.errors import ControlRequested, LeaseLost, Suspend, WorkflowError
 from workflow_engine.flow import flow_controls
@@ -83,7 +83,7 @@ from workflow_engine.store.db import (
     libpq_dsn,
     make_engine,
 )
-from workflow_engine.store.writes import FinishInstance, Write
+from workflow_engine.store.writes import FinishInstance, Lease, Write
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -110,7 +110,10 @@ class EngineRunner:
         self.default_retry = default_retry
         self.clock = clock or SystemClock()
         self.max_result_bytes = settings.step_result_max_bytes
-        self._inflight: dict[str, asyncio.Task[None]] = {}
+        #: The runs in flight by job id, each with the claim it runs under: a run that
+        #: ends removes only its own entry (``_run_instance``), and the claim skips
+        #: these ids (``claims.claim``'s ``inflight``).
+        self._inflight: dict[str, Run] = {}
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -190,7 +193,8 @@ class EngineRunner:
                 await self._wait_wake(self.settings.engine_poll_interval_seconds)
                 continue
             for inst in claimed:
-                self._inflight[inst.job_id] = asyncio.create_task(self._run_instance(inst))
+                task = asyncio.create_task(self._run_instance(inst))
+                self._inflight[inst.job_id] = Run(inst.claim_count, task)
             INFLIGHT.set(len(self._inflight))
             if len(claimed) < want:
                 await self._wait_wake(await self._idle_wait())
@@ -208,7 +212,9 @@ class EngineRunner:
                 concurrency_limits(),
                 registered_versions(),
                 flow_controls(),
+                tuple(self._inflight),
             )
+            await failpoints.hit_async("engine.after_claim")
         except Exception:
             log.exception("claim failed; retrying", extra={"event": "engine.claim_error"})
             return None
@@ -239,13 +245,15 @@ class EngineRunner:
         if not self._inflight:
             return
         grace = self.settings.engine_lease_seconds / 2
-        _, pending = await asyncio.wait(list(self._inflight.values()), timeout=grace)
-        unfinished = [job for job, task in self._inflight.items() if task in pending]
+        runs = dict(self._inflight)
+        _, pending = await asyncio.wait([run.task for run in runs.values()], timeout=grace)
+        unfinished = [(job, run.claim) for job, run in runs.items() if run.task in pending]
         for task in pending:
             task.cancel()
         if pending:
             await asyncio.wait(pending)
         if unfinished:
+            await failpoints.hit_async("engine.before_release")
             released = await self.db(claims.release, self.owner, unfinished)
             log.info(
                 "released unfinished instances",
@@ -266,9 +274,11 @@ class EngineRunner:
         except Exception as exc:
             log.exception("run crashed", extra={"event": "instance.crashed", "job_id": job})
             if is_transient(exc):
-                await self._give_back(job)
+                await self._give_back(job, inst.claim_count)
         finally:
-            self._inflight.pop(job, None)
+            run = self._inflight.get(job)
+            if run is not None and run.claim == inst.claim_count:
+                del self._inflight[job]
             INFLIGHT.set(len(self._inflight))
             self._slot_free.set()
             if inst.workflow in flow_controls() or inst.workflow in concurrency_limits():
@@ -277,6 +287,7 @@ class EngineRunner:
     def _context(self, inst: claims.Claimed) -> WorkflowContext:
         ctx = WorkflowContext(
             self,
+            Lease(self.owner, inst.claim_count),
             inst.job_id,
             inst.workflow,
             inst.history,
@@ -319,7 +330,7 @@ class EngineRunner:
                 raise  # the database failed, not the workflow: _run_instance gives it back
             return Failed(f"{type(exc).__name__}: {exc}")
 
-    async def _give_back(self, job_id: str) -> None:
+    async def _give_back(self, job_id: str, claim: int) -> None:
         """A database outage or failover cut a run: its last write may or may not have
         committed, so it is not retried; the instance goes back to the queue and its next
         claim replays it from what did commit (a step whose checkpoint was lost runs
@@ -329,7 +340,7 @@ class EngineRunner:
         delay = 0.1
         while not self._stopping.is_set():
             try:
-                given = await self.db(claims.release, self.owner, [job_id])
+                given = await self.db(claims.release, self.owner, [(job_id, claim)])
             except Exception as exc:
                 if not is_transient(exc):
                     return
@@ -366,7 +377,7 @@ class EngineRunner:
         try:
             runnable = await self.db(
                 waits.suspend,
-                self.owner,
+                Lease(self.owner, inst.claim_count),
                 inst.job_id,
                 wait.status,
                 self.clock.db_now(),
@@ -391,7 +402,10 @@ class EngineRunner:
         )
 
     async def _apply_control(self, inst: claims.Claimed, action: ControlAction) -> None:
-        new_status = await self.db(control_ops.apply_requested, self.owner, inst.job_id, action)
+        await failpoints.hit_async("engine.before_control_apply", inst.job_id)
+        new_status = await self.db(
+            control_ops.apply_requested, Lease(self.owner, inst.claim_count), inst.job_id, action
+        )
         if new_status == InstanceStatus.TERMINATED:
             FINISHED.labels(inst.workflow, new_status).inc()
         log.warning(
@@ -408,7 +422,8 @@ class EngineRunner:
         result: bytes | None = None,
         error: str | None = None,
     ) -> None:
-        await ctx.commit(FinishInstance(inst.job_id, status, result, error))
+        await failpoints.hit_async("engine.before_finish", inst.job_id)
+        await ctx.commit(FinishInstance(inst.job_id, inst.claim_count, status, result, error))
         FINISHED.labels(inst.workflow, status).inc()
         if self._traced and (spans := JobSpans.of(inst.traceparent, *_ids(inst))):
             spans.finished(status, error)

@@ -46,6 +46,7 @@ from workflow_engine.errors import (
 )
 from workflow_engine.store.fragments import held
 from workflow_engine.store.instances import notify_runnable
+from workflow_engine.store.writes import Lease
 
 #: ``<parent job id>__<name>``. A name has no ``__`` and does not start or end with
 #: ``_``, so the last ``__`` followed by a non-underscore splits any child id back into
@@ -155,9 +156,9 @@ FROM input i JOIN job ON job.job_id = i.child
 )
 
 
-def _check_lease(conn: Connection, owner: str, job_id: str, what: str) -> str | None:
+def _check_lease(conn: Connection, lease: Lease, job_id: str, what: str) -> str | None:
     """Hold the instance's row (``FOR SHARE``) while writing for it; its traceparent."""
-    row = conn.execute(_LEASE, {"job_id": job_id, "owner": owner}).one_or_none()
+    row = conn.execute(_LEASE, {"job_id": job_id, **lease._asdict()}).one_or_none()
     if row is None:
         raise LeaseLost(f"lease on {job_id} lost before {what}")
     if row.requested_action is not None:
@@ -165,7 +166,7 @@ def _check_lease(conn: Connection, owner: str, job_id: str, what: str) -> str | 
     return row.traceparent
 
 
-def start_children(engine: Engine, owner: str, starts: list[StartChild]) -> list[bool]:
+def start_children(engine: Engine, lease: Lease, starts: list[StartChild]) -> list[bool]:
     """Create children (once each: the job-id constraint) and record them in their
     parent's history, in one statement and one transaction (the children a
     ``ctx.gather`` starts cost one commit); for each, True if this call created it."""
@@ -177,7 +178,7 @@ def start_children(engine: Engine, owner: str, starts: list[StartChild]) -> list
     rows = orjson.dumps([_start_row(s) for s in starts]).decode()
     try:
         with engine.begin() as conn:
-            traceparent = _check_lease(conn, owner, parent_job_id, "starting children")
+            traceparent = _check_lease(conn, lease, parent_job_id, "starting children")
             found = {
                 row.child: row
                 for row in conn.execute(
@@ -278,13 +279,13 @@ _CHILD_ROWS = sa.text(
 
 
 def collect(
-    engine: Engine, owner: str, parent_job_id: str, awaited: list[Awaited]
+    engine: Engine, lease: Lease, parent_job_id: str, awaited: list[Awaited]
 ) -> list[ChildOutcome | None]:
     """Take finished children's results (or errors) into the parent's history, in one
     transaction; ``None`` for a child that has not finished (its entry now marked
     awaited, so its finish wakes the parent)."""
     with engine.begin() as conn:
-        _check_lease(conn, owner, parent_job_id, "taking child results")
+        _check_lease(conn, lease, parent_job_id, "taking child results")
         rows = {
             row.job_id: row
             for row in conn.execute(_CHILD_ROWS, {"children": [a.child_job_id for a in awaited]})

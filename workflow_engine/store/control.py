@@ -25,7 +25,9 @@ from onceflow.vocabulary import (
 )
 from workflow_engine.store import children
 from workflow_engine.store.db import retry_on_deadlock
+from workflow_engine.store.fragments import held as lease_held
 from workflow_engine.store.instances import notify_runnable as _notify
+from workflow_engine.store.writes import Lease
 
 #: What :func:`apply_requested` answers when this engine no longer holds the instance.
 LOST = "lost"
@@ -238,16 +240,15 @@ def apply_pause(conn: Connection, job_id: str) -> None:
 
 
 @retry_on_deadlock
-def apply_requested(engine: Engine, owner: str, job_id: str, action: str) -> str:
+def apply_requested(engine: Engine, lease: Lease, job_id: str, action: str) -> str:
     """Carry out a requested action (a :class:`ControlAction`) on an instance this
     engine holds; its new status, or :data:`LOST` if the engine no longer holds it."""
     with engine.begin() as conn:
         held = conn.execute(
             sa.text(
-                "SELECT 1 FROM onceflow_instances WHERE job_id = :j AND lease_owner = :o"
-                " AND status = :running FOR UPDATE"
+                f"SELECT 1 FROM onceflow_instances WHERE job_id = :j AND {lease_held()} FOR UPDATE"
             ),
-            {"j": job_id, "o": owner, "running": str(InstanceStatus.RUNNING)},
+            {"j": job_id, **lease._asdict()},
         ).scalar()
         if not held:
             return LOST

@@ -24,6 +24,7 @@ from workflow_engine.store.fragments import NOW as _NOW
 from workflow_engine.store.fragments import RUNNABLE, held
 from workflow_engine.store.fragments import json_text as _json_text
 from workflow_engine.store.instances import notify_runnable
+from workflow_engine.store.writes import Lease
 
 
 def _write_leased(engine: Engine, sql: sa.TextClause, params: dict[str, Any], lost: str) -> None:
@@ -57,7 +58,7 @@ SELECT EXISTS (SELECT 1 FROM lease), (SELECT requested_action FROM lease),
 
 def begin_wait(
     engine: Engine,
-    owner: str,
+    lease: Lease,
     job_id: str,
     position: int,
     name: str,
@@ -73,7 +74,7 @@ def begin_wait(
         leased, action, wake, db_now = conn.execute(
             _BEGIN_WAIT,
             {
-                "owner": owner,
+                **lease._asdict(),
                 "job_id": job_id,
                 "position": position,
                 "name": name,
@@ -109,13 +110,13 @@ SELECT EXISTS (SELECT 1 FROM lease), (SELECT requested_action FROM lease),
 )
 
 
-def record_marker(engine: Engine, owner: str, job_id: str, position: int, name: str) -> None:
+def record_marker(engine: Engine, lease: Lease, job_id: str, position: int, name: str) -> None:
     """Record a ``ctx.patched()`` marker at ``position`` (lease-guarded, once)."""
     try:
         with engine.begin() as conn:
             leased, action, written = conn.execute(
                 _RECORD_MARKER,
-                {"owner": owner, "job_id": job_id, "position": position, "name": name},
+                {**lease._asdict(), "job_id": job_id, "position": position, "name": name},
             ).one()
     except IntegrityError as exc:
         if getattr(getattr(exc.orig, "diag", None), "constraint_name", None) == (
@@ -149,7 +150,7 @@ WHERE s.job_id = lease.job_id AND s.position = :position
 
 def close_entry(
     engine: Engine,
-    owner: str,
+    lease: Lease,
     job_id: str,
     position: int,
     status: StepStatus,
@@ -161,7 +162,7 @@ def close_entry(
         engine,
         _CLOSE_ENTRY,
         {
-            "owner": owner,
+            **lease._asdict(),
             "job_id": job_id,
             "position": position,
             "status": status,
@@ -202,11 +203,11 @@ SELECT EXISTS (SELECT 1 FROM used), (SELECT result FROM done)
 )
 
 
-def consume_event(engine: Engine, owner: str, job_id: str, position: int) -> tuple[bool, Any]:
+def consume_event(engine: Engine, lease: Lease, job_id: str, position: int) -> tuple[bool, Any]:
     """Take the oldest pending event of the wait's type; (found, payload)."""
     with engine.begin() as conn:
         found, payload = conn.execute(
-            _CONSUME_EVENT, {"owner": owner, "job_id": job_id, "position": position}
+            _CONSUME_EVENT, {**lease._asdict(), "job_id": job_id, "position": position}
         ).one()
     return bool(found), payload
 
@@ -249,7 +250,7 @@ RETURNING i.status IN ({RUNNABLE}) AND i.run_after <= {_NOW} AS runnable
 
 def suspend(
     engine: Engine,
-    owner: str,
+    lease: Lease,
     job_id: str,
     status: InstanceStatus,
     now: datetime | None,
@@ -267,7 +268,7 @@ def suspend(
     (``ControlRequested``: the runner applies it, holding the lease still).
     """
     params = {
-        "owner": owner,
+        **lease._asdict(),
         "job_id": job_id,
         "status": status,
         "wake_at": wake_at,
