@@ -15,6 +15,7 @@ from onceflow_tools.processes import ProcessGroup, free_port
 from tests.conftest import settings_env
 from workflow_engine import NonRetryableError, RetryPolicy, current_step, workflow
 from workflow_engine.engine.runner import EngineRunner
+from workflow_engine.store import engines
 from workflow_engine.store.instances import Delivery, create_instances, describe_instance
 
 CALLS: dict[str, int] = {}
@@ -167,10 +168,15 @@ def test_non_retryable_error_fails_at_once(settings, db):
     assert "card declined" in view.error
 
 
-def test_unknown_workflow_errors_with_its_name(settings, db):
+def test_an_instance_of_a_workflow_the_engine_lacks_waits_for_an_engine_that_has_it(settings, db):
+    """Not claimed (it would fail 'unknown workflow'), but reported as stranded; the
+    engine ran a known instance created after it, so it did claim meanwhile."""
     create(db, "u1", "no-such-workflow")
-    run_until(settings, db, lambda: status(db, "u1") == "errored")
-    assert "unknown workflow 'no-such-workflow'" in describe_instance(db, "u1").error
+    create(db, "u2", "test-three-steps")
+    run_until(settings, db, lambda: status(db, "u2") == "complete")
+    assert status(db, "u1") == "queued"
+    stranded = engines.instances_without_engine(db, stale_seconds=60)
+    assert [(s.workflow, s.version, s.count) for s in stranded] == [("no-such-workflow", None, 1)]
 
 
 @pytest.mark.timeout(120)
