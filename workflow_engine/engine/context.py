@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+import functools
 import inspect
 import logging
 import time
@@ -137,6 +138,8 @@ class WorkflowContext:
         # The children one gather starts (or awaits): one transaction for all of them.
         self._starts = branches.Coalescer(self._start_children)
         self._collects = branches.Coalescer(self._collect_children)
+        # Threads running this run's sync step code (``_invoke``).
+        self._threads: set[asyncio.Future[Any]] = set()
 
     def _cursor(self) -> branches.Cursor:
         """The cursor of the branch this code runs in (the main line outside gathers)."""
@@ -608,10 +611,21 @@ class WorkflowContext:
         elif timeout is None and (self.inline_steps if inline is None else inline):
             return self._run_inline(fn, args, kwargs)
         else:
-            # Run sync step code in a thread that carries this step's context.
+            # Run sync step code in a thread that carries this step's context. The
+            # thread's future is shielded and kept: cancelling the run (a lost lease)
+            # cannot stop the thread, and the runner keeps the id in flight until it
+            # returns (``step_threads``), so no second run of the step starts beside it.
             ctx = contextvars.copy_context()
-            call = asyncio.to_thread(ctx.run, fn, *args, **kwargs)
+            loop = asyncio.get_running_loop()
+            thread = loop.run_in_executor(None, functools.partial(ctx.run, fn, *args, **kwargs))
+            self._threads.add(thread)
+            thread.add_done_callback(self._threads.discard)
+            call = asyncio.shield(thread)
         return await asyncio.wait_for(call, timeout) if timeout else await call
+
+    def step_threads(self) -> list[asyncio.Future[Any]]:
+        """The threads of step code that have not returned yet."""
+        return [thread for thread in self._threads if not thread.done()]
 
     def _run_inline(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         started = time.perf_counter()

@@ -264,8 +264,8 @@ class EngineRunner:
 
     async def _run_instance(self, inst: claims.Claimed) -> None:
         job = inst.job_id
+        ctx = self._context(inst)
         try:
-            ctx = self._context(inst)
             await self._settle(inst, await self._execute(inst, ctx), ctx)
         except LeaseLost as exc:
             log.warning("%s", exc, extra={"event": "engine.lease_lost", "job_id": job})
@@ -276,13 +276,25 @@ class EngineRunner:
             if is_transient(exc):
                 await self._give_back(job, inst.claim_count)
         finally:
-            run = self._inflight.get(job)
-            if run is not None and run.claim == inst.claim_count:
-                del self._inflight[job]
-            INFLIGHT.set(len(self._inflight))
-            self._slot_free.set()
-            if inst.workflow in flow_controls() or inst.workflow in concurrency_limits():
-                self._wake.set()  # it freed a limited slot: an instance it held may go
+            lingering = ctx.step_threads()
+            if lingering:
+                # A cancelled run (its lease lost) whose step code still runs in its
+                # thread: a thread cannot be stopped, so the id stays in flight, and this
+                # engine does not claim it again, until that code returns.
+                waiting = asyncio.gather(*lingering, return_exceptions=True)
+                waiting.add_done_callback(lambda _: self._forget(inst))
+            else:
+                self._forget(inst)
+
+    def _forget(self, inst: claims.Claimed) -> None:
+        """The run of ``inst``'s claim is over: free its slot (a newer run's is kept)."""
+        run = self._inflight.get(inst.job_id)
+        if run is not None and run.claim == inst.claim_count:
+            del self._inflight[inst.job_id]
+        INFLIGHT.set(len(self._inflight))
+        self._slot_free.set()
+        if inst.workflow in flow_controls() or inst.workflow in concurrency_limits():
+            self._wake.set()  # it freed a limited slot: an instance it held may go
 
     def _context(self, inst: claims.Claimed) -> WorkflowContext:
         ctx = WorkflowContext(
@@ -401,17 +413,29 @@ class EngineRunner:
             },
         )
 
-    async def _apply_control(self, inst: claims.Claimed, action: ControlAction) -> None:
+    async def _apply_control(self, inst: claims.Claimed, seen: ControlAction) -> None:
+        """Apply the request the run stopped for (``seen``), or what replaced it."""
         await failpoints.hit_async("engine.before_control_apply", inst.job_id)
-        new_status = await self.db(
-            control_ops.apply_requested, Lease(self.owner, inst.claim_count), inst.job_id, action
+        new_status, action = await self.db(
+            control_ops.apply_requested, Lease(self.owner, inst.claim_count), inst.job_id
         )
         if new_status == InstanceStatus.TERMINATED:
             FINISHED.labels(inst.workflow, new_status).inc()
+        if action is None and new_status != control_ops.LOST:
+            log.info(
+                "operator %s withdrawn; instance re-queued",
+                seen,
+                extra={"event": "instance.request_withdrawn", "job_id": inst.job_id},
+            )
+            return
         log.warning(
             "operator %s applied",
-            action,
-            extra={"event": f"instance.{action}", "job_id": inst.job_id, "status": new_status},
+            action or seen,
+            extra={
+                "event": f"instance.{action or seen}",
+                "job_id": inst.job_id,
+                "status": new_status,
+            },
         )
 
     async def _finish(

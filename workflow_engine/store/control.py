@@ -240,27 +240,45 @@ def apply_pause(conn: Connection, job_id: str) -> None:
 
 
 @retry_on_deadlock
-def apply_requested(engine: Engine, lease: Lease, job_id: str, action: str) -> str:
-    """Carry out a requested action (a :class:`ControlAction`) on an instance this
-    engine holds; its new status, or :data:`LOST` if the engine no longer holds it."""
+def apply_requested(engine: Engine, lease: Lease, job_id: str) -> tuple[str, str | None]:
+    """Carry out the action requested of an instance this engine holds, as it stands
+    now under the row lock, not as the run saw it: between the run's write that saw a
+    request and this transaction, an operator may have changed it (terminate after
+    pause) or withdrawn it (resume after pause). Answers (new status, the action applied
+    or None); :data:`LOST` if the engine no longer holds it. A withdrawn request gives
+    the instance back to the queue: the run has already unwound, and its next claim
+    replays it from its history."""
     with engine.begin() as conn:
-        held = conn.execute(
+        row = conn.execute(
             sa.text(
-                f"SELECT 1 FROM onceflow_instances WHERE job_id = :j AND {lease_held()} FOR UPDATE"
+                "SELECT requested_action FROM onceflow_instances"
+                f" WHERE job_id = :j AND {lease_held()} FOR UPDATE"
             ),
             {"j": job_id, **lease._asdict()},
-        ).scalar()
-        if not held:
-            return LOST
+        ).one_or_none()
+        if row is None:
+            return LOST, None
+        action = row.requested_action
+        if action is None:
+            conn.execute(
+                sa.text(
+                    "UPDATE onceflow_instances SET status = :queued, run_after = now(),"
+                    " lease_owner = NULL, lease_expires_at = NULL, updated_at = now()"
+                    " WHERE job_id = :j"
+                ),
+                {"j": job_id, "queued": str(InstanceStatus.QUEUED)},
+            )
+            _notify(conn)
+            return InstanceStatus.QUEUED, None
         if action == ControlAction.PAUSE:
             apply_pause(conn, job_id)
-            return InstanceStatus.PAUSED
+            return InstanceStatus.PAUSED, action
         if action == ControlAction.TERMINATE:
             apply_terminate(conn, job_id)
-            return InstanceStatus.TERMINATED
+            return InstanceStatus.TERMINATED, action
         apply_restart(conn, job_id)
         _notify(conn)
-        return InstanceStatus.QUEUED
+        return InstanceStatus.QUEUED, action
 
 
 def send_event(

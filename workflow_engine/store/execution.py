@@ -155,7 +155,10 @@ WITH input AS (
 )
 UPDATE onceflow_instances i
 SET status = input.status, result = CAST(input.result AS jsonb), error = input.error,
-    finished_at = now(), updated_at = now(), lease_owner = NULL, lease_expires_at = NULL
+    finished_at = now(), updated_at = now(), lease_owner = NULL, lease_expires_at = NULL,
+    -- a request that reached the run after its last step is void: the work is done,
+    -- and a finished instance carries no request (it would never be applied)
+    requested_action = NULL
 FROM input
 WHERE i.job_id = input.job_id AND {held("i", "input.claim")}
 RETURNING i.job_id, i.parent_job_id
