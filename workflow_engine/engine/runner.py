@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Concatenate, ParamSpec, TypeVar, cast
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from sqlalchemy.engine import Engine
 from ulid import ULID
@@ -114,6 +114,9 @@ class EngineRunner:
         #: ends removes only its own entry (``_run_instance``), and the claim skips
         #: these ids (``claims.claim``'s ``inflight``).
         self._inflight: dict[str, Run] = {}
+        #: The runs that ended (cancelled) while their sync step code still runs in a
+        #: thread, by ``(job_id, claim)``: done once that code has returned.
+        self._lingering: dict[tuple[str, int], asyncio.Future[Any]] = {}
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -252,6 +255,7 @@ class EngineRunner:
             task.cancel()
         if pending:
             await asyncio.wait(pending)
+        await self._step_code_returned(unfinished)
         if unfinished:
             await failpoints.hit_async("engine.before_release")
             released = await self.db(claims.release, self.owner, unfinished)
@@ -259,6 +263,23 @@ class EngineRunner:
                 "released unfinished instances",
                 extra={"event": "engine.released", "count": released},
             )
+
+    async def _step_code_returned(self, runs: list[tuple[str, int]]) -> None:
+        """Wait until the sync step code of cancelled ``runs`` has returned. A thread
+        cannot be stopped: a run given back while its step still executes here would be
+        claimed by the next engine and run that step a second time beside it (found in
+        review). The process could not exit before that code returns anyway (the
+        executor's threads are joined at exit), and the heartbeat, still running during
+        the drain, keeps the leases meanwhile."""
+        lingering = [self._lingering[run] for run in runs if run in self._lingering]
+        if not lingering:
+            return
+        log.warning(
+            "waiting for step code still running in %d cancelled run(s) before giving them back",
+            len(lingering),
+            extra={"event": "engine.drain_waits_for_steps", "count": len(lingering)},
+        )
+        await asyncio.wait(lingering)
 
     # --- one instance ----------------------------------------------------------------
 
@@ -282,12 +303,14 @@ class EngineRunner:
                 # thread: a thread cannot be stopped, so the id stays in flight, and this
                 # engine does not claim it again, until that code returns.
                 waiting = asyncio.gather(*lingering, return_exceptions=True)
+                self._lingering[(job, inst.claim_count)] = waiting
                 waiting.add_done_callback(lambda _: self._forget(inst))
             else:
                 self._forget(inst)
 
     def _forget(self, inst: claims.Claimed) -> None:
         """The run of ``inst``'s claim is over: free its slot (a newer run's is kept)."""
+        self._lingering.pop((inst.job_id, inst.claim_count), None)
         run = self._inflight.get(inst.job_id)
         if run is not None and run.claim == inst.claim_count:
             del self._inflight[inst.job_id]
