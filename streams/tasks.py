@@ -46,7 +46,7 @@ def run_task(
         try:
             encoded = orjson.dumps(_call(definition.fn, pending.params))
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"[:2000]
+            error = storable_text(f"{type(exc).__name__}: {exc}")[:2000]
             final = isinstance(exc, NonRetryableError | TypeError) or (
                 attempt > definition.max_retries
             )
@@ -105,6 +105,24 @@ def _give_up(
         },
     )
     return dead
+
+
+def storable_text(text: str) -> str:
+    """``text`` as PostgreSQL's ``text`` (and ``jsonb``) can hold it: a NUL character and
+    a lone surrogate become their escapes (``\\x00``, ``\\udcff``), the rest stays.
+
+    A task's exception message is anything its code put there (a downstream's binary
+    answer, a byte decoded with ``surrogateescape``). The driver refuses such a string
+    before it reaches the server (``ValueError``, ``UnicodeEncodeError``: no SQLSTATE,
+    no database error), so recording the attempt raised out of the batch: the worker
+    exited without committing, and every restart ran the task and exited again."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode()
+    return text
 
 
 def _call(fn: Callable[[dict[str, Any]], Any], params: dict[str, Any]) -> Any:
