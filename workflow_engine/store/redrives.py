@@ -30,6 +30,8 @@ from enum import StrEnum
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from onceflow.envelope import JobEnvelope
+from onceflow.errors import InvalidEnvelope
 from onceflow.redrive import DeadLetterRecord, redrive
 from onceflow.settings import Settings
 from onceflow.vocabulary import TaskRunStatus
@@ -85,11 +87,18 @@ class _Plan:
 
 
 def _job_id(letter: DeadLetterRecord) -> str | None:
-    if not letter.key:
-        return None
+    """The job id the letter's record names: its key or, for a keyless record (a
+    foreign producer may write one; the worker takes the envelope's job id), the one in
+    its value. Planned by the key alone, a keyless letter of a dead-lettered task run
+    was sent back without the reopen, and only collapsed as a duplicate."""
+    if letter.key:
+        try:
+            return letter.key.decode()
+        except UnicodeDecodeError:
+            return None
     try:
-        return letter.key.decode()
-    except UnicodeDecodeError:
+        return JobEnvelope.decode(None, letter.value, letter.original_headers).job_id
+    except InvalidEnvelope:
         return None
 
 
@@ -118,7 +127,8 @@ def _plan_one(
     if letter.truncated:
         return _Plan(letter, job_id, Verdict.REFUSED, "truncated: it holds only a prefix")
     if job_id is None:
-        return _Plan(letter, None, Verdict.REDRIVEN, "delivered again (the record has no key)")
+        what = "delivered again (the record names no valid job id)"
+        return _Plan(letter, None, Verdict.REDRIVEN, what)
     if job_id in taken:
         return _Plan(letter, job_id, Verdict.SKIPPED, "another letter of this job id goes first")
     run = runs.get(job_id)
