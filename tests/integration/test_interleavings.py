@@ -186,13 +186,17 @@ class Cell:
 
 def expire_and_rescue(db, job_id: str) -> None:
     """What the rescuer does once a lease expired, run at once: the lease made expired
-    by hand, then the rescuer's own statement."""
+    by hand, then the rescuer's own statement (the engine's rescuer may get there
+    first; either way the claim that was running is over)."""
+    before = instance(db, job_id).claim_count
     with db.begin() as conn:
         conn.exec_driver_sql(
             "UPDATE onceflow_instances SET lease_expires_at = now() - interval '1 second'"
             f" WHERE job_id = '{job_id}' AND status = 'running'"
         )
-    assert claims.rescue_expired(db) == [job_id]
+    rescued = claims.rescue_expired(db)
+    after = instance(db, job_id)
+    assert job_id in rescued or after.status != "running" or after.claim_count > before
 
 
 def hold_until_claimed_again(db, seconds: float) -> None:
