@@ -140,6 +140,14 @@ def parse_jobs(
     return jobs
 
 
+def exact_json_object(body: bytes) -> dict[str, Any]:
+    """``body``'s JSON object under the rule job submissions follow: valid JSON (no NaN,
+    no lone surrogate), each key once, every number stored as written; RequestError
+    (400 ``malformed_json``, 422 naming the field) otherwise. For the routes whose body
+    FastAPI parses with Python's json, which takes all of those and changes them."""
+    return _json_object(body)[0]
+
+
 def _json_object(body: bytes) -> tuple[dict[str, Any], bool]:
     """The body's object, and whether its params need :func:`params_problem`'s walk
     (the body holds a NUL escape or is nested deeper than params may be)."""
