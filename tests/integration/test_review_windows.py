@@ -6,6 +6,7 @@ later, lets the other actor in, and checks the invariants (``check_history``).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 
@@ -16,11 +17,13 @@ from onceflow.envelope import JobEnvelope
 from tests.integration.interleavings import (
     EngineHarness,
     Executions,
+    FlowingClock,
     check_history,
+    scalar,
     status,
     wait_for,
 )
-from workflow_engine import workflow
+from workflow_engine import RetryPolicy, StepFailed, workflow
 from workflow_engine.store.instances import Delivery, create_instances
 
 RAN = Executions()
@@ -91,3 +94,52 @@ def test_a_draining_engine_does_not_give_back_a_run_whose_step_still_runs(settin
             second.stop()
     assert RAN.overlaps() == []
     assert check_history(db, RAN) == []
+
+
+BAD_TEXT = {"nul": "\x00", "lone-surrogate": "\udcff"}
+
+
+@workflow("test-review-bad-text")
+async def bad_text(ctx, params):
+    """A workflow error, and before it (``caught``) a caught step failure, whose
+    messages hold text PostgreSQL cannot store (:data:`BAD_TEXT`)."""
+    text = BAD_TEXT[params["text"]]  # not in params: jsonb would refuse them there
+
+    def declined() -> str:
+        RAN.end(RAN.begin(ctx.job_id, "charge"))
+        raise RuntimeError(f"card {text} declined")
+
+    if params["caught"]:
+        with contextlib.suppress(StepFailed):
+            await ctx.step("charge", declined, retries=RetryPolicy(limit=0))
+    await ctx.sleep("nap", 0.3)  # a replay: the recorded failure again, no second charge
+    raise RuntimeError(f"order {text} refused")
+
+
+@pytest.mark.parametrize("caught", [False, True], ids=["workflow-error", "caught-step-failure"])
+@pytest.mark.parametrize("text", sorted(BAD_TEXT))
+def test_a_message_postgresql_cannot_hold_errors_the_instance_once(settings, db, text, caught):
+    """PostgreSQL's text and jsonb hold no U+0000 nor a lone surrogate, and psycopg2
+    refuses such a string itself (ValueError, UnicodeEncodeError: no SQLSTATE, so
+    ``classify`` answers None): the finish carrying the workflow's error failed, the
+    run "crashed", the instance stayed running until its lease expired, and every claim
+    after the rescue failed the same way (five claims in ten seconds with a 2 s lease).
+    A caught step failure's record (jsonb) was refused the same way: the workflow
+    could not catch it, and errored with the driver's complaint instead."""
+    create_instances(
+        db,
+        [
+            Delivery(
+                JobEnvelope("n1", "test-review-bad-text", {"text": text, "caught": caught}),
+                "t",
+                0,
+                0,
+            )
+        ],
+    )
+    with EngineHarness(settings, db, FlowingClock(), engine_lease_seconds=2.0):
+        wait_for(lambda: status(db, "n1") == "errored", "the instance errored", timeout=10)
+    error = scalar(db, "SELECT error FROM onceflow_instances WHERE job_id = 'n1'")
+    assert error.startswith("RuntimeError: order ") and error.endswith(" refused"), error
+    assert scalar(db, "SELECT claim_count FROM onceflow_instances WHERE job_id = 'n1'") == 2
+    assert RAN.count("n1", "charge") == (1 if caught else 0)

@@ -19,6 +19,7 @@ from typing import Any, cast
 
 import orjson
 
+from onceflow.storable import storable_text
 from onceflow.vocabulary import StepKind
 from workflow_engine.errors import (
     ChildWorkflowFailed,
@@ -50,7 +51,7 @@ def step_failure(error: StepFailed | NonRetryableError) -> bytes:
         raised, cause = STEP_FAILED, error.cause_type
     else:
         raised, cause = NON_RETRYABLE, type_name(type(error))
-    message = str(error)[:MAX_MESSAGE]
+    message = storable_text(str(error))[:MAX_MESSAGE]  # jsonb holds no NUL either
     return orjson.dumps({"raised": raised, "type": cause, "message": message})
 
 

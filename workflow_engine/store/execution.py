@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
+from onceflow.storable import storable_text
 from onceflow.vocabulary import (
     AttemptOutcome,
     StepStatus,
@@ -239,7 +240,7 @@ def _finish_steps(conn: sa.Connection, owner: str, writes: list[FinishStep]) -> 
         "statuses": [_STEP_STATUS[w.outcome].value for w in writes],
         "outcomes": [w.outcome.value for w in writes],
         "results": [_json_text(w.result) for w in writes],
-        "errors": [w.error for w in writes],
+        "errors": [_error_text(w.error) for w in writes],
     }
     lost = [f"lease on {w.job_id} lost before checkpointing step {w.position}" for w in writes]
     return _guarded(conn, _FINISH_STEPS, params, [w.job_id for w in writes], lost)
@@ -253,7 +254,7 @@ def _finish_instances(
         "claims": [w.claim for w in writes],
         "statuses": [w.status.value for w in writes],
         "results": [_json_text(w.result) for w in writes],
-        "errors": [w.error for w in writes],
+        "errors": [_error_text(w.error) for w in writes],
     }
     job_ids = [w.job_id for w in writes]
     rows = conn.execute(_FINISH_INSTANCES, {"job_ids": job_ids, **params}).all()
@@ -266,6 +267,13 @@ def _finish_instances(
         else LeaseLost(f"lease on {w.job_id} lost before it could be marked {w.status}")
         for w in writes
     ]
+
+
+def _error_text(error: str | None) -> str | None:
+    """An error as the ``error`` columns can hold it: the workflow's or step's own
+    message, which may carry a NUL or a lone surrogate the driver refuses outright (no
+    SQLSTATE): written as given, the finish failed on every claim of its instance."""
+    return None if error is None else storable_text(error)
 
 
 def _heartbeats(conn: sa.Connection, owner: str, writes: list[Heartbeat]) -> list[Answer]:
