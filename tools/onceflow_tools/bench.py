@@ -25,6 +25,8 @@ Scenarios (each prints a table, shows progress on stderr and writes JSON):
 * ``engine-flow-control``: workflows/s with every flow control on against the plain
   claim, and a small tenant's submit -> first step behind a big tenant's burst, with
   and without fairness (:mod:`onceflow_tools.flowbench`).
+* ``claim``: one claim of 32 on a backlog of plain and per-key-limited workflows
+  queued together (median, p90; :mod:`onceflow_tools.claimbench`).
 * ``console-list``: the console's queries on 50 instances per ``--jobs`` (1,000,000 at
   the default) in a scratch database: first and deep keyset pages, filtered pages,
   counts (median of 5 runs each, in ms).
@@ -948,6 +950,22 @@ def _render_history(result: dict[str, Any]) -> list[str]:
 RENDERERS["history"] = _render_history
 
 
+def _claim(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
+    """One claim's cost on a mixed backlog (onceflow_tools.claimbench)."""
+    from onceflow_tools import claimbench
+
+    return claimbench.measure(base.database_url, jobs, rounds=100)
+
+
+def _render_claim(result: dict[str, Any]) -> list[str]:
+    from onceflow_tools import claimbench
+
+    return claimbench.render(result)
+
+
+RENDERERS["claim"] = _render_claim
+
+
 def render(result: dict[str, Any]) -> str:
     return "\n".join(RENDERERS[result["scenario"]](result))
 
@@ -966,6 +984,7 @@ SCENARIOS = {
     "console-list": console_list,
     "engine-flow-control": _engine_flow_control,
     "history": _history,
+    "claim": _claim,
 }
 
 

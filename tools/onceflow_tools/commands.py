@@ -31,6 +31,7 @@ BENCH_SCENARIOS = (
     "console-list",
     "engine-flow-control",
     "history",
+    "claim",
 )
 
 

@@ -89,8 +89,26 @@ laned AS (
         LIMIT :limit
         FOR UPDATE SKIP LOCKED
     ) AS l
+),
+locks AS (
+    -- the advisory locks of the flow-controlled workflows, only tried (a workflow
+    -- another engine is claiming right now is left to it, so two engines cannot
+    -- deadlock on them), in this round trip; their claims are later statements,
+    -- whose snapshots are taken after the locks; only for a workflow with an instance
+    -- due that could take a place in this batch (its claim order before the last plain
+    -- candidate, when they fill it), so an idle one costs no further round trips
+    SELECT array_agg(w) AS got FROM unnest(CAST(:limited AS text[])) AS w
+    WHERE EXISTS (
+        SELECT 1 FROM onceflow_instances c
+        WHERE c.workflow = w AND c.flow_lane IS NOT NULL AND c.status IN ({_RUNNABLE})
+          AND c.run_after <= {_NOW}
+          AND ((SELECT count(*) FROM plain) < :limit
+               OR onceflow_claim_order(c.run_after, c.priority) <= (SELECT max(ord) FROM plain)))
+      AND pg_try_advisory_xact_lock(hashtext('onceflow.limit.' || w))
 )
-SELECT job_id, ord FROM plain UNION ALL SELECT job_id, ord FROM laned
+SELECT job_id, ord, CAST(NULL AS text[]) AS locked FROM plain
+UNION ALL SELECT job_id, ord, NULL FROM laned
+UNION ALL SELECT NULL, NULL, got FROM locks WHERE got IS NOT NULL
 """
 )
 
@@ -103,14 +121,6 @@ claimed AS ({mark_running("candidates")}
 )
 SELECT * FROM claimed
 """
-)
-
-#: The advisory locks of the flow-controlled workflows, only tried: a workflow another
-#: engine is claiming right now is left to it, so two engines cannot deadlock on them.
-#: The flow claims are the next statements, whose snapshots are taken after the locks.
-_TRY_FLOW_LOCKS = sa.text(
-    "SELECT w FROM unnest(CAST(:limited AS text[])) AS w"
-    " WHERE pg_try_advisory_xact_lock(hashtext('onceflow.limit.' || w))"
 )
 
 
@@ -169,12 +179,13 @@ def claim(
                 "uncontrolled": [w for w in versions if w not in controlled],
             },
         )
+        locked = [workflow for row in picked if row[0] is None for workflow in row[2]]
         # Both kinds of plain candidate in claim order; what is picked and not leased
         # stays locked (by this transaction only) and unclaimed.
-        picked.sort(key=lambda row: row[1])
+        picked = sorted((row[:2] for row in picked if row[0] is not None), key=lambda r: r[1])
         rows: list[Any] = []
-        if controlled:
-            rows = _claim_flows(conn, controlled, picked, limit, params)
+        if locked:
+            rows = _claim_flows(conn, controlled, locked, picked, limit, params)
         plain = [job_id for job_id, _ in picked[: limit - len(rows)]]
         if plain:
             rows += conn.execute(_LEASE_PICKED, {**params, "picked": plain}).all()
@@ -199,6 +210,7 @@ def claim(
 def _claim_flows(
     conn: sa.Connection,
     controlled: dict[str, FlowControl],
+    locked: list[str],
     picked: list[Any],
     limit: int,
     params: dict[str, Any],
@@ -211,10 +223,8 @@ def _claim_flows(
     ``limit`` of both kinds in claim order (priority, aged by time waited), whichever
     kind is queued deeper; the plain ones fill what is left. Before, the plain claim
     filled the batch first and a priority-1 job of a limited workflow waited 186 s
-    behind 5,936 priority-5 jobs created before it (issue 23, case 4)."""
-    locked = list(conn.execute(_TRY_FLOW_LOCKS, {"limited": list(controlled)}).scalars())
-    if not locked:
-        return []
+    behind 5,936 priority-5 jobs created before it (issue 23, case 4). ``locked``: the
+    workflows whose advisory lock the pick got."""
     # The flow claim's row estimate on a deep backlog (~141k for 20k rows) is past the
     # JIT threshold: JIT then took ~55 ms of a ~60 ms claim whose execution is ~5 ms.
     # Off for the rest of this transaction only.

@@ -278,6 +278,8 @@ def claim_flow(
     and the claim-order ``cutoff``."""
     values = flow_params(workflow, flow, limit, params)
     values["pool"] = [job_id for (job_id,) in in_index_order(conn, _FLOW_POOL, values)]
+    if not values["pool"]:
+        return []  # nothing runnable up to the cutoff: the second statement is spared
     return list(conn.execute(_CLAIM_FLOW, values))
 
 
