@@ -19,6 +19,7 @@ import orjson
 import sqlalchemy.exc as sa_exc
 from sqlalchemy.engine import Engine
 
+from onceflow.storable import storable_text
 from onceflow.vocabulary import DeadLetterReason, TaskRunStatus
 from streams.metrics import TASKS
 from workflow_engine.definitions import TaskDef, get_task
@@ -105,24 +106,6 @@ def _give_up(
         },
     )
     return dead
-
-
-def storable_text(text: str) -> str:
-    """``text`` as PostgreSQL's ``text`` (and ``jsonb``) can hold it: a NUL character and
-    a lone surrogate become their escapes (``\\x00``, ``\\udcff``), the rest stays.
-
-    A task's exception message is anything its code put there (a downstream's binary
-    answer, a byte decoded with ``surrogateescape``). The driver refuses such a string
-    before it reaches the server (``ValueError``, ``UnicodeEncodeError``: no SQLSTATE,
-    no database error), so recording the attempt raised out of the batch: the worker
-    exited without committing, and every restart ran the task and exited again."""
-    if "\x00" in text:
-        text = text.replace("\x00", "\\x00")
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "backslashreplace").decode()
-    return text
 
 
 def _call(fn: Callable[[dict[str, Any]], Any], params: dict[str, Any]) -> Any:
