@@ -186,3 +186,38 @@ def test_a_sleep_that_suspends_records_no_span_yet(exported):
     with pytest.raises(Suspend):
         asyncio.run(workflow())
     assert exported.get_finished_spans() == ()
+
+
+def test_an_attempt_cut_off_by_a_crash_gets_an_error_span_when_the_step_runs_again(exported):
+    """SIGKILL mid-step leaves the step running with no error and no span: the replay
+    that runs it again records the lost attempt first."""
+    rt = FakeRuntime()
+    cut = RecordedStep(0, "charge", StepStatus.RUNNING, 1, None)
+    ctx = context(rt, [cut])
+    ctx.spans = _job_spans(new_traceparent())
+
+    async def workflow() -> None:
+        await ctx.step("charge", lambda: 42)
+        await ctx.flush()
+
+    asyncio.run(workflow())
+    finished = exported.get_finished_spans()
+    assert [s.name for s in finished] == ["step charge", "step charge"]
+    lost = finished[0]
+    assert lost.attributes[tracing.ATTEMPT] == 1 and lost.attributes["onceflow.cut_off"]
+    assert lost.status.status_code == trace.StatusCode.ERROR
+    assert finished[1].status.status_code == trace.StatusCode.UNSET
+
+
+def test_a_retried_attempt_is_not_taken_for_a_cut_off_one(exported):
+    rt = FakeRuntime()
+    retried = RecordedStep(0, "charge", StepStatus.RUNNING, 1, None, error="boom")
+    ctx = context(rt, [retried])
+    ctx.spans = _job_spans(new_traceparent())
+
+    async def workflow() -> None:
+        await ctx.step("charge", lambda: 42)
+        await ctx.flush()
+
+    asyncio.run(workflow())
+    assert [s.attributes.get("onceflow.cut_off") for s in exported.get_finished_spans()] == [None]

@@ -312,6 +312,9 @@ class WorkflowContext:
         if recorded is not None and recorded.status == StepStatus.FAILED:
             # The workflow caught this failure before: the same error, not a second run.
             raise replay.replayed_failure(self.job_id, recorded)
+        if self.spans and _cut_off(recorded):
+            assert recorded is not None
+            self.spans.cut_off(name, position, recorded.attempts)
         policy = retries or self._rt.default_retry or DEFAULT_RETRY
         while True:
             await failpoints.hit_async("engine.before_step_start", self.job_id)
@@ -672,6 +675,17 @@ class WorkflowContext:
                 self.job_id, self.lease.claim, position, attempt, started_at, outcome, result, error
             )
         )
+
+
+def _cut_off(recorded: RecordedStep | None) -> bool:
+    """An attempt was open when its run ended: a step left ``running`` with no error
+    (a retry's failed attempt records its error; a start clears it)."""
+    return (
+        recorded is not None
+        and recorded.status == StepStatus.RUNNING
+        and recorded.attempts > 0
+        and recorded.error is None
+    )
 
 
 def _describe(exc: BaseException) -> str:
