@@ -296,6 +296,8 @@ class EngineRunner:
             log.exception("run crashed", extra={"event": "instance.crashed", "job_id": job})
             if is_transient(exc):
                 await self._give_back(job, inst.claim_count)
+            else:
+                await self._fail_crashed(inst, exc)
         finally:
             lingering = ctx.step_threads()
             if lingering:
@@ -307,6 +309,24 @@ class EngineRunner:
                 waiting.add_done_callback(lambda _: self._forget(inst))
             else:
                 self._forget(inst)
+
+    async def _fail_crashed(self, inst: claims.Claimed, exc: Exception) -> None:
+        """A run that failed outside the workflow's code for a reason that is not the
+        database's outage (settling it raised): error the instance, so it is not left
+        ``running`` to be rescued and crash again on every lease, forever (found in
+        review). Whatever its last write carried is lost with the run; the error says
+        what happened."""
+        error = f"engine error while running it: {type(exc).__name__}: {exc}"[:2000]
+        finish = FinishInstance(inst.job_id, inst.claim_count, InstanceStatus.ERRORED, None, error)
+        try:
+            await self.write(finish)
+        except Exception:
+            log.exception(
+                "could not mark the crashed run errored; the rescuer will re-queue it",
+                extra={"event": "instance.crash_unrecorded", "job_id": inst.job_id},
+            )
+            return
+        FINISHED.labels(inst.workflow, InstanceStatus.ERRORED).inc()
 
     def _forget(self, inst: claims.Claimed) -> None:
         """The run of ``inst``'s claim is over: free its slot (a newer run's is kept)."""
