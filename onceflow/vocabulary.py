@@ -203,3 +203,51 @@ class ParentClosePolicy(StrEnum):
 
     TERMINATE = "terminate"  # terminated with the parent (the default)
     ABANDON = "abandon"  # left to run to its end
+
+
+class FrontEnd(StrEnum):
+    """``onceflow_operator_actions.front_end``: where an operator acted from."""
+
+    ADMIN_API = "admin_api"  # the ingest process's /v1/instances… and /v1/admin…
+    CONSOLE = "console"
+    CLI = "cli"
+
+
+class OperatorAction(StrEnum):
+    """``onceflow_operator_actions.action``: what an operator did or tried to do (the
+    audit trail, ``workflow_engine.store.operator_audit``). How it went is the
+    :class:`ActionResult`: a refused login is ``login`` / ``refused``."""
+
+    PAUSE = "pause"
+    RESUME = "resume"
+    TERMINATE = "terminate"
+    RESTART = "restart"
+    SEND_EVENT = "send_event"
+    BULK_PAUSE = "bulk_pause"  # a bulk operation started (its filter on the row)
+    BULK_RESUME = "bulk_resume"
+    BULK_TERMINATE = "bulk_terminate"
+    BULK_RESTART = "bulk_restart"
+    REDRIVE = "redrive"  # dead letters sent back to the jobs topic
+    LOGIN = "login"  # the console's login form
+    LOGOUT = "logout"
+    # A request refused at the door (401/403) whose action has no name of its own: a
+    # read of the admin API, a console form naming no known action. Only ever refused.
+    REQUEST = "request"
+
+    @classmethod
+    def of_control(cls, action: BulkAction) -> OperatorAction:
+        """The single-instance action of a control operation (pause, resume, …)."""
+        return cls(str(action))
+
+    @classmethod
+    def of_bulk(cls, action: BulkAction) -> OperatorAction:
+        """The action of starting a bulk ``action`` (``bulk_pause``, …)."""
+        return cls(f"bulk_{action}")
+
+
+class ActionResult(StrEnum):
+    """``onceflow_operator_actions.result``."""
+
+    OK = "ok"  # done (or, for a running instance, requested of its engine)
+    REFUSED = "refused"  # not allowed (key, scope, CSRF) or not applicable (state, input)
+    ERROR = "error"  # failed on the way (the database, Kafka): it may or may not be done

@@ -10,12 +10,15 @@ import sqlalchemy as sa
 
 from onceflow.vocabulary import (
     RUNNABLE_STATUSES,
+    ActionResult,
     AttemptOutcome,
     CatchupPolicy,
     ControlAction,
     DeadLetterReason,
+    FrontEnd,
     InstanceStatus,
     JobKind,
+    OperatorAction,
     Origin,
     OverlapPolicy,
     ParentClosePolicy,
@@ -49,6 +52,9 @@ def _quoted_values(definition: str) -> set[str]:
         ("onceflow_schedules_catchup_check", CatchupPolicy),
         ("onceflow_schedules_overlap_check", OverlapPolicy),
         ("onceflow_schedule_ticks_trigger_check", TickTrigger),
+        ("onceflow_operator_actions_front_end_check", FrontEnd),
+        ("onceflow_operator_actions_action_check", OperatorAction),
+        ("onceflow_operator_actions_result_check", ActionResult),
     ],
 )
 def test_check_constraint_allows_exactly_the_vocabulary(db, constraint, vocabulary):

@@ -68,6 +68,7 @@ PRODUCT = MigrationSet(
         "onceflow_schedule_ticks",
         "onceflow_rate_starts",
         "onceflow_flow_controls",
+        "onceflow_operator_actions",
     ),
 )
 

@@ -508,6 +508,41 @@ CREATE TABLE public.onceflow_migrations (
     checksum text
 );
 
+CREATE TABLE public.onceflow_operator_actions (
+    id bigint NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text NOT NULL,
+    front_end text NOT NULL,
+    action text NOT NULL,
+    result text NOT NULL,
+    workflow text,
+    job_id text,
+    filter jsonb,
+    bulk_id bigint,
+    client text,
+    detail text,
+    CONSTRAINT onceflow_operator_actions_action_check CHECK ((action = ANY (ARRAY['pause'::text, 'resume'::text, 'terminate'::text, 'restart'::text, 'send_event'::text, 'bulk_pause'::text, 'bulk_resume'::text, 'bulk_terminate'::text, 'bulk_restart'::text, 'redrive'::text, 'login'::text, 'logout'::text, 'request'::text]))),
+    CONSTRAINT onceflow_operator_actions_actor_length CHECK (((char_length(actor) >= 1) AND (char_length(actor) <= 200))),
+    CONSTRAINT onceflow_operator_actions_client_length CHECK ((char_length(client) <= 100)),
+    CONSTRAINT onceflow_operator_actions_detail_length CHECK ((char_length(detail) <= 1000)),
+    CONSTRAINT onceflow_operator_actions_filter_size CHECK ((pg_column_size(filter) <= 8192)),
+    CONSTRAINT onceflow_operator_actions_front_end_check CHECK ((front_end = ANY (ARRAY['admin_api'::text, 'console'::text, 'cli'::text]))),
+    CONSTRAINT onceflow_operator_actions_job_id_length CHECK ((char_length(job_id) <= 200)),
+    CONSTRAINT onceflow_operator_actions_result_check CHECK ((result = ANY (ARRAY['ok'::text, 'refused'::text, 'error'::text]))),
+    CONSTRAINT onceflow_operator_actions_workflow_length CHECK ((char_length(workflow) <= 200))
+);
+
+COMMENT ON TABLE public.onceflow_operator_actions IS 'Operator actions (admin API, console, CLI), console logins and refusals: the audit trail.';
+
+ALTER TABLE public.onceflow_operator_actions ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.onceflow_operator_actions_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
 CREATE TABLE public.onceflow_rate_starts (
     workflow text NOT NULL,
     key text,
@@ -659,6 +694,9 @@ ALTER TABLE ONLY public.onceflow_jobs
 ALTER TABLE ONLY public.onceflow_migrations
     ADD CONSTRAINT onceflow_migrations_pkey PRIMARY KEY (version);
 
+ALTER TABLE ONLY public.onceflow_operator_actions
+    ADD CONSTRAINT onceflow_operator_actions_pkey PRIMARY KEY (id);
+
 ALTER TABLE ONLY public.onceflow_schedule_ticks
     ADD CONSTRAINT onceflow_schedule_ticks_job_key UNIQUE (job_id);
 
@@ -714,6 +752,12 @@ CREATE INDEX onceflow_instances_updated_idx ON public.onceflow_instances USING b
 CREATE INDEX onceflow_instances_workflow_created_idx ON public.onceflow_instances USING btree (workflow, created_at, job_id);
 
 CREATE INDEX onceflow_instances_workflow_status_idx ON public.onceflow_instances USING btree (workflow, status);
+
+CREATE INDEX onceflow_operator_actions_actor_idx ON public.onceflow_operator_actions USING btree (actor, id);
+
+CREATE INDEX onceflow_operator_actions_at_idx ON public.onceflow_operator_actions USING btree (at);
+
+CREATE INDEX onceflow_operator_actions_job_idx ON public.onceflow_operator_actions USING btree (job_id, id) WHERE (job_id IS NOT NULL);
 
 CREATE INDEX onceflow_rate_starts_idx ON public.onceflow_rate_starts USING btree (workflow, started_at);
 
