@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 from console.auth import CSRF_COOKIE, Gatekeeper, is_https
 from console.deps import Console, render
 from console.pages import install_error_pages
-from console.routes import actions, dead_letters, instances, login, overview
+from console.routes import actions, audit, dead_letters, instances, login, overview
 from onceflow.settings import Settings
 from workflow_engine.store.bulk_runner import BulkRunner
 from workflow_engine.store.db import shared_engine
@@ -45,7 +45,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     )
     app.state.console = state
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
-    for module in (login, overview, instances, actions, dead_letters):
+    for module in (login, overview, instances, actions, dead_letters, audit):
         app.include_router(module.router)
     app.middleware("http")(csrf_cookie_and_headers)
     app.middleware("http")(refuse_nul)  # added last: runs first

@@ -11,11 +11,12 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.engine import Engine
 
-from console import views
-from console.auth import CONTROL, READ, Gatekeeper, Principal, check_csrf, csrf_token
+from console import operators, views
+from console.auth import CONTROL, READ, Denied, Gatekeeper, Principal, check_csrf, csrf_token
 from console.forms import Form, read_form
 from onceflow.settings import Settings
 from workflow_engine.store.bulk_runner import BulkRunner
+from workflow_engine.store.operator_audit import Actor
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -46,14 +47,28 @@ def reader(request: Request, c: ConsoleDep) -> Principal:
 
 async def control_form(request: Request, c: ConsoleDep) -> Form:
     """A POST that acts: the key must hold ``instances:control`` and the CSRF token
-    must match. Returns the parsed form."""
-    c.gate.require(request, CONTROL)
-    form = await read_form(request)
-    check_csrf(request, form.as_dict())
+    must match. Returns the parsed form. A refusal is recorded in the operators' audit
+    trail, as the action the form was for."""
+    try:
+        c.gate.require(request, CONTROL)
+        form = await read_form(request)
+        check_csrf(request, form.as_dict())
+    except Denied as exc:
+        await operators.refused(request, c, exc)
+        raise
     return form
 
 
 ControlForm = Annotated[Form, Depends(control_form)]
+
+
+def operator(request: Request, c: ConsoleDep) -> Actor:
+    """Who acts (``console:<key name>``), for the store functions that record it; the
+    routes declare it after :data:`ControlForm`, which has checked the key."""
+    return operators.actor_of(request, c)
+
+
+Operator = Annotated[Actor, Depends(operator)]
 
 
 def render(

@@ -21,6 +21,7 @@ import orjson
 from onceflow.errors import OnceflowError
 from onceflow.settings import SCOPES, Settings, get_settings
 from onceflow.vocabulary import DeadLetterReason, InstanceStatus
+from onceflow_cli.operator_log import audit_actions
 from onceflow_cli.schedules import schedules
 
 if TYPE_CHECKING:
@@ -275,9 +276,10 @@ def instances_list(
 
 
 def _control(op: str, workflow: str, job_id: str) -> None:
+    from onceflow_cli.operator_log import cli_actor
     from workflow_engine.store import control
 
-    result = getattr(control, op)(_db(), workflow, job_id)
+    result = getattr(control, op)(_db(), workflow, job_id, actor=cli_actor())
     click.echo(result.describe())
 
 
@@ -317,6 +319,7 @@ def _bulk(op: str, filter_text: str, dry_run: bool, yes: bool, batch: int) -> No
     """``instances <op> --filter …``: count, confirm, then apply in batches with a
     progress line per batch."""
     from onceflow.vocabulary import BulkAction
+    from onceflow_cli.operator_log import cli_actor
     from workflow_engine.store import bulk
     from workflow_engine.store.listing import InstanceFilter, count_matching
 
@@ -332,7 +335,7 @@ def _bulk(op: str, filter_text: str, dry_run: bool, yes: bool, batch: int) -> No
         return
     if not yes:
         click.confirm(f"{what.capitalize()}?", abort=True, err=True)
-    started = bulk.start_bulk(db, BulkAction(op), f)
+    started = bulk.start_bulk(db, BulkAction(op), f, actor=cli_actor())
     click.echo(f"bulk {op} #{started.id} started on {started.total} instance(s)")
 
     def progress(o: bulk.BulkOperation) -> None:
@@ -401,13 +404,14 @@ for _op, _help in _CONTROL_OPERATIONS.items():
 @click.argument("payload", required=False, default=None)
 def instances_send_event(workflow: str, job_id: str, event_type: str, payload: str | None) -> None:
     """Send an event (PAYLOAD is JSON) to an instance; it wakes if it waits for one."""
+    from onceflow_cli.operator_log import cli_actor
     from workflow_engine.store.control import send_event
 
     try:
         value = orjson.loads(payload) if payload is not None else None
     except orjson.JSONDecodeError as exc:
         raise OnceflowError(f"payload is not valid JSON: {exc}") from None
-    event_id = send_event(_db(), workflow, job_id, event_type, value)
+    event_id = send_event(_db(), workflow, job_id, event_type, value, actor=cli_actor())
     click.echo(f"{job_id}: event {event_type!r} stored (id {event_id})")
 
 
@@ -478,6 +482,7 @@ def dead_letters_redrive(
     one that already has an instance or a succeeded task is skipped (it would only
     collapse as a duplicate), a truncated letter is refused."""
     from onceflow.redrive import parse_position, read_dead_letters
+    from onceflow_cli.operator_log import cli_actor
     from workflow_engine.store.redrives import Verdict, redrive_letters
 
     if sum((everything, reason is not None, bool(positions))) != 1:
@@ -493,7 +498,7 @@ def dead_letters_redrive(
             letters.append(found[0])
     else:
         letters = _all_letters(settings, reason)
-    report = redrive_letters(settings, _db(), letters, dry_run=dry_run)
+    report = redrive_letters(settings, _db(), letters, dry_run=dry_run, actor=cli_actor())
     for outcome in report.outcomes:
         click.echo(outcome.line(), err=outcome.verdict == Verdict.FAILED)
     click.echo(report.summary())
@@ -561,10 +566,14 @@ def trace(job_id: str, as_json: bool) -> None:
         click.echo(render_trace(job_id, events))
 
 
-@cli.command()
+@cli.group(invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def audit(as_json: bool) -> None:
-    """Check that every accepted job id has exactly one instance or task run."""
+@click.pass_context
+def audit(ctx: click.Context, as_json: bool) -> None:
+    """Check that every accepted job id has exactly one instance or task run
+    (`onceflow audit`); `onceflow audit actions` lists the operators' audit trail."""
+    if ctx.invoked_subcommand is not None:
+        return
     from onceflow_cli.audit import run_audit
 
     report = run_audit(_settings(), _db())
@@ -603,6 +612,7 @@ def keys_new(name: str, scopes: tuple[str, ...]) -> None:
 
 
 cli.add_command(schedules)  # onceflow_cli/schedules.py
+audit.add_command(audit_actions)  # onceflow_cli/operator_log.py
 
 
 def _fail(message: str) -> None:
@@ -628,7 +638,17 @@ def _explain(exc: Exception) -> str:
     return f"unexpected {type(exc).__name__}: {exc}"
 
 
+def _quiet_operator_log() -> None:
+    """The CLI prints what it did (or one line of why not); the store's log line of an
+    operator action would be printed beside it on stderr by Python's last-resort
+    handler. Its row in the audit trail is the CLI's record (`onceflow audit actions`)."""
+    import logging
+
+    logging.getLogger("workflow_engine.store.operator_audit").addHandler(logging.NullHandler())
+
+
 def main() -> None:
+    _quiet_operator_log()
     try:
         _add_plugin_commands(cli)
         cli.main(standalone_mode=False)

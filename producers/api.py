@@ -3,6 +3,7 @@
     producers/routes/jobs.py    POST /v1/jobs, GET /v1/jobs/{job_id}
     producers/routes/admin.py   /v1/instances (inspect and control instances)
     producers/routes/schedules.py  /v1/schedules (create, pause, backfill schedules)
+    producers/routes/audit.py   /v1/admin/audit (the operators' audit trail)
     producers/routes/health.py  /healthz, /readyz
     /docs                       the API's documentation, from assets this package ships
 
@@ -32,7 +33,7 @@ from producers.errors import install_error_handlers
 from producers.kafka import JobProducer, JobSender
 from producers.models import BatchIn, ErrorBody, JobIn
 from producers.responses import error_response
-from producers.routes import admin, health, jobs, schedules
+from producers.routes import admin, audit, health, jobs, schedules
 from producers.tracing import TracedSender, TraceRequests
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ def create_app(settings: Settings, producer: JobSender | None = None) -> FastAPI
     if settings.admin_api_enabled:
         app.include_router(admin.router)
         app.include_router(schedules.router)
+        app.include_router(audit.router)
         app.include_router(jobs.status_router)
     app.include_router(health.router)
     app.openapi = partial(_openapi, app, ingest.known_types)  # type: ignore[method-assign]

@@ -28,6 +28,15 @@ class Authenticator:
     def identify(self, presented: str) -> ApiKey | None:
         return self._ring.identify(presented)
 
+    def claimed_name(self, headers: Mapping[str, str]) -> str:
+        """Who a refused request says it is, for the audit trail: its key's name, or
+        ``(no key)`` / ``(unknown key)``; never the key."""
+        presented = _presented_key(headers)
+        if presented is None:
+            return "(no key)"
+        key = self.identify(presented)
+        return key.name if key is not None else "(unknown key)"
+
     def authenticate(self, request: Request, scope: str) -> str:
         """The caller's identity if its key holds ``scope``; else RequestError 401/403."""
         return self.check(request.headers, request.client.host if request.client else None, scope)

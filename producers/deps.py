@@ -14,11 +14,15 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 from sqlalchemy.engine import Engine
+from starlette.concurrency import run_in_threadpool
 
 from onceflow.settings import SCOPES, Settings
+from onceflow.vocabulary import ActionResult, OperatorAction
 from producers.auth import Authenticator
 from producers.kafka import JobSender
 from producers.limits import ClientLimiter
+from producers.models import RequestError
+from workflow_engine.store.operator_audit import Actor
 
 if TYPE_CHECKING:
     from workflow_engine.store.bulk_runner import BulkRunner
@@ -88,15 +92,67 @@ async def get_ingest(request: Request) -> Ingest:
 IngestDep = Annotated[Ingest, Depends(get_ingest)]
 
 
-def require(scope: str) -> Callable[..., Awaitable[str]]:
-    """A dependency giving the caller's identity, if its API key holds ``scope``."""
+#: What a refused admin request was trying to do: an action, or one named by the request.
+AuditAs = OperatorAction | Callable[[Request], OperatorAction]
+
+
+def require(scope: str, audit_as: AuditAs | None = None) -> Callable[..., Awaitable[str]]:
+    """A dependency giving the caller's identity, if its API key holds ``scope``.
+
+    With ``audit_as`` (the admin routes), a refusal (401/403) is recorded in the
+    operators' audit trail as that action before it is answered; without it (the
+    submit path, which must not need PostgreSQL), it is not."""
     if scope not in SCOPES:
         raise ValueError(f"unknown scope {scope!r}")
 
     async def caller(request: Request, ingest: IngestDep) -> str:
-        return ingest.auth.authenticate(request, scope)
+        try:
+            return ingest.auth.authenticate(request, scope)
+        except RequestError as exc:
+            if audit_as is not None:
+                action = audit_as if isinstance(audit_as, OperatorAction) else audit_as(request)
+                await run_in_threadpool(_record_refusal, ingest, request, action, exc)
+            raise
 
     return caller
+
+
+def operator(action: AuditAs) -> Callable[..., Awaitable[Actor]]:
+    """A dependency giving the :class:`Actor` of a control request (its key must hold
+    ``instances:control``; a refusal is recorded as ``action``): what the route hands
+    the store, which records the action itself."""
+    # A default, not Annotated[str, Depends(check)]: the annotations are strings (PEP
+    # 563) that FastAPI resolves in the module's globals, where ``check`` is not.
+    check = Depends(require("instances:control", audit_as=action))
+
+    async def actor(request: Request, name: str = check) -> Actor:
+        return Actor.admin_api(name, _peer(request))
+
+    return actor
+
+
+def _peer(request: Request) -> str | None:
+    return request.client.host if request.client else None
+
+
+def _record_refusal(
+    ingest: Ingest, request: Request, action: OperatorAction, exc: RequestError
+) -> None:
+    """One row and one log line for a refused admin request (best effort: the answer
+    is the refusal whether or not the database takes the row)."""
+    from workflow_engine.store import operator_audit
+    from workflow_engine.store.db import shared_engine
+
+    who = Actor.admin_api(ingest.auth.claimed_name(request.headers), _peer(request))
+    refused = operator_audit.entry(
+        who,
+        action,
+        ActionResult.REFUSED,
+        workflow=request.path_params.get("workflow"),
+        job_id=request.path_params.get("job_id"),
+        detail=f"{exc.status} {request.method} {request.url.path}: {exc.body.message}",
+    )
+    operator_audit.record_quietly(shared_engine(ingest.settings.database_url), refused)
 
 
 async def get_db(ingest: IngestDep) -> Engine:

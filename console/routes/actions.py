@@ -12,7 +12,7 @@ import orjson
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import RedirectResponse, Response
 
-from console.deps import Console, ConsoleDep, ControlForm, reader, render
+from console.deps import Console, ConsoleDep, ControlForm, Operator, reader, render
 from console.forms import Form
 from console.metrics import ACTIONS
 from onceflow.instance_events import InvalidEvent, check_event
@@ -42,6 +42,7 @@ def send_event(
     job_id: str,
     form: ControlForm,
     c: ConsoleDep,
+    actor: Operator,
 ) -> Response:
     view = describe_instance(c.engine, job_id)
     if view is None:
@@ -74,7 +75,7 @@ def send_event(
             },
             400 if error else 200,
         )
-    event_id = control.send_event(c.engine, view.workflow, job_id, event_type, payload)
+    event_id = control.send_event(c.engine, view.workflow, job_id, event_type, payload, actor=actor)
     ACTIONS.labels("send-event").inc()
     log.info("event sent", extra={"event": "console.send_event", "job_id": job_id})
     return RedirectResponse(
@@ -89,6 +90,7 @@ def instance_action(
     action: str,
     form: ControlForm,
     c: ConsoleDep,
+    actor: Operator,
 ) -> Response:
     operation = _CONTROL.get(action)
     if operation is None:
@@ -111,7 +113,7 @@ def instance_action(
                 "back": f"/instances/{quote(job_id)}",
             },
         )
-    result = operation(c.engine, view.workflow, job_id)
+    result = operation(c.engine, view.workflow, job_id, actor=actor)
     ACTIONS.labels(action).inc()
     log.info("instance %s", action, extra={"event": f"console.{action}", "job_id": job_id})
     return RedirectResponse(
@@ -120,7 +122,7 @@ def instance_action(
 
 
 @router.post("/bulk")
-def start_bulk(request: Request, form: ControlForm, c: ConsoleDep) -> Response:
+def start_bulk(request: Request, form: ControlForm, c: ConsoleDep, actor: Operator) -> Response:
     try:
         action = BulkAction(form.get("action"))
     except ValueError:
@@ -144,7 +146,7 @@ def start_bulk(request: Request, form: ControlForm, c: ConsoleDep) -> Response:
                 + "&".join(f"{k}={quote(v)}" for k, v in f.as_params().items()),
             },
         )
-    op = c.bulk.submit(action, f)
+    op = c.bulk.submit(action, f, actor=actor)
     ACTIONS.labels(f"bulk-{action}").inc()
     log.info("bulk %s started", action, extra={"event": "console.bulk.start"})
     return RedirectResponse(f"/bulk/{op.id}", status_code=303)

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from console.deps import Console, ConsoleDep, ControlForm, reader, render
+from console.deps import Console, ConsoleDep, ControlForm, Operator, reader, render
 from console.metrics import REDRIVES
 from onceflow.redrive import DeadLetterRecord, parse_position, read_dead_letters
 from onceflow.vocabulary import DeadLetterReason
@@ -63,7 +63,9 @@ def dead_letters_page(
 
 
 @router.post("/dead-letters/redrive")
-def redrive_records(request: Request, form: ControlForm, c: ConsoleDep) -> Response:
+def redrive_records(
+    request: Request, form: ControlForm, c: ConsoleDep, actor: Operator
+) -> Response:
     reason = form.get("reason")
     wanted = set(form.getlist("record"))
     every = form.get("all") == "yes"
@@ -91,7 +93,7 @@ def redrive_records(request: Request, form: ControlForm, c: ConsoleDep) -> Respo
             },
             200 if chosen else 400,
         )
-    report = redrive_letters(c.settings, c.engine, chosen)
+    report = redrive_letters(c.settings, c.engine, chosen, actor=actor)
     sent = report.count(Verdict.REDRIVEN)
     REDRIVES.inc(sent)
     log.info(

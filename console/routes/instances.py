@@ -14,11 +14,13 @@ from workflow_engine.store.claim import load_steps
 from workflow_engine.store.dead_letters import dead_letters_for
 from workflow_engine.store.instances import describe_instance
 from workflow_engine.store.listing import SORTS, InstanceFilter, count_matching, list_page
+from workflow_engine.store.operator_audit import ActionFilter, list_actions
 from workflow_engine.store.trace import job_trace
 
 router = APIRouter(dependencies=[Depends(reader)])
 
 COUNT_CAP = 100_000  # beyond this the list says "100000+" instead of counting on
+OPERATOR_ACTIONS_SHOWN = 20  # an instance's latest operator actions; /audit has the rest
 
 
 @router.get("/instances")
@@ -64,6 +66,9 @@ def instance_page(request: Request, job_id: str, c: ConsoleDep, done: str = "") 
         "outputs": outputs,
         "trace": job_trace(c.engine, job_id),
         "dead_letters": dead_letters_for(c.engine, job_id),
+        "operator_actions": list_actions(
+            c.engine, ActionFilter(job_id=job_id), limit=OPERATOR_ACTIONS_SHOWN
+        ),
         "terminal": view.status in TERMINAL_STATUSES,
         "paused": view.status == InstanceStatus.PAUSED,
         "sql": f"SELECT * FROM job_trace('{job_id.replace(chr(39), chr(39) * 2)}');",

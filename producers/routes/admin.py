@@ -25,20 +25,20 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, field_validator
-from sqlalchemy.engine import Engine
 
 from onceflow.instance_events import MAX_EVENT_PAYLOAD_BYTES, MAX_EVENT_TYPE_CHARS, InvalidEvent
-from onceflow.vocabulary import BulkAction, InstanceStatus
-from producers.deps import DbDep, IngestDep, require
+from onceflow.vocabulary import BulkAction, InstanceStatus, OperatorAction
+from producers.deps import DbDep, IngestDep, operator, require
 from producers.errors import error_responses
 from producers.models import FieldError, RequestError
 from workflow_engine.store import bulk, control, listing
 from workflow_engine.store.instances import describe_instance
+from workflow_engine.store.operator_audit import Actor
 from workflow_engine.store.schedules import tick_of
 
 log = logging.getLogger(__name__)
@@ -50,8 +50,20 @@ router = APIRouter(
     tags=["instances"],
     responses=error_responses(400, 401, 403, 404, 409, 422),
 )
-_READ = [Depends(require("jobs:read"))]
-_CONTROL = [Depends(require("instances:control"))]
+# A refused request is recorded in the operators' audit trail (a read as "request"; a
+# control request as its action, by the ``operator`` dependency that names the actor).
+_READ = [Depends(require("jobs:read", audit_as=OperatorAction.REQUEST))]
+
+
+def _bulk_action_of(request: Request) -> OperatorAction:
+    try:
+        return OperatorAction.of_bulk(BulkAction(request.path_params.get("action", "")))
+    except ValueError:
+        return OperatorAction.REQUEST
+
+
+BulkOperator = Annotated[Actor, Depends(operator(_bulk_action_of))]
+EventOperator = Annotated[Actor, Depends(operator(OperatorAction.SEND_EVENT))]
 
 
 class EventIn(BaseModel):
@@ -170,19 +182,22 @@ def _op_body(op: bulk.BulkOperation) -> dict[str, Any]:
     return body
 
 
-@router.post("/bulk/{action}", dependencies=_CONTROL, status_code=202)
-def start_bulk(action: BulkAction, body: BulkIn, engine: DbDep, ingest: IngestDep) -> Any:
+@router.post("/bulk/{action}", status_code=202)
+def start_bulk(
+    action: BulkAction, body: BulkIn, engine: DbDep, ingest: IngestDep, actor: BulkOperator
+) -> Any:
     """Apply ``action`` to every instance the filter matches, in the background (the
     process's bulk runner, which also resumes operations a dead process left running);
     poll ``GET /v1/instances/bulk/{id}``. With ``dry_run``, only count them (200). An
-    empty filter is refused (400), as everywhere."""
-    f = _filtered(lambda: bulk.refuse_empty(listing.InstanceFilter.parse(body.filter)))
+    empty filter is refused (400), as everywhere: by the store when the operation
+    starts, which records the refusal in the audit trail (a dry run is not recorded)."""
+    f = _filtered(lambda: listing.InstanceFilter.parse(body.filter))
     if body.dry_run:
-        n = listing.count_matching(engine, f)
+        n = listing.count_matching(engine, _filtered(lambda: bulk.refuse_empty(f)))
         return JSONResponse(
             {"action": str(action), "filter": f.describe(), "dry_run": True, "count": n}
         )
-    op = _filtered(lambda: ingest.bulk_runner(engine).submit(action, f))
+    op = _filtered(lambda: ingest.bulk_runner(engine).submit(action, f, actor=actor))
     return _op_body(op)
 
 
@@ -208,9 +223,13 @@ def describe(workflow: str, job_id: str, engine: DbDep) -> dict[str, Any]:
     return {**view.to_dict(), "schedule_tick": asdict(tick) if tick else None}
 
 
-def _add_control_route(name: str, operation: Callable[[Engine, str, str], Any]) -> None:
-    def op(workflow: str, job_id: str, engine: DbDep) -> ControlOut:
-        result = _guarded(lambda: operation(engine, workflow, job_id))
+def _add_control_route(name: str, operation: Callable[..., Any]) -> None:
+    # A default, not an Annotated alias: the annotations are strings (PEP 563) that
+    # FastAPI resolves in the module's globals, where a local alias is not.
+    acting = Depends(operator(OperatorAction(name)))
+
+    def op(workflow: str, job_id: str, engine: DbDep, actor: Actor = acting) -> ControlOut:
+        result = _guarded(lambda: operation(engine, workflow, job_id, actor=actor))
         return ControlOut(**result.__dict__)
 
     router.add_api_route(
@@ -219,7 +238,6 @@ def _add_control_route(name: str, operation: Callable[[Engine, str, str], Any]) 
         methods=["POST"],
         response_model=ControlOut,
         name=f"{name}_instance",
-        dependencies=_CONTROL,
         summary=f"{name.capitalize()} an instance",
     )
 
@@ -230,9 +248,11 @@ _add_control_route("terminate", control.terminate)
 _add_control_route("restart", control.restart)
 
 
-@router.post("/{workflow}/{job_id}/events", status_code=202, dependencies=_CONTROL)
-def send_event(workflow: str, job_id: str, event: EventIn, engine: DbDep) -> dict[str, Any]:
+@router.post("/{workflow}/{job_id}/events", status_code=202)
+def send_event(
+    workflow: str, job_id: str, event: EventIn, engine: DbDep, actor: EventOperator
+) -> dict[str, Any]:
     event_id = _guarded(
-        lambda: control.send_event(engine, workflow, job_id, event.type, event.payload)
+        lambda: control.send_event(engine, workflow, job_id, event.type, event.payload, actor=actor)
     )
     return {"job_id": job_id, "event_id": event_id, "type": event.type}

@@ -22,6 +22,7 @@ from onceflow.envelope import JobEnvelope
 from onceflow.ids import new_job_id, new_request_id, new_traceparent
 from onceflow.logs import EventLog
 from onceflow.settings import Settings
+from onceflow.vocabulary import OperatorAction
 from producers.broker_link import KafkaUnreachable
 from producers.deps import DbDep, Ingest, IngestDep, require
 from producers.errors import error_responses, unexpected_error
@@ -357,7 +358,9 @@ def _kafka_unreachable(
     return error_response(503, body, headers)
 
 
-@status_router.get("/{job_id}", dependencies=[Depends(require("jobs:read"))])
+@status_router.get(
+    "/{job_id}", dependencies=[Depends(require("jobs:read", audit_as=OperatorAction.REQUEST))]
+)
 def get_job(job_id: str, ingest: IngestDep, engine: DbDep) -> Any:
     """What became of a job: its instance or task run; 410 when its record was
     dead-lettered (why and where); else how far the queue is behind (404 with the lag)."""

@@ -26,7 +26,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, Field, field_validator
 
 from onceflow.ticks import MAX_EVERY_SECONDS, SCHEDULE_NAME_PATTERN, InvalidSchedule, TickSpec
-from onceflow.vocabulary import CatchupPolicy, OverlapPolicy
+from onceflow.vocabulary import CatchupPolicy, OperatorAction, OverlapPolicy
 from producers.deps import DbDep, require
 from producers.errors import error_responses
 from producers.models import RequestError, exact_json_object, params_problem
@@ -39,8 +39,10 @@ router = APIRouter(
     tags=["schedules"],
     responses=error_responses(400, 401, 403, 404, 409, 422),
 )
-_READ = [Depends(require("jobs:read"))]
-_CONTROL = [Depends(require("instances:control"))]
+# A refused request is recorded in the operators' audit trail as a "request" (method
+# and path in its detail); the schedule changes themselves are not recorded yet.
+_READ = [Depends(require("jobs:read", audit_as=OperatorAction.REQUEST))]
+_CONTROL = [Depends(require("instances:control", audit_as=OperatorAction.REQUEST))]
 
 
 class ScheduleIn(BaseModel):

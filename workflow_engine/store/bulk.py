@@ -43,11 +43,13 @@ from onceflow.vocabulary import (
     BulkStatus,
     ControlAction,
     InstanceStatus,
+    OperatorAction,
 )
-from workflow_engine.store import control
+from workflow_engine.store import control, operator_audit
 from workflow_engine.store.db import is_transient, retry_on_deadlock
 from workflow_engine.store.instances import notify_runnable
 from workflow_engine.store.listing import InstanceFilter, InvalidFilter, where_clause
+from workflow_engine.store.operator_audit import Actor
 
 log = logging.getLogger(__name__)
 
@@ -121,13 +123,29 @@ def _op(row: Row) -> BulkOperation:
     )
 
 
-def start_bulk(engine: Engine, action: BulkAction, f: InstanceFilter) -> BulkOperation:
+def start_bulk(
+    engine: Engine, action: BulkAction, f: InstanceFilter, *, actor: Actor | None = None
+) -> BulkOperation:
     """Record a bulk operation and the job ids ``f`` matches now (``total``); nothing is
     applied yet (:func:`run_bulk` does). An operation matching nothing is complete.
-    Raises :class:`EmptyFilter` for a filter that narrows nothing."""
+    Raises :class:`EmptyFilter` for a filter that narrows nothing.
+
+    With an ``actor``, the operator's audit-trail row (``bulk_<action>``, the filter,
+    the operation's id) commits with the operation; a refusal is recorded on its own."""
     action = BulkAction(action)
+    audit_as = OperatorAction.of_bulk(action)
+    with operator_audit.failures_recorded(engine, actor, audit_as, filter=f.as_params()):
+        op, audited = _start(engine, action, f, actor)
+    operator_audit.announce(audited)
+    return op
+
+
+def _start(
+    engine: Engine, action: BulkAction, f: InstanceFilter, actor: Actor | None
+) -> tuple[BulkOperation, operator_audit.ActionEntry | None]:
     refuse_empty(f)
     where, params = where_clause(f)
+    audited = None
     with engine.begin() as conn:
         op_id = conn.execute(
             sa.text(
@@ -152,7 +170,16 @@ def start_bulk(engine: Engine, action: BulkAction, f: InstanceFilter) -> BulkOpe
             ),
             {"n": total, "op": op_id},
         ).one()
-    op = _op(row)
+        op = _op(row)
+        if actor is not None:
+            audited = operator_audit.record(
+                conn,
+                actor,
+                OperatorAction.of_bulk(action),
+                filter=f.as_params(),
+                bulk_id=op.id,
+                detail=f"bulk {action} #{op.id} started on {total} instance(s)",
+            )
     log.info(
         "bulk %s #%d started on %d instance(s)",
         action,
@@ -160,7 +187,7 @@ def start_bulk(engine: Engine, action: BulkAction, f: InstanceFilter) -> BulkOpe
         total,
         extra={"event": "bulk.started", "bulk_id": op.id, "filter": op.filter},
     )
-    return op
+    return op, audited
 
 
 def bulk_status(engine: Engine, op_id: int) -> BulkOperation | None:

@@ -28,6 +28,7 @@ from onceflow.vocabulary import BulkAction
 from workflow_engine.store import bulk
 from workflow_engine.store.db import is_transient
 from workflow_engine.store.listing import InstanceFilter
+from workflow_engine.store.operator_audit import Actor
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +77,13 @@ class BulkRunner:
         self._wake.set()
         thread.join(timeout)
 
-    def submit(self, action: BulkAction, f: InstanceFilter) -> bulk.BulkOperation:
+    def submit(
+        self, action: BulkAction, f: InstanceFilter, *, actor: Actor | None = None
+    ) -> bulk.BulkOperation:
         """Record an operation (:func:`~workflow_engine.store.bulk.start_bulk`, which
-        refuses an empty filter) and have the loop run it now."""
-        op = bulk.start_bulk(self.engine, action, f)
+        refuses an empty filter and records the ``actor``'s start in the audit trail)
+        and have the loop run it now."""
+        op = bulk.start_bulk(self.engine, action, f, actor=actor)
         if not op.finished:
             with self._lock:  # the loop's exit checks the wake-up under the same lock
                 self._wake.set()

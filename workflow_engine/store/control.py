@@ -21,12 +21,14 @@ from onceflow.vocabulary import (
     BulkAction,
     ControlAction,
     InstanceStatus,
+    OperatorAction,
     ParentClosePolicy,
 )
-from workflow_engine.store import children
+from workflow_engine.store import children, operator_audit
 from workflow_engine.store.db import retry_on_deadlock
 from workflow_engine.store.fragments import held as lease_held
 from workflow_engine.store.instances import notify_runnable as _notify
+from workflow_engine.store.operator_audit import ActionEntry, Actor
 from workflow_engine.store.writes import Lease
 
 #: What :func:`apply_requested` answers when this engine no longer holds the instance.
@@ -140,7 +142,9 @@ def transition(
 
 
 @retry_on_deadlock
-def _operate(engine: Engine, action: BulkAction, workflow: str, job_id: str) -> ControlResult:
+def _operate(
+    engine: Engine, action: BulkAction, workflow: str, job_id: str, actor: Actor | None
+) -> tuple[ControlResult, ActionEntry | None]:
     with engine.begin() as conn:
         status, requested = _lock(conn, workflow, job_id)
         done = transition(conn, job_id, action, status, requested)
@@ -148,23 +152,57 @@ def _operate(engine: Engine, action: BulkAction, workflow: str, job_id: str) -> 
             raise ControlError(done.refused)
         if done.runnable:
             _notify(conn)
-        return ControlResult(job_id, done.status, done.requested)
+        result = ControlResult(job_id, done.status, done.requested)
+        # The operator's row commits with the change, or neither does.
+        audited = None
+        if actor is not None:
+            audited = operator_audit.record(
+                conn,
+                actor,
+                OperatorAction.of_control(action),
+                workflow=workflow,
+                job_id=job_id,
+                detail=result.describe(),
+            )
+        return result, audited
 
 
-def pause(engine: Engine, workflow: str, job_id: str) -> ControlResult:
-    return _operate(engine, BulkAction.PAUSE, workflow, job_id)
+def _control(
+    engine: Engine, action: BulkAction, workflow: str, job_id: str, actor: Actor | None
+) -> ControlResult:
+    """One operator action on one instance; with an ``actor``, recorded in the audit
+    trail (:mod:`workflow_engine.store.operator_audit`): in the same transaction when it
+    applies, in one of its own when it is refused or fails."""
+    with operator_audit.failures_recorded(
+        engine, actor, OperatorAction.of_control(action), workflow=workflow, job_id=job_id
+    ):
+        result, audited = _operate(engine, action, workflow, job_id, actor)
+    operator_audit.announce(audited)
+    return result
 
 
-def resume(engine: Engine, workflow: str, job_id: str) -> ControlResult:
-    return _operate(engine, BulkAction.RESUME, workflow, job_id)
+def pause(
+    engine: Engine, workflow: str, job_id: str, *, actor: Actor | None = None
+) -> ControlResult:
+    return _control(engine, BulkAction.PAUSE, workflow, job_id, actor)
 
 
-def terminate(engine: Engine, workflow: str, job_id: str) -> ControlResult:
-    return _operate(engine, BulkAction.TERMINATE, workflow, job_id)
+def resume(
+    engine: Engine, workflow: str, job_id: str, *, actor: Actor | None = None
+) -> ControlResult:
+    return _control(engine, BulkAction.RESUME, workflow, job_id, actor)
 
 
-def restart(engine: Engine, workflow: str, job_id: str) -> ControlResult:
-    return _operate(engine, BulkAction.RESTART, workflow, job_id)
+def terminate(
+    engine: Engine, workflow: str, job_id: str, *, actor: Actor | None = None
+) -> ControlResult:
+    return _control(engine, BulkAction.TERMINATE, workflow, job_id, actor)
+
+
+def restart(
+    engine: Engine, workflow: str, job_id: str, *, actor: Actor | None = None
+) -> ControlResult:
+    return _control(engine, BulkAction.RESTART, workflow, job_id, actor)
 
 
 def apply_terminate(conn: Connection, job_id: str) -> None:
@@ -282,7 +320,13 @@ def apply_requested(engine: Engine, lease: Lease, job_id: str) -> tuple[str, str
 
 
 def send_event(
-    engine: Engine, workflow: str, job_id: str, event_type: str, payload: Any = None
+    engine: Engine,
+    workflow: str,
+    job_id: str,
+    event_type: str,
+    payload: Any = None,
+    *,
+    actor: Actor | None = None,
 ) -> int:
     """Store an event for the instance and wake it if it waits; return the event id.
 
@@ -295,26 +339,38 @@ def send_event(
 
     The event is checked first (:func:`onceflow.instance_events.check_event`: the type
     pattern and the size caps, for every front end alike); a refused one raises
-    :class:`~onceflow.instance_events.InvalidEvent` and nothing is stored."""
-    encoded = check_event(event_type, payload)
-    with engine.begin() as conn:
-        status, _ = _lock(conn, workflow, job_id)
-        if status in TERMINAL_STATUSES:
-            raise ControlError(f"{job_id} is {status}; it takes no more events")
-        event_id = conn.execute(
-            sa.text(
-                "INSERT INTO onceflow_events (job_id, type, payload)"
-                " VALUES (:j, :t, CAST(:p AS jsonb)) RETURNING id"
-            ),
-            {"j": job_id, "t": event_type, "p": encoded.decode()},
-        ).scalar_one()
-        if status == InstanceStatus.WAITING:
-            conn.execute(
-                sa.text("UPDATE onceflow_instances SET run_after = now() WHERE job_id = :j"),
-                {"j": job_id},
-            )
-            _notify(conn)
-        return int(event_id)
+    :class:`~onceflow.instance_events.InvalidEvent` and nothing is stored.
+
+    With an ``actor``, the event and its audit-trail row commit together; a refusal is
+    recorded on its own (:func:`_control` does the same for the other actions)."""
+    target = {"workflow": workflow, "job_id": job_id}
+    with operator_audit.failures_recorded(engine, actor, OperatorAction.SEND_EVENT, **target):
+        encoded = check_event(event_type, payload)
+        with engine.begin() as conn:
+            status, _ = _lock(conn, workflow, job_id)
+            if status in TERMINAL_STATUSES:
+                raise ControlError(f"{job_id} is {status}; it takes no more events")
+            event_id = conn.execute(
+                sa.text(
+                    "INSERT INTO onceflow_events (job_id, type, payload)"
+                    " VALUES (:j, :t, CAST(:p AS jsonb)) RETURNING id"
+                ),
+                {"j": job_id, "t": event_type, "p": encoded.decode()},
+            ).scalar_one()
+            if status == InstanceStatus.WAITING:
+                conn.execute(
+                    sa.text("UPDATE onceflow_instances SET run_after = now() WHERE job_id = :j"),
+                    {"j": job_id},
+                )
+                _notify(conn)
+            audited = None
+            if actor is not None:
+                what = f"event {event_type!r} stored (id {event_id})"
+                audited = operator_audit.record(
+                    conn, actor, OperatorAction.SEND_EVENT, detail=what, **target
+                )
+    operator_audit.announce(audited)
+    return int(event_id)
 
 
 @dataclass(frozen=True)

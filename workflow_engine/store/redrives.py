@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -34,8 +35,9 @@ from onceflow.envelope import JobEnvelope
 from onceflow.errors import InvalidEnvelope
 from onceflow.redrive import DeadLetterRecord, redrive
 from onceflow.settings import Settings
-from onceflow.vocabulary import TaskRunStatus
-from workflow_engine.store import task_runs
+from onceflow.vocabulary import ActionResult, OperatorAction, TaskRunStatus
+from workflow_engine.store import operator_audit, task_runs
+from workflow_engine.store.operator_audit import Actor
 
 
 class Verdict(StrEnum):
@@ -159,17 +161,58 @@ def _instance_statuses(engine: Engine, job_ids: list[str]) -> dict[str, str]:
     return {job_id: status for job_id, status in rows}
 
 
+#: Positions and job ids a re-drive's audit-trail row names (its count says how many).
+_AUDITED_LETTERS = 50
+
+
 def redrive_letters(
     settings: Settings,
     engine: Engine,
     letters: Sequence[DeadLetterRecord],
     dry_run: bool = False,
     timeout: float = 30.0,
+    *,
+    actor: Actor | None = None,
 ) -> RedriveReport:
-    """Re-drive ``letters`` as :func:`plan` says, and report what happened to each."""
-    plans = plan(engine, letters)
+    """Re-drive ``letters`` as :func:`plan` says, and report what happened to each.
+
+    With an ``actor``, the re-drive is one row of the operators' audit trail, written
+    once it is over (it is Kafka writes, not one transaction): ``ok``, or ``error`` when
+    Kafka did not acknowledge a letter or the re-drive raised. A dry run is not an
+    action and is not recorded."""
     if dry_run:
-        return RedriveReport([_outcome(p) for p in plans], dry_run=True)
+        return RedriveReport([_outcome(p) for p in plan(engine, letters)], dry_run=True)
+    chosen = _audited_selection(letters)
+    with operator_audit.failures_recorded(engine, actor, OperatorAction.REDRIVE, **chosen):
+        report = _redrive(settings, engine, letters, timeout)
+    if actor is not None:
+        failed = report.count(Verdict.FAILED) > 0
+        result = ActionResult.ERROR if failed else ActionResult.OK
+        operator_audit.record_quietly(
+            engine,
+            operator_audit.entry(
+                actor, OperatorAction.REDRIVE, result, detail=report.summary(), **chosen
+            ),
+        )
+    return report
+
+
+def _audited_selection(letters: Sequence[DeadLetterRecord]) -> dict[str, Any]:
+    """What the audit row says was chosen: the letters' positions and job ids (the first
+    :data:`_AUDITED_LETTERS`), and the job id itself when they all share one."""
+    job_ids = sorted({j for j in map(_job_id, letters) if j is not None})
+    selection = {
+        "letters": len(letters),
+        "positions": [letter.position for letter in letters[:_AUDITED_LETTERS]],
+        "job_ids": job_ids[:_AUDITED_LETTERS],
+    }
+    return {"filter": selection, "job_id": job_ids[0] if len(job_ids) == 1 else None}
+
+
+def _redrive(
+    settings: Settings, engine: Engine, letters: Sequence[DeadLetterRecord], timeout: float
+) -> RedriveReport:
+    plans = plan(engine, letters)
     reopened = task_runs.reopen(engine, [p.job_id for p in plans if p.reopen and p.job_id])
     plans = [_attempt_now(p, reopened) for p in plans]
     sending = [p for p in plans if p.verdict == Verdict.REDRIVEN]
