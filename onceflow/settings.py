@@ -131,6 +131,9 @@ class Settings(BaseSettings):
     # Partitions are created this many intervals ahead of now.
     retention_partition_seconds: float = Field(default=86400, ge=3600)
     retention_partitions_ahead: int = Field(default=3, ge=1)
+    # The operators' audit trail (onceflow_operator_actions: actions, logins, refusals)
+    # is deleted this long after each row was written, whatever the instances' retention.
+    retention_operator_actions_seconds: float = Field(default=90 * 86400, gt=0)
     maintenance_interval_seconds: float = Field(default=15.0, gt=0)
 
     # The database role the services use, granted read/write by `onceflow migrate`.

@@ -172,6 +172,7 @@ class EngineRunner:
                 s.retention_job_ids_seconds,
                 s.retention_partition_seconds,
                 s.retention_partitions_ahead,
+                s.retention_operator_actions_seconds,
             ),
             Presence(self.engine, self.owner, registered_versions(), s.engine_lease_seconds / 3),
             Scheduler(self.engine, self.clock, declared_schedules(), registered_versions()),

@@ -136,12 +136,14 @@ class Maintenance(Service):
         retention_job_ids_seconds: float,
         partition_seconds: float = maintenance.DAY,
         partitions_ahead: int = 3,
+        retention_operator_actions_seconds: float = maintenance.OPERATOR_ACTIONS_RETENTION,
     ) -> None:
         super().__init__()
         self.engine = engine
         self.interval = interval
         self.retention = (retention_instances_seconds, retention_job_ids_seconds)
         self.partitions = (partition_seconds, partitions_ahead)
+        self.operator_actions_retention = retention_operator_actions_seconds
 
     async def run(self) -> None:
         while True:
@@ -157,7 +159,11 @@ class Maintenance(Service):
         # collecting a child, goes on (docs/architecture.md, "Interleavings").
         await failpoints.hit_async("engine.before_partition_maintenance")
         pruned = await asyncio.to_thread(
-            maintenance.prune, self.engine, *self.retention, *self.partitions
+            maintenance.prune,
+            self.engine,
+            *self.retention,
+            *self.partitions,
+            self.operator_actions_retention,
         )
         for kind, count in pruned.items():
             PRUNED.labels(kind).inc(count)

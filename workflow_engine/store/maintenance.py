@@ -14,7 +14,9 @@ at a time (the others skip that round); each step is its own short transaction:
 4. duplicate-delivery partitions older than the job-id retention are dropped whole;
 5. job-id records past theirs (plus one interval, for the same reason) are deleted;
 6. rows parked in a default partition whose step or job id is gone are deleted (the
-   partitioned tables have no foreign key to cascade through).
+   partitioned tables have no foreign key to cascade through);
+7. the operators' audit trail (``onceflow_operator_actions``) older than its own
+   retention is deleted.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from onceflow.vocabulary import (
     InstanceStatus,
     TaskRunStatus,
 )
-from workflow_engine.store import partitions
+from workflow_engine.store import operator_audit, partitions
 
 PRUNE_LOCK_KEY = 0x0CEF_2000
 DAY = 86400.0
+#: ``ONCEFLOW_RETENTION_OPERATOR_ACTIONS_SECONDS``' default.
+OPERATOR_ACTIONS_RETENTION = 90 * DAY
 
 #: A child instance whose parent has not finished: retention keeps it whatever its
 #: age. The parent reads the child's row (status, result, error) when it collects it
@@ -54,11 +58,13 @@ def prune(
     job_id_seconds: float,
     partition_seconds: float = DAY,
     partitions_ahead: int = 3,
+    operator_action_seconds: float = OPERATOR_ACTIONS_RETENTION,
 ) -> dict[str, int]:
     """One retention round; returns what it removed or created, by kind.
 
     A job-id record outlives its instance so that a late duplicate still collapses;
-    it is never deleted while its instance (or task run) exists.
+    it is never deleted while its instance (or task run) exists. The operators' audit
+    trail has its own retention (``operator_action_seconds``), whatever the instances'.
     """
     with engine.connect() as conn:
         locked = conn.execute(
@@ -74,6 +80,7 @@ def prune(
                 timedelta(seconds=max(job_id_seconds, instance_seconds)),
                 timedelta(seconds=partition_seconds),
                 partitions_ahead,
+                timedelta(seconds=operator_action_seconds),
             )
         finally:
             conn.rollback()
@@ -87,6 +94,7 @@ def _prune_locked(
     job_id_retention: timedelta,
     interval: timedelta,
     ahead: int,
+    operator_action_retention: timedelta,
 ) -> dict[str, int]:
     now: datetime = conn.execute(sa.text("SELECT now()")).scalar_one()
     conn.commit()
@@ -120,6 +128,8 @@ def _prune_locked(
             {"before": now - job_id_retention - interval},
         ).rowcount
     orphans = sum(partitions.delete_orphans(conn, t) for t in partitions.PARTITIONED_TABLES)
+    with conn.begin():
+        actions = operator_audit.delete_older_than(conn, now - operator_action_retention)
     return {
         "instances": instances,
         "task_runs": tasks,
@@ -128,6 +138,7 @@ def _prune_locked(
         "partitions_dropped": len(attempts.dropped) + len(duplicates.dropped),
         "partition_rows_kept": attempts.kept_rows + duplicates.kept_rows,
         "partition_rows_orphaned": orphans,
+        "operator_actions": actions,
     }
 
 
