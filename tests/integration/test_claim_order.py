@@ -82,3 +82,11 @@ def test_an_unversioned_instance_is_claimed_only_by_an_engine_that_has_its_workf
     assert lacking == []
     having = claims.claim(db, "B", 5, 30, versions={wf.UNFAIR: "v9"})
     assert [c.job_id for c in having] == ["old_one"]
+
+
+def test_a_workflow_with_only_a_concurrency_limit_is_claimed_beside_a_plain_backlog(db):
+    """It stores no fairness lane: the claim must still see it has work due."""
+    create(db, wf.UNFAIR, [f"pl_{i}" for i in range(40)], priority=5)
+    create(db, wf.CAPPED, ["capped_a", "capped_b"], priority=1)  # concurrency=1
+    got = claim(db, 32)
+    assert [j for j in got if j.startswith("capped_")] == ["capped_a"]

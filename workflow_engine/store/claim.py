@@ -100,7 +100,8 @@ locks AS (
     SELECT array_agg(w) AS got FROM unnest(CAST(:limited AS text[])) AS w
     WHERE EXISTS (
         SELECT 1 FROM onceflow_instances c
-        WHERE c.workflow = w AND c.flow_lane IS NOT NULL AND c.status IN ({_RUNNABLE})
+        -- (a workflow with only a concurrency limit stores no lane: any status index)
+        WHERE c.workflow = w AND c.status IN ({_RUNNABLE})
           AND c.run_after <= {_NOW}
           AND ((SELECT count(*) FROM plain) < :limit
                OR onceflow_claim_order(c.run_after, c.priority) <= (SELECT max(ord) FROM plain)))
