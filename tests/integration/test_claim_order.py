@@ -16,7 +16,7 @@ from workflow_engine.store.instances import Delivery, create_instances
 _OFFSETS = itertools.count()
 
 
-def create(db, workflow, job_ids, priority=3, params=None):
+def create(db, workflow, job_ids, priority=3, params=None, laned=True):
     create_instances(
         db,
         [
@@ -25,7 +25,7 @@ def create(db, workflow, job_ids, priority=3, params=None):
                 "t",
                 0,
                 next(_OFFSETS),
-                lane_path=lane_path(workflow),
+                lane_path=lane_path(workflow) if laned else None,
             )
             for job_id in job_ids
         ],
@@ -84,9 +84,10 @@ def test_an_unversioned_instance_is_claimed_only_by_an_engine_that_has_its_workf
     assert [c.job_id for c in having] == ["old_one"]
 
 
-def test_a_workflow_with_only_a_concurrency_limit_is_claimed_beside_a_plain_backlog(db):
-    """It stores no fairness lane: the claim must still see it has work due."""
+def test_a_limited_workflow_whose_instances_have_no_lane_is_claimed_beside_a_plain_backlog(db):
+    """Instances created before their workflow had flow control store no lane: the
+    claim must still see that the workflow has work due."""
     create(db, wf.UNFAIR, [f"pl_{i}" for i in range(40)], priority=5)
-    create(db, wf.CAPPED, ["capped_a", "capped_b"], priority=1)  # concurrency=1
+    create(db, wf.CAPPED, ["capped_a", "capped_b"], priority=1, laned=False)  # concurrency=1
     got = claim(db, 32)
     assert [j for j in got if j.startswith("capped_")] == ["capped_a"]
