@@ -12,7 +12,6 @@ while staging runs its own #1. Real PostgreSQL.
 
 from __future__ import annotations
 
-import pytest
 import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope
@@ -24,11 +23,6 @@ from workflow_engine.store.instances import Delivery, create_instances
 from workflow_engine.store.listing import InstanceFilter
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bulk.unleased reads pg_locks without its database column: another database's"
-    " lease on the same operation id hides this one's cut-off operation (found in review)",
-)
 def test_an_operation_leased_in_another_database_does_not_hide_this_ones(settings, db, db_url):
     create_instances(db, [Delivery(JobEnvelope("lease_1", "order-workflow", {}), "t", 0, 0)])
     op = bulk.start_bulk(db, BulkAction.PAUSE, InstanceFilter.parse("prefix=lease_"))

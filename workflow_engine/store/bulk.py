@@ -218,7 +218,10 @@ def unleased(engine: Engine) -> list[int]:
                 "SELECT o.id FROM onceflow_bulk_operations o WHERE o.status = 'running'"
                 " AND NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory'"
                 " AND l.classid::bigint = :space AND l.objid::bigint = o.id % :int4"
-                " AND l.objsubid = 2 AND l.granted) ORDER BY o.id"
+                " AND l.objsubid = 2 AND l.granted"
+                # an advisory lock is per database; pg_locks lists the whole server's
+                " AND l.database = (SELECT oid FROM pg_database"
+                " WHERE datname = current_database())) ORDER BY o.id"
             ),
             {"space": LEASE_LOCK_SPACE, "int4": _INT4},
         ).scalars()
