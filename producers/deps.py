@@ -21,7 +21,7 @@ from onceflow.vocabulary import ActionResult, OperatorAction
 from producers.auth import Authenticator
 from producers.kafka import JobSender
 from producers.limits import ClientLimiter
-from producers.models import RequestError
+from producers.models import RequestError, exact_json_object
 from workflow_engine.store.operator_audit import Actor
 
 if TYPE_CHECKING:
@@ -163,3 +163,12 @@ async def get_db(ingest: IngestDep) -> Engine:
 
 
 DbDep = Annotated[Engine, Depends(get_db)]
+
+
+async def exact_body(request: Request) -> None:
+    """The body under the job submissions' JSON rule (``exact_json_object``), before
+    FastAPI's own parse takes it: that one (Python's json) reads NaN, a lone surrogate,
+    an integer past 64 bits, ``-0.0``, ``1e-400`` and a repeated key, so what an operator
+    sent (a schedule's params, an event's payload) was stored as other values or
+    answered 500. A dependency of the routes whose body is user data."""
+    exact_json_object(await request.body())

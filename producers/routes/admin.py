@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from onceflow.instance_events import MAX_EVENT_PAYLOAD_BYTES, MAX_EVENT_TYPE_CHARS, InvalidEvent
 from onceflow.vocabulary import BulkAction, InstanceStatus, OperatorAction
-from producers.deps import DbDep, IngestDep, operator, require
+from producers.deps import DbDep, IngestDep, exact_body, operator, require
 from producers.errors import error_responses
 from producers.models import FieldError, RequestError
 from workflow_engine.store import bulk, control, listing
@@ -250,7 +250,12 @@ _add_control_route("restart", control.restart)
 
 @router.post("/{workflow}/{job_id}/events", status_code=202)
 def send_event(
-    workflow: str, job_id: str, event: EventIn, engine: DbDep, actor: EventOperator
+    workflow: str,
+    job_id: str,
+    event: EventIn,
+    engine: DbDep,
+    actor: EventOperator,
+    _exact: Annotated[None, Depends(exact_body)],  # after the key is checked
 ) -> dict[str, Any]:
     event_id = _guarded(
         lambda: control.send_event(engine, workflow, job_id, event.type, event.payload, actor=actor)

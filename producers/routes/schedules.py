@@ -22,14 +22,14 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Response
 from pydantic import BaseModel, Field, field_validator
 
 from onceflow.ticks import MAX_EVERY_SECONDS, SCHEDULE_NAME_PATTERN, InvalidSchedule, TickSpec
 from onceflow.vocabulary import CatchupPolicy, OperatorAction, OverlapPolicy
-from producers.deps import DbDep, require
+from producers.deps import DbDep, exact_body, require
 from producers.errors import error_responses
-from producers.models import RequestError, exact_json_object, params_problem
+from producers.models import RequestError, params_problem
 from workflow_engine.store import schedules as store
 
 T = TypeVar("T")
@@ -100,15 +100,7 @@ def list_schedules(engine: DbDep) -> list[dict[str, Any]]:
     return [_body(v) for v in store.list_schedules(engine)]
 
 
-async def _exact_body(request: Request) -> None:
-    """The body under the job submissions' JSON rule (``exact_json_object``), before
-    FastAPI's own parse takes it: that one (Python's json) reads NaN, a lone surrogate,
-    an integer past 64 bits, ``-0.0``, ``1e-400`` and a repeated key, so the schedule's
-    params (every tick's instance's) were stored as other values or answered 500."""
-    exact_json_object(await request.body())
-
-
-@router.post("", dependencies=[*_CONTROL, Depends(_exact_body)], status_code=201)
+@router.post("", dependencies=[*_CONTROL, Depends(exact_body)], status_code=201)
 def create_schedule(body: ScheduleIn, engine: DbDep) -> dict[str, Any]:
     """Create a schedule; it first fires at its first tick after now."""
 
