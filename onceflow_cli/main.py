@@ -626,15 +626,19 @@ def _fail(message: str) -> None:
 
 
 def _explain(exc: Exception) -> str:
-    """A short, actionable sentence for errors that escape the commands."""
-    import sqlalchemy.exc as sa_exc
+    """A short, actionable sentence for errors that escape the commands; a database
+    error by its SQLSTATE (``store.db.classify``), never by its exception class: a
+    value too large for an index is an ``OperationalError`` too, and is no outage."""
+    from workflow_engine.store.db import ErrorClass, classify, refusal, sqlstate
 
-    if isinstance(exc, sa_exc.ProgrammingError) and "UndefinedTable" in type(exc.orig).__name__:
+    if sqlstate(exc) == "42P01":  # undefined_table
         return "the database has no onceflow schema: run `onceflow migrate` first"
-    if isinstance(exc, sa_exc.OperationalError):
-        return f"PostgreSQL unreachable: {exc.orig}"
-    if isinstance(exc, sa_exc.SQLAlchemyError):
-        return f"database error: {getattr(exc, 'orig', exc)}"
+    kind = classify(exc)
+    if kind == ErrorClass.TRANSIENT:
+        first = str(getattr(exc, "orig", exc)).strip().splitlines()[:1]
+        return f"PostgreSQL unreachable or not accepting writes: {' '.join(first)}"
+    if kind is not None:
+        return f"the database refused it: {refusal(exc)}"
     return f"unexpected {type(exc).__name__}: {exc}"
 
 
