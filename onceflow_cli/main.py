@@ -404,13 +404,13 @@ for _op, _help in _CONTROL_OPERATIONS.items():
 @click.argument("payload", required=False, default=None)
 def instances_send_event(workflow: str, job_id: str, event_type: str, payload: str | None) -> None:
     """Send an event (PAYLOAD is JSON) to an instance; it wakes if it waits for one."""
+    from onceflow_cli.inputs import exact_json
     from onceflow_cli.operator_log import cli_actor
     from workflow_engine.store.control import send_event
 
-    try:
-        value = orjson.loads(payload) if payload is not None else None
-    except orjson.JSONDecodeError as exc:
-        raise OnceflowError(f"payload is not valid JSON: {exc}") from None
+    value = None
+    if payload is not None:
+        value = exact_json(b'{"payload": ' + payload.encode() + b"}", "payload")["payload"]
     event_id = send_event(_db(), workflow, job_id, event_type, value, actor=cli_actor())
     click.echo(f"{job_id}: event {event_type!r} stored (id {event_id})")
 

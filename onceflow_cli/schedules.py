@@ -12,7 +12,6 @@ from typing import Any
 import click
 import orjson
 
-from onceflow.errors import OnceflowError
 from onceflow.ticks import TickSpec
 from onceflow.vocabulary import CatchupPolicy, OverlapPolicy
 
@@ -66,14 +65,10 @@ def create(
     max_catchup: int,
 ) -> None:
     """Create a schedule; it first fires at its first tick after now."""
+    from onceflow_cli.inputs import exact_json
     from workflow_engine.store.schedules import ScheduleDef, create_schedule
 
-    try:
-        doc = orjson.loads(params)
-    except orjson.JSONDecodeError as exc:
-        raise OnceflowError(f"--params is not JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise OnceflowError("--params must be a JSON object")
+    doc = exact_json(params.encode(), "--params")
     spec = TickSpec(cron, every, timezone)
     d = ScheduleDef(
         name, workflow, spec, doc, CatchupPolicy(catchup), OverlapPolicy(overlap), max_catchup
