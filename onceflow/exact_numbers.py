@@ -38,7 +38,7 @@ import re
 import sys
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 #: Error codes ingest answers with (``ErrorBody.error``).
 CODE_OUT_OF_RANGE = "number_out_of_range"
@@ -74,16 +74,26 @@ def float_suspect(value: float) -> bool:
     return -FLOAT_TINY < value < FLOAT_TINY and (value != 0.0 or math.copysign(1.0, value) < 0)
 
 
-def floats_in(value: Any) -> tuple[bool, bool]:
-    """Whether ``value`` (parsed JSON) holds a float, and whether one is
-    :func:`float_suspect`. Level by level: no recursion."""
-    floats = suspect = False
+class Scan(NamedTuple):
+    """What one walk over parsed JSON finds (:func:`scan`)."""
+
+    keys: int  # object keys, all levels
+    floats: bool  # holds a float (one orjson made of an integer out of its range, too)
+    suspect: bool  # one of them is :func:`float_suspect`
+    depth: int
+
+
+def scan(value: Any) -> Scan:
+    """Count the keys of parsed JSON and look at its floats, level by level: no
+    recursion, and no tuple per value (it runs on every submitted body)."""
+    keys, floats, suspect, depth = 0, False, False, 0
     level = [value]
     while level:
         deeper: list[Any] = []
         for item in level:
             kind = type(item)
             if kind is dict:
+                keys += len(item)
                 deeper.extend(item.values())
             elif kind is list:
                 deeper.extend(item)
@@ -91,7 +101,15 @@ def floats_in(value: Any) -> tuple[bool, bool]:
                 floats = True
                 suspect = suspect or float_suspect(item)
         level = deeper
-    return floats, suspect
+        depth += 1
+    return Scan(keys, floats, suspect, depth)
+
+
+def floats_in(value: Any) -> tuple[bool, bool]:
+    """Whether ``value`` (parsed JSON) holds a float, and whether one is
+    :func:`float_suspect`."""
+    found = scan(value)
+    return found.floats, found.suspect
 
 
 def may_be_inexact(raw: bytes) -> bool:

@@ -9,7 +9,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from onceflow.envelope import DEFAULT_PRIORITY, PRIORITY_HIGHEST, PRIORITY_LOWEST
-from onceflow.exact_numbers import Inexact, exact_loads, float_suspect, may_be_inexact
+from onceflow.exact_numbers import Inexact, exact_loads, may_be_inexact, scan
 from onceflow.ids import JOB_ID_PATTERN
 
 WORKFLOW_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
@@ -162,7 +162,7 @@ def _json_object(body: bytes) -> tuple[dict[str, Any], bool]:
             "body must be a JSON object",
             [FieldError(field="body", reason="expected an object")],
         )
-    keys, floats, suspect, depth = _scan(doc)
+    keys, floats, suspect, depth = scan(doc)
     if suspect or keys != _key_tokens(body) or (floats and may_be_inexact(body)):
         _exact_check(body)
     return doc, depth > MAX_PARAMS_DEPTH or b"\\u0000" in body
@@ -191,29 +191,6 @@ def _key_tokens(body: bytes) -> int:
     if b" :" in body or b"\n:" in body or b"\t:" in body or b"\r:" in body:
         return len(_SPACED_KEY_TOKEN.findall(body))
     return quoted
-
-
-def _scan(doc: Any) -> tuple[int, bool, bool, int]:
-    """The number of object keys in ``doc``, whether it holds a float (one orjson made
-    of an integer out of its range, too), whether one is a negative zero or subnormal,
-    and its depth. Level by level: no recursion, and no tuple per value."""
-    keys, floats, suspect, depth = 0, False, False, 0
-    level = [doc]
-    while level:
-        deeper: list[Any] = []
-        for item in level:
-            kind = type(item)
-            if kind is dict:
-                keys += len(item)
-                deeper.extend(item.values())
-            elif kind is list:
-                deeper.extend(item)
-            elif kind is float:
-                floats = True
-                suspect = suspect or float_suspect(item)
-        level = deeper
-        depth += 1
-    return keys, floats, suspect, depth
 
 
 class _Pairs(dict[str, Any]):
