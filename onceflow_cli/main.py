@@ -410,6 +410,11 @@ def instances_send_event(workflow: str, job_id: str, event_type: str, payload: s
 
     value = None
     if payload is not None:
+        try:
+            orjson.loads(payload)
+        except orjson.JSONDecodeError as exc:
+            raise OnceflowError(f"payload is not valid JSON: {exc}") from None
+        # valid JSON: now under the exact rule (numbers as written, each key once)
         value = exact_json(b'{"payload": ' + payload.encode() + b"}", "payload")["payload"]
     event_id = send_event(_db(), workflow, job_id, event_type, value, actor=cli_actor())
     click.echo(f"{job_id}: event {event_type!r} stored (id {event_id})")

@@ -170,5 +170,12 @@ async def exact_body(request: Request) -> None:
     FastAPI's own parse takes it: that one (Python's json) reads NaN, a lone surrogate,
     an integer past 64 bits, ``-0.0``, ``1e-400`` and a repeated key, so what an operator
     sent (a schedule's params, an event's payload) was stored as other values or
-    answered 500. A dependency of the routes whose body is user data."""
-    exact_json_object(await request.body())
+    answered 500. A dependency of the routes whose body is user data; the fields it
+    names are the body's (``body.payload.x``), as the routes' own validation names them."""
+    try:
+        exact_json_object(await request.body())
+    except RequestError as exc:
+        for field in exc.body.fields:
+            if field.field != "body":
+                field.field = f"body.{field.field}"
+        raise
