@@ -96,7 +96,7 @@ def test_every_dashboard_expression_returns_data(base_settings, tmp_path, capsys
     empty = [expr for expr, n in results.items() if n == 0]
     assert empty == [], "expressions without data:\n" + "\n".join(empty)
     assert rules[0]["rules"][0]["name"] == "OnceflowConsumerLagGrowing"
-    assert len(rules[0]["rules"]) == 7
+    assert len(rules[0]["rules"]) == 8
 
 
 def _up(api: str) -> int:

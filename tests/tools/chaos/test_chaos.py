@@ -42,5 +42,5 @@ def test_nothing_lost_nothing_doubled_under_faults(base_settings, services, tmp_
     assert result.accepted == result.jobs >= SIZES["ci"]
     assert result.instances == result.complete == result.jobs
     assert not result.fault_errors
-    expected = 5 if local else 3  # broker and PostgreSQL restarts need local services
+    expected = 6 if local else 4  # broker and PostgreSQL restarts need local services
     assert len(result.faults) == expected, result.faults
