@@ -62,17 +62,8 @@ class JobSpans:
         killed, or lost the database or its lease): it left no span of its own, since
         the process that ran it never ended one. Found by the replay that runs the step
         again, so the trace shows the crash and the attempt it cost."""
-        span = _tracer.start_span(
-            f"step {name}",
-            context=self._parent,
-            attributes={
-                **self._attrs,
-                tracing.STEP: name,
-                "onceflow.position": position,
-                tracing.ATTEMPT: attempt,
-                "onceflow.cut_off": True,
-            },
-        )
+        span = self.step(name, position, attempt)
+        span.set_attribute("onceflow.cut_off", True)
         why = "cut off before its checkpoint (engine died or lost its lease)"
         span.set_status(Status(StatusCode.ERROR, why))
         span.end()
