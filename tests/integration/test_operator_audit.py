@@ -14,22 +14,20 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from onceflow.envelope import JobEnvelope
-from onceflow.keys import hash_key
 from onceflow.logs import JsonFormatter
-from onceflow.settings import ApiKey
 from onceflow.vocabulary import FrontEnd, InstanceStatus, OperatorAction
 from producers.api import create_app
 from producers.models import ErrorBody
 from tests.acceptance.test_demo import run_cli
 from tests.conftest import settings_env
 from tests.integration.test_admin_http import NoKafka
+from tests.integration.test_console import CONTROL_KEY, READ_KEY, keyed  # noqa: F401
 from workflow_engine.store import bulk, control, operator_audit
 from workflow_engine.store.instances import Delivery, create_instances, describe_instance
 from workflow_engine.store.listing import InstanceFilter
 from workflow_engine.store.maintenance import prune
 from workflow_engine.store.operator_audit import Actor
 
-READ_KEY, CONTROL_KEY = "ofk_audit_reader", "ofk_audit_operator"
 READER = {"Authorization": f"Bearer {READ_KEY}"}
 OPERATOR = {"Authorization": f"Bearer {CONTROL_KEY}"}
 WF = "approval-workflow"
@@ -57,24 +55,7 @@ def status(db, job_id):
 
 
 @pytest.fixture
-def keyed(settings):
-    return settings.model_copy(
-        update={
-            "auth_disabled": False,
-            "api_keys": [
-                ApiKey(name="reader", sha256=hash_key(READ_KEY), scopes=["jobs:read"]),
-                ApiKey(
-                    name="operator",
-                    sha256=hash_key(CONTROL_KEY),
-                    scopes=["jobs:read", "instances:control"],
-                ),
-            ],
-        }
-    )
-
-
-@pytest.fixture
-def api(keyed):
+def api(keyed):  # noqa: F811 (the fixture imported above)
     with TestClient(create_app(keyed, NoKafka())) as client:
         yield client
 
