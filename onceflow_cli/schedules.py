@@ -66,7 +66,8 @@ def create(
 ) -> None:
     """Create a schedule; it first fires at its first tick after now."""
     from onceflow_cli.inputs import exact_json
-    from workflow_engine.store.schedules import ScheduleDef, create_schedule
+    from workflow_engine.model import ScheduleDef
+    from workflow_engine.store.schedules import create_schedule
 
     doc = exact_json(params.encode(), "--params")
     spec = TickSpec(cron, every, timezone)

@@ -22,6 +22,7 @@ from producers.auth import Authenticator
 from producers.kafka import JobSender
 from producers.limits import ClientLimiter
 from producers.models import RequestError, exact_json_object
+from workflow_engine.model import Registry
 from workflow_engine.store.operator_audit import Actor
 
 if TYPE_CHECKING:
@@ -44,7 +45,9 @@ class Ingest:
     bulk: BulkRunner | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings, producer: JobSender | None = None) -> Ingest:
+    def from_settings(
+        cls, settings: Settings, registry: Registry, producer: JobSender | None = None
+    ) -> Ingest:
         return cls(
             settings,
             Authenticator(settings),
@@ -53,7 +56,7 @@ class Ingest:
                 settings.ingest_rate_limit_burst,
                 settings.ingest_max_inflight_per_client,
             ),
-            _known_types(settings) if settings.ingest_validate_types else None,
+            _known_types(registry) if settings.ingest_validate_types else None,
             producer,
         )
 
@@ -71,16 +74,9 @@ class Ingest:
         return self.producer
 
 
-def _known_types(settings: Settings) -> frozenset[str] | None:
+def _known_types(registry: Registry) -> frozenset[str] | None:
     """Workflow and task names registered by the configured modules (None: no check)."""
-    from workflow_engine.definitions import (
-        load_workflow_modules,
-        registered_tasks,
-        registered_workflows,
-    )
-
-    load_workflow_modules(settings.workflow_modules)
-    names = frozenset(registered_workflows()) | frozenset(registered_tasks())
+    names = frozenset(registry.workflow_names()) | frozenset(registry.task_names())
     return names or None
 
 

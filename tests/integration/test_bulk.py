@@ -6,9 +6,10 @@ import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import BulkAction, BulkStatus, ControlAction, InstanceStatus
+from workflow_engine.model import Delivery
 from workflow_engine.store import control
 from workflow_engine.store.bulk import bulk_status, recent_bulk, run_bulk, start_bulk
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.store.instances import create_instances
 from workflow_engine.store.listing import InstanceFilter
 
 

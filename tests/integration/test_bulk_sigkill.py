@@ -16,8 +16,9 @@ from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import BulkStatus
 from onceflow_tools.processes import ProcessGroup, free_port
 from tests.conftest import settings_env
+from workflow_engine.model import Delivery
 from workflow_engine.store import bulk
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.store.instances import create_instances
 
 
 def _create(db, job_ids):

@@ -60,7 +60,8 @@ def test_child_result_is_returned_to_the_parent_and_the_tree_is_described(settin
     create(db, "p1", "test-parent", {"child": {"amount": 7}})
     with Harness(settings, db) as h:
         wait_for(lambda: status(db, "p1") == "complete", "parent complete")
-        assert h.inflight() == 0
+        # its run ends just after its final write commits: wait for it, not for luck
+        wait_for(lambda: h.inflight() == 0, "no run left in flight")
     assert describe_instance(db, "p1").result["child"]["amount"] == 7
     assert children_of(db, "p1") == [("p1__charge", "complete", "child")]
     parent, kid = describe_instance(db, "p1"), describe_instance(db, "p1__charge")

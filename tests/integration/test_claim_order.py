@@ -9,9 +9,10 @@ import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope
 from tests.integration import flow_workflows as wf
-from workflow_engine.flow import flow_controls, lane_path
+from workflow_engine.definitions import REGISTRY
+from workflow_engine.model import Delivery
 from workflow_engine.store import claim as claims
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.store.instances import create_instances
 
 _OFFSETS = itertools.count()
 
@@ -25,7 +26,7 @@ def create(db, workflow, job_ids, priority=3, params=None, laned=True):
                 "t",
                 0,
                 next(_OFFSETS),
-                lane_path=lane_path(workflow) if laned else None,
+                lane_path=REGISTRY.lane_path(workflow) if laned else None,
             )
             for job_id in job_ids
         ],
@@ -33,7 +34,7 @@ def create(db, workflow, job_ids, priority=3, params=None, laned=True):
 
 
 def claim(db, limit):
-    return [c.job_id for c in claims.claim(db, "E", limit, 30, flows=flow_controls())]
+    return [c.job_id for c in claims.claim(db, "E", limit, 30, flows=REGISTRY.flows())]
 
 
 def age(db, job_id, seconds):

@@ -14,7 +14,8 @@ from onceflow.envelope import JobEnvelope
 from onceflow.keys import hash_key
 from onceflow.settings import ApiKey
 from onceflow.vocabulary import InstanceStatus
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.model import Delivery
+from workflow_engine.store.instances import create_instances, describe_instance
 
 READ_KEY, CONTROL_KEY = "ofk_test_reader", "ofk_test_operator"
 

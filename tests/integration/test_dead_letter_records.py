@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import DeadLetterReason
 from producers.api import create_app
+from workflow_engine.model import Delivery
 from workflow_engine.store.dead_letters import (
     DeadLetterRow,
     dead_letter_counts,
@@ -21,7 +22,7 @@ from workflow_engine.store.dead_letters import (
     dead_letters_for,
     record_dead_letters,
 )
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.store.instances import create_instances
 from workflow_engine.store.trace import job_trace
 
 

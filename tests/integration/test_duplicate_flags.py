@@ -17,13 +17,9 @@ import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope, params_digest
 from onceflow_tools.stack import database_url_for, recreate_database
+from workflow_engine.model import CreateResult, Delivery
 from workflow_engine.store.db import make_engine
-from workflow_engine.store.instances import (
-    CreateResult,
-    Delivery,
-    create_instances,
-    create_instances_in,
-)
+from workflow_engine.store.instances import create_instances, create_instances_in
 from workflow_engine.store.listing import (
     InstanceFilter,
     count_matching,

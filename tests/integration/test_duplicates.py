@@ -7,7 +7,8 @@ import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import JobKind
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.model import Delivery
+from workflow_engine.store.instances import create_instances, describe_instance
 from workflow_engine.store.trace import job_trace
 
 

@@ -14,9 +14,11 @@ from onceflow.envelope import JobEnvelope
 from onceflow_tools.processes import ProcessGroup, free_port
 from tests.conftest import settings_env
 from workflow_engine import NonRetryableError, RetryPolicy, current_step, workflow
+from workflow_engine.definitions import REGISTRY
 from workflow_engine.engine.runner import EngineRunner
+from workflow_engine.model import Delivery
 from workflow_engine.store import engines
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.store.instances import create_instances, describe_instance
 
 CALLS: dict[str, int] = {}
 
@@ -72,7 +74,7 @@ def status(db, job_id):
 def run_until(settings, db, done, timeout=30.0):
     async def main():
         runner = EngineRunner(
-            settings.model_copy(update={"engine_poll_interval_seconds": 0.1}), engine=db
+            settings.model_copy(update={"engine_poll_interval_seconds": 0.1}), REGISTRY, engine=db
         )
         task = asyncio.create_task(runner.run())
         deadline = time.monotonic() + timeout

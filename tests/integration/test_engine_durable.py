@@ -17,10 +17,12 @@ import sqlalchemy as sa
 from onceflow.envelope import JobEnvelope
 from workflow_engine import RetryPolicy, current_step, workflow
 from workflow_engine.clock import FakeClock
+from workflow_engine.definitions import REGISTRY
 from workflow_engine.engine.runner import EngineRunner
 from workflow_engine.errors import EventTimeout
+from workflow_engine.model import Delivery
 from workflow_engine.store import control as ops
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.store.instances import create_instances, describe_instance
 from workflow_engine.store.maintenance import prune
 
 RAN: list[str] = []
@@ -94,6 +96,7 @@ class Harness:
         self.clock = FakeClock(datetime.now(UTC) + timedelta(seconds=1))
         self.runner = EngineRunner(
             settings.model_copy(update={"engine_poll_interval_seconds": 0.05}),
+            REGISTRY,
             engine=db,
             clock=self.clock,
         )

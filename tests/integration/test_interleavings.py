@@ -44,9 +44,10 @@ from tests.integration.interleavings import (
     wait_for,
 )
 from workflow_engine.clock import FakeClock
+from workflow_engine.model import Delivery
 from workflow_engine.store import claim as claims
 from workflow_engine.store import control
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.store.instances import create_instances, describe_instance
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = "j1"

@@ -22,9 +22,10 @@ from tests.integration.interleavings import (
     wait_for,
 )
 from workflow_engine import workflow
+from workflow_engine.model import Delivery
 from workflow_engine.store import claim as claims
 from workflow_engine.store import execution as store
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.store.instances import create_instances
 from workflow_engine.store.writes import FinishInstance, FinishStep, StartStep
 
 RAN = Executions()

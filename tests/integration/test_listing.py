@@ -10,9 +10,10 @@ import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import DeadLetterReason, InstanceStatus
+from workflow_engine.model import Delivery
 from workflow_engine.store import control
 from workflow_engine.store.dead_letters import DeadLetterRow, record_dead_letters
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.store.instances import create_instances
 from workflow_engine.store.listing import (
     InstanceFilter,
     InvalidFilter,

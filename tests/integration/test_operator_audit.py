@@ -22,8 +22,9 @@ from tests.acceptance.test_demo import run_cli
 from tests.conftest import settings_env
 from tests.integration.test_admin_http import NoKafka
 from tests.integration.test_console import CONTROL_KEY, READ_KEY, keyed  # noqa: F401
+from workflow_engine.model import Delivery
 from workflow_engine.store import bulk, control, operator_audit
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.store.instances import create_instances, describe_instance
 from workflow_engine.store.listing import InstanceFilter
 from workflow_engine.store.maintenance import prune
 from workflow_engine.store.operator_audit import Actor

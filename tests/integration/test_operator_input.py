@@ -18,7 +18,8 @@ from tests.acceptance.test_demo import run_cli
 from tests.conftest import settings_env
 from tests.integration.test_admin_http import NoKafka
 from tests.integration.test_console import csrf_of
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.model import Delivery
+from workflow_engine.store.instances import create_instances, describe_instance
 
 BAD_TYPES = ["not valid!", "x" * 201, "spaced type", "tab\there"]
 

@@ -29,8 +29,9 @@ from tests.integration.test_partitioning import (
     _wait_for,
     _where,
 )
+from workflow_engine.model import Delivery
 from workflow_engine.store import partitions as parts
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.store.instances import create_instances
 from workflow_engine.store.maintenance import prune
 
 

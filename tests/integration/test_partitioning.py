@@ -17,10 +17,11 @@ from sqlalchemy.engine import Engine, make_url
 
 from onceflow.envelope import JobEnvelope
 from onceflow_tools.stack import database_url_for, recreate_database
+from workflow_engine.model import Delivery
 from workflow_engine.store import control
 from workflow_engine.store import partitions as parts
 from workflow_engine.store.db import make_engine, sqlalchemy_url
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.store.instances import create_instances
 from workflow_engine.store.maintenance import prune
 from workflow_engine.store.schema import available_migrations, grant_app_role, migrate
 

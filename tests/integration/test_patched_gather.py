@@ -13,8 +13,9 @@ from onceflow.envelope import JobEnvelope
 from onceflow_tools.processes import ProcessGroup
 from tests.conftest import settings_env
 from tests.integration.test_versioning import all_in, start_engine, statuses, steps, wait_for
+from workflow_engine.model import Delivery
 from workflow_engine.store import control
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.store.instances import create_instances, describe_instance
 
 NAME = "test-versioned-gather"  # registered by tests/integration/versioned_gather_*.py
 

@@ -17,9 +17,10 @@ import sqlalchemy as sa
 from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import BulkAction
 from onceflow_tools.stack import database_url_for
+from workflow_engine.model import Delivery
 from workflow_engine.store import bulk
 from workflow_engine.store.db import make_engine
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.store.instances import create_instances
 from workflow_engine.store.listing import InstanceFilter
 
 

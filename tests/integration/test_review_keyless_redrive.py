@@ -14,8 +14,9 @@ from __future__ import annotations
 from onceflow.envelope import JobEnvelope
 from onceflow.redrive import DeadLetterRecord
 from onceflow.vocabulary import JobKind, TaskRunStatus
+from workflow_engine.model import Delivery
 from workflow_engine.store import redrives, task_runs
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.store.instances import create_instances
 
 
 def _letter(offset: int, env: JobEnvelope, reason: str) -> DeadLetterRecord:

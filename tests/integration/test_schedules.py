@@ -23,9 +23,9 @@ from onceflow_tools.processes import ProcessGroup, free_port, onceflow_command
 from producers.models import ErrorBody
 from tests.conftest import settings_env
 from tests.integration.scheduled_workflow import NAME as TICKED
+from workflow_engine.model import ScheduleDef
 from workflow_engine.store import control
 from workflow_engine.store import schedules as store
-from workflow_engine.store.schedules import ScheduleDef
 
 T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 

@@ -25,8 +25,9 @@ from tests.integration.interleavings import (
     wait_for,
 )
 from workflow_engine import workflow
+from workflow_engine.model import Delivery
 from workflow_engine.store import control
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.store.instances import create_instances, describe_instance
 
 #: The two boundaries between "the wait found no event" and "the suspend committed".
 WINDOW = ["engine.after_consume_event", "engine.before_suspend"]

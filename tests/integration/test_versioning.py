@@ -18,8 +18,9 @@ import sqlalchemy as sa
 from onceflow.envelope import JobEnvelope
 from onceflow_tools.processes import ProcessGroup, free_port
 from tests.conftest import settings_env
+from workflow_engine.model import Delivery
 from workflow_engine.store import control
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.store.instances import create_instances, describe_instance
 
 NAME = "test-versioned"  # registered by the tests/integration/versioned_*.py modules
 _offsets = iter(range(10**6))

@@ -12,8 +12,9 @@ from onceflow.vocabulary import InstanceStatus
 from onceflow_examples import ORDER_STEPS, applied_effect_counts, side_effect_counts
 from onceflow_tools.demo import PROOF_SQL, _figures
 from onceflow_tools.stack import Stack
+from workflow_engine.model import Delivery
 from workflow_engine.store.audit import stored_job_ids
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.store.instances import create_instances
 from workflow_engine.store.stats import (
     checkpoints_written_twice,
     consumption,

@@ -13,8 +13,8 @@ from tests.unit.test_replay import FakeRuntime, context, never, step
 from workflow_engine.definitions import ChildHandle
 from workflow_engine.engine.branches import Cursor, merge_waits
 from workflow_engine.errors import ChildWorkflowFailed, NonDeterminismError, Suspend
+from workflow_engine.model import RecordedStep
 from workflow_engine.store import children
-from workflow_engine.store.claim import RecordedStep
 from workflow_engine.store.writes import StartStep
 
 

@@ -334,7 +334,8 @@ def ingest(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
 def _prefill(stack: Stack, jobs: int, workflow: str, prefix: str) -> None:
     """Create ``jobs`` queued instances directly (as the streams worker would)."""
     from onceflow.envelope import JobEnvelope
-    from workflow_engine.store.instances import Delivery, create_instances
+    from workflow_engine.model import Delivery
+    from workflow_engine.store.instances import create_instances
 
     assert stack.db is not None
     for start in range(0, jobs, 1000):

@@ -24,9 +24,10 @@ from onceflow.vocabulary import InstanceStatus
 from onceflow_tools import flow_workflows
 from onceflow_tools.bench import _stack, _wait_for
 from onceflow_tools.stack import Stack
-from workflow_engine.flow import lane_path
+from workflow_engine.definitions import REGISTRY
+from workflow_engine.model import Delivery
 from workflow_engine.store.flow import submit_to_first_step_seconds
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.store.instances import create_instances
 from workflow_engine.store.stats import count_instances, run_span_seconds
 
 PLAIN = "noop-workflow"
@@ -44,7 +45,7 @@ def _params(i: int) -> dict[str, Any]:
 def _fill(stack: Stack, workflow: str, ids: list[str], params: list[dict[str, Any]]) -> None:
     """Create queued instances as the streams worker would (priorities 1-5 mixed)."""
     assert stack.db is not None
-    lane = lane_path(workflow)
+    lane = REGISTRY.lane_path(workflow)
     for start in range(0, len(ids), 1000):
         create_instances(
             stack.db,

@@ -52,7 +52,6 @@ from workflow_engine.definitions import (
     ChildHandle,
     RetryPolicy,
     check_name,
-    workflow_version,
 )
 from workflow_engine.engine import branches, replay, tracing
 from workflow_engine.engine.metrics import INLINE_SLOW, STEP_DURATION, STEPS, STEPS_STARTED
@@ -68,11 +67,10 @@ from workflow_engine.errors import (
     StepFailed,
     Suspend,
 )
-from workflow_engine.flow import lane_path
+from workflow_engine.model import RecordedStep
 from workflow_engine.steps import StepInfo, _current_step, idempotency_key
 from workflow_engine.store import children, waits
 from workflow_engine.store import execution as store
-from workflow_engine.store.claim import RecordedStep
 from workflow_engine.store.writes import Chain, FinishInstance, FinishStep, Lease, StartStep, Write
 
 log = logging.getLogger(__name__)
@@ -541,8 +539,8 @@ class WorkflowContext:
             workflow,
             child_params,
             policy,
-            workflow_version(workflow),
-            lane_path(workflow),
+            self._rt.registry.version(workflow),
+            self._rt.registry.lane_path(workflow),
         )
         created = await self._starts.submit(start)
         log.info(

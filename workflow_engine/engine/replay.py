@@ -28,8 +28,8 @@ from workflow_engine.errors import (
     StepFailed,
     WorkflowError,
 )
+from workflow_engine.model import RecordedStep
 from workflow_engine.store import children
-from workflow_engine.store.claim import RecordedStep
 
 #: ``raised`` of a step's failure record: which of the two the workflow saw.
 STEP_FAILED = "StepFailed"

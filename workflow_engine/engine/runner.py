@@ -38,16 +38,7 @@ from onceflow.logs import setup_logging
 from onceflow.settings import Settings
 from onceflow.vocabulary import ControlAction, InstanceStatus, Process
 from workflow_engine.clock import FakeClock, SystemClock
-from workflow_engine.definitions import (
-    RetryPolicy,
-    concurrency_limits,
-    declared_schedules,
-    get_workflow,
-    load_workflow_modules,
-    registered_versions,
-    runs_steps_inline,
-    workflow_version,
-)
+from workflow_engine.definitions import RetryPolicy, load_workflow_modules
 from workflow_engine.engine.batcher import PostgresWrites, WriteBatcher
 from workflow_engine.engine.context import WorkflowContext
 from workflow_engine.engine.listener import Listener
@@ -71,7 +62,7 @@ from workflow_engine.engine.scheduler import Scheduler
 from workflow_engine.engine.services import LeaseKeeper, Maintenance, Rescuer, Run, Service
 from workflow_engine.engine.tracing import JobSpans
 from workflow_engine.errors import ControlRequested, LeaseLost, Suspend, WorkflowError
-from workflow_engine.flow import flow_controls
+from workflow_engine.model import Registry
 from workflow_engine.store import claim as claims
 from workflow_engine.store import control as control_ops
 from workflow_engine.store import execution as store
@@ -96,11 +87,14 @@ class EngineRunner:
     def __init__(
         self,
         settings: Settings,
+        registry: Registry,
         engine: Engine | None = None,
         default_retry: RetryPolicy | None = None,
         clock: SystemClock | FakeClock | None = None,
     ) -> None:
         self.settings = settings
+        #: The workflows this engine runs (and claims: their versions, flow control).
+        self.registry = registry
         # Connections: the group-commit writers, the claim loop, the rescuer and
         # maintenance, and the rare single writes (sleeps, waits) — not one per instance.
         self.engine = engine or make_engine(
@@ -174,8 +168,8 @@ class EngineRunner:
                 s.retention_partitions_ahead,
                 s.retention_operator_actions_seconds,
             ),
-            Presence(self.engine, self.owner, registered_versions(), s.engine_lease_seconds / 3),
-            Scheduler(self.engine, self.clock, declared_schedules(), registered_versions()),
+            Presence(self.engine, self.owner, self.registry.versions(), s.engine_lease_seconds / 3),
+            Scheduler(self.engine, self.clock, self.registry.schedules(), self.registry.versions()),
         ]
 
     def stop(self) -> None:
@@ -213,9 +207,8 @@ class EngineRunner:
                 limit,
                 self.settings.engine_lease_seconds,
                 self.clock.db_now(),
-                concurrency_limits(),
-                registered_versions(),
-                flow_controls(),
+                self.registry.versions(),
+                self.registry.flows(),
                 tuple(self._inflight),
             )
             await failpoints.hit_async("engine.after_claim")
@@ -337,10 +330,12 @@ class EngineRunner:
             del self._inflight[inst.job_id]
         INFLIGHT.set(len(self._inflight))
         self._slot_free.set()
-        if inst.workflow in flow_controls() or inst.workflow in concurrency_limits():
+        definition = self.registry.workflow(inst.workflow)
+        if definition is not None and definition.flow is not None:
             self._wake.set()  # it freed a limited slot: an instance it held may go
 
     def _context(self, inst: claims.Claimed) -> WorkflowContext:
+        definition = self.registry.workflow(inst.workflow)
         ctx = WorkflowContext(
             self,
             Lease(self.owner, inst.claim_count),
@@ -348,8 +343,8 @@ class EngineRunner:
             inst.workflow,
             inst.history,
             version=inst.version,
-            engine_version=workflow_version(inst.workflow),
-            inline_steps=runs_steps_inline(inst.workflow),
+            engine_version=definition.version if definition else None,
+            inline_steps=definition.inline_steps if definition else False,
         )
         if self._traced:
             ctx.spans = JobSpans.of(inst.traceparent, inst.job_id, inst.workflow, inst.claim_count)
@@ -357,9 +352,10 @@ class EngineRunner:
 
     async def _execute(self, inst: claims.Claimed, ctx: WorkflowContext) -> Outcome:
         """Run the workflow function (from the top: replay) and say how it ended."""
-        fn = get_workflow(inst.workflow)
-        if fn is None:
+        definition = self.registry.workflow(inst.workflow)
+        if definition is None:
             return Failed(f"unknown workflow {inst.workflow!r}")
+        fn = definition.fn
         log.info(
             "instance running",
             extra={
@@ -516,8 +512,9 @@ class EngineRunner:
 def run_engine(settings: Settings) -> None:
     setup_logging(settings.log_level, settings.log_format, "engine")
     tracing.setup(settings, Process.ENGINE)
-    names = load_workflow_modules(settings.workflow_modules)
-    runner = EngineRunner(settings)
+    registry = load_workflow_modules(settings.workflow_modules)
+    names = registry.workflow_names()
+    runner = EngineRunner(settings, registry)
     check_connection(runner.engine)
     serve_metrics_and_health(
         settings.engine_metrics_port, lambda: {"postgres": database_ready(settings.database_url)}

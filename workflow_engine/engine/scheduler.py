@@ -30,8 +30,9 @@ from workflow_engine.engine.metrics import (
     SCHEDULE_TICKS_SKIPPED,
 )
 from workflow_engine.engine.services import Service
+from workflow_engine.model import ScheduleDef
 from workflow_engine.store import schedules as store
-from workflow_engine.store.schedules import ScheduleDef, TickReport
+from workflow_engine.store.schedules import TickReport
 
 log = logging.getLogger(__name__)
 #: The next-fire gauges are refreshed every this many passes (the first included).

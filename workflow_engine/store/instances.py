@@ -21,7 +21,7 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from onceflow.envelope import JobEnvelope, params_digest
+from onceflow.envelope import params_digest
 from onceflow.vocabulary import (
     TERMINAL_STATUSES,
     InstanceStatus,
@@ -30,6 +30,7 @@ from onceflow.vocabulary import (
     StepKind,
     StepStatus,
 )
+from workflow_engine.model import CreateResult, Delivery
 
 RUNNABLE_CHANNEL = "onceflow_runnable"
 
@@ -37,62 +38,6 @@ RUNNABLE_CHANNEL = "onceflow_runnable"
 def notify_runnable(conn: Connection) -> None:
     """Wake the engines (delivered when the caller's transaction commits)."""
     conn.execute(sa.text("SELECT pg_notify(:c, '')"), {"c": RUNNABLE_CHANNEL})
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """One consumed Kafka record carrying a valid job envelope."""
-
-    envelope: JobEnvelope
-    topic: str
-    partition: int
-    offset: int
-    kind: str = JobKind.WORKFLOW  # or TASK: a single-step job run by the streams worker
-    enqueued_at: datetime | None = None  # the Kafka record's timestamp
-    # The workflow definition's version in the creating process (the streams worker
-    # loads the same workflow modules as the engines); the instance keeps it for life.
-    version: str | None = None
-    # Provenance when not the envelope's own (http/kafka): a schedule's tick.
-    origin: Origin | None = None
-    # The params key whose value becomes the instance's fairness lane (flow control:
-    # workflow_engine.flow.lane_path); () for flow control without a key (lane '');
-    # None: no flow control (no lane).
-    lane_path: tuple[str, ...] | None = None
-
-
-@dataclass(slots=True)
-class CreateResult:
-    """What one batch did. Every delivery is exactly one of: ``created`` (or
-    ``tasks_created``), a new ``duplicates`` row, or ``already_recorded`` (its Kafka
-    position already has a row: a redelivery seen before, nothing written)."""
-
-    created: int = 0
-    duplicates: int = 0  # new duplicate rows (redeliveries + resubmissions)
-    mismatches: int = 0  # new duplicate rows whose params differ from the winner's
-    redeliveries: int = 0  # new duplicate rows that are the same Kafka record again
-    created_ids: list[str] = field(default_factory=list)
-    duplicate_ids: list[str] = field(default_factory=list)
-    mismatch_ids: list[str] = field(default_factory=list)
-    tasks_created: int = 0
-    # New duplicate rows whose workflow (or task) type differs from the winner's.
-    workflow_mismatches: int = 0
-    workflow_mismatch_ids: list[str] = field(default_factory=list)
-    # Deliveries whose Kafka position was already recorded (as the creating record's
-    # redelivery or as a duplicate): a redelivery again, which never counts twice.
-    already_recorded: int = 0
-
-    def add(self, other: CreateResult) -> None:
-        self.created += other.created
-        self.tasks_created += other.tasks_created
-        self.duplicates += other.duplicates
-        self.mismatches += other.mismatches
-        self.redeliveries += other.redeliveries
-        self.created_ids += other.created_ids
-        self.duplicate_ids += other.duplicate_ids
-        self.mismatch_ids += other.mismatch_ids
-        self.workflow_mismatches += other.workflow_mismatches
-        self.workflow_mismatch_ids += other.workflow_mismatch_ids
-        self.already_recorded += other.already_recorded
 
 
 # Duplicate rows are idempotent per Kafka position: the named unique constraint

@@ -18,7 +18,7 @@ tick delivered twice (a backfill over fired ticks) is audited as a redelivery.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -28,7 +28,6 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from onceflow.envelope import JobEnvelope
-from onceflow.errors import OnceflowError
 from onceflow.ticks import (
     DEFAULT_GRACE_SECONDS,
     BackfillRange,
@@ -36,7 +35,6 @@ from onceflow.ticks import (
     PlannedTick,
     TickSpec,
     backfill_range,
-    check_name,
     plan,
     tick_job_id,
 )
@@ -49,15 +47,12 @@ from onceflow.vocabulary import (
     TickSkipReason,
     TickTrigger,
 )
-from workflow_engine.store.instances import Delivery, create_instances_in
+from workflow_engine.model import Delivery, ScheduleDef, ScheduleError
+from workflow_engine.store.instances import create_instances_in
 
 #: A backfill creates at most this many ticks (ask for a shorter range beyond it).
 MAX_BACKFILL = 10_000
 _CHUNK = 500
-
-
-class ScheduleError(OnceflowError):
-    """A schedule operation that cannot be done."""
 
 
 class ScheduleNotFound(ScheduleError):
@@ -66,29 +61,6 @@ class ScheduleNotFound(ScheduleError):
 
 class ScheduleExists(ScheduleError):
     """A schedule with that name exists already."""
-
-
-@dataclass(frozen=True)
-class ScheduleDef:
-    """A schedule as declared (``@workflow(schedule=...)``) or created (CLI, API)."""
-
-    name: str
-    workflow: str
-    spec: TickSpec
-    params: Mapping[str, Any] = field(default_factory=dict)
-    catchup: CatchupPolicy = CatchupPolicy.RUN_ONCE
-    overlap: OverlapPolicy = OverlapPolicy.SKIP
-    max_catchup: int = 100
-
-    def __post_init__(self) -> None:
-        check_name(self.name)
-        if not 1 <= self.max_catchup <= 1000:
-            raise ScheduleError("max_catchup must be between 1 and 1000")
-        try:  # plain strings ("run-all") are welcome; unknown words fail here, early
-            object.__setattr__(self, "catchup", CatchupPolicy(self.catchup))
-            object.__setattr__(self, "overlap", OverlapPolicy(self.overlap))
-        except ValueError as exc:
-            raise ScheduleError(str(exc)) from None
 
 
 @dataclass(frozen=True)

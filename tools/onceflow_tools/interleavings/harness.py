@@ -31,6 +31,7 @@ from onceflow import failpoints
 from onceflow.vocabulary import TERMINAL_STATUSES
 from onceflow_tools.interleavings.history import rows
 from workflow_engine.clock import FakeClock
+from workflow_engine.definitions import REGISTRY
 from workflow_engine.engine.runner import EngineRunner
 from workflow_engine.store import control
 
@@ -60,6 +61,7 @@ class EngineHarness:
         self.clock = clock or FakeClock(datetime.now(UTC) + timedelta(seconds=1))
         self.runner = EngineRunner(
             settings.model_copy(update={"engine_poll_interval_seconds": 0.05, **update}),
+            REGISTRY,
             engine=db,
             clock=self.clock,
         )

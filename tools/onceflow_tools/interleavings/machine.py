@@ -49,10 +49,11 @@ from onceflow_tools.interleavings.harness import Driver, EngineHarness, FlowingC
 from onceflow_tools.interleavings.history import check_history, scalar
 from onceflow_tools.interleavings.workflows import COMPLETING, EVENT, EXECUTIONS
 from onceflow_tools.stack import database_url_for
+from workflow_engine.model import Delivery
 from workflow_engine.store import claim as claims
 from workflow_engine.store import control
 from workflow_engine.store.db import make_engine
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.store.instances import create_instances
 from workflow_engine.store.schema import migrate
 
 #: Short leases, so that an expiry, a rescue and a killed engine's leases come within a run.
