@@ -35,12 +35,13 @@ from onceflow.vocabulary import TERMINAL_STATUSES, InstanceStatus, StepKind, Ste
 from onceflow_tools.replay_fixtures import workflows as golden
 from onceflow_tools.replay_fixtures.record import FORMAT
 from workflow_engine import workflow
-from workflow_engine.definitions import Context, workflow_version
+from workflow_engine.definitions import REGISTRY, Context
 from workflow_engine.engine import replay
 from workflow_engine.engine.runner import EngineRunner
 from workflow_engine.errors import NonRetryableError
+from workflow_engine.model import RecordedStep
 from workflow_engine.store import children, waits
-from workflow_engine.store.claim import Claimed, RecordedStep
+from workflow_engine.store.claim import Claimed
 from workflow_engine.store.writes import FinishInstance, Write
 
 T = TypeVar("T")
@@ -139,7 +140,7 @@ class ReplayRunner(EngineRunner):
     (no database: its engine is never used)."""
 
     def __init__(self, store: HistoryStore) -> None:
-        super().__init__(Settings(), engine=cast(Engine, object()))
+        super().__init__(Settings(), REGISTRY, engine=cast(Engine, object()))
         self.store = store
         self._reads: dict[Callable[..., Any], Callable[..., Any]] = {
             waits.begin_wait: store.begin_wait,
@@ -223,7 +224,7 @@ def test_todays_engine_would_claim_the_recorded_instance(path):
     would leave the recorded instances unclaimed (README, "Deploying new workflow
     code"). Changed on purpose: record the fixtures again."""
     fixture = load(path)
-    assert workflow_version(fixture["workflow"]) == fixture["version"]
+    assert REGISTRY.version(fixture["workflow"]) == fixture["version"]
 
 
 # --- the checks can fail: today's workflows changed, or a replay that lost something ---

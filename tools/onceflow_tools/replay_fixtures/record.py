@@ -33,8 +33,9 @@ from onceflow.vocabulary import TERMINAL_STATUSES
 from onceflow_tools.interleavings import Driver, EngineHarness, FlowingClock, wait_for
 from onceflow_tools.replay_fixtures import workflows
 from onceflow_tools.stack import database_url_for, recreate_database
-from workflow_engine.definitions import workflow_version
-from workflow_engine.store.claim import RecordedStep, load_steps
+from workflow_engine.definitions import REGISTRY
+from workflow_engine.model import RecordedStep
+from workflow_engine.store.claim import load_steps
 from workflow_engine.store.db import make_engine
 from workflow_engine.store.instances import Delivery, create_instances
 from workflow_engine.store.schema import migrate
@@ -182,7 +183,7 @@ def _run(settings: Settings, db: Engine, scenarios: Sequence[Scenario]) -> None:
 
 def _delivery(offset: int, s: Scenario) -> Delivery:
     """The instance as the streams worker creates it, with today's version."""
-    version = workflow_version(s.workflow)
+    version = REGISTRY.version(s.workflow)
     if version is None:
         raise click.ClickException(f"{s.name}: workflow {s.workflow!r} is not registered")
     return Delivery(
