@@ -106,7 +106,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             producer = TracedSender(producer, ingest.settings.jobs_topic)
         ingest.producer = producer
     if ingest.settings.admin_api_enabled:
-        from workflow_engine.store.db import shared_engine
+        from workflow_engine.store import shared_engine
 
         # Resumes bulk operations a dead process left running, even before this
         # process is asked to start one.

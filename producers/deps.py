@@ -23,10 +23,11 @@ from producers.kafka import JobSender
 from producers.limits import ClientLimiter
 from producers.models import RequestError, exact_json_object
 from workflow_engine.model import Registry
-from workflow_engine.store.operator_audit import Actor
+from workflow_engine.store import operations
+from workflow_engine.store.operations import Actor
 
 if TYPE_CHECKING:
-    from workflow_engine.store.bulk_runner import BulkRunner
+    from workflow_engine.store.operations import BulkRunner
 
 
 @dataclass(slots=True, eq=False)
@@ -63,7 +64,7 @@ class Ingest:
     def bulk_runner(self, engine: Engine) -> BulkRunner:
         """The process's one bulk runner (created on first use, on ``engine``)."""
         if self.bulk is None:
-            from workflow_engine.store.bulk_runner import BulkRunner
+            from workflow_engine.store.operations import BulkRunner
 
             self.bulk = BulkRunner(engine)
         return self.bulk
@@ -136,11 +137,10 @@ def _record_refusal(
 ) -> None:
     """One row and one log line for a refused admin request (best effort: the answer
     is the refusal whether or not the database takes the row)."""
-    from workflow_engine.store import operator_audit
-    from workflow_engine.store.db import shared_engine
+    from workflow_engine.store import shared_engine
 
     who = Actor.admin_api(ingest.auth.claimed_name(request.headers), _peer(request))
-    refused = operator_audit.entry(
+    refused = operations.entry(
         who,
         action,
         ActionResult.REFUSED,
@@ -148,12 +148,12 @@ def _record_refusal(
         job_id=request.path_params.get("job_id"),
         detail=f"{exc.status} {request.method} {request.url.path}: {exc.body.message}",
     )
-    operator_audit.record_quietly(shared_engine(ingest.settings.database_url), refused)
+    operations.record_quietly(shared_engine(ingest.settings.database_url), refused)
 
 
 async def get_db(ingest: IngestDep) -> Engine:
     """The process's pooled engine for the admin and job-status routes."""
-    from workflow_engine.store.db import shared_engine
+    from workflow_engine.store import shared_engine
 
     return shared_engine(ingest.settings.database_url)
 

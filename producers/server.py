@@ -22,7 +22,7 @@ from producers.kafka import JobProducer, JobSender
 from producers.metrics import DEPENDENCY_UP
 from producers.routes.jobs import SubmitFastPath, SubmitFront
 from workflow_engine.definitions import load_workflow_modules
-from workflow_engine.store.db import database_ready
+from workflow_engine.store import database_ready
 
 
 def serve(settings: Settings) -> None:

@@ -23,7 +23,7 @@ from streams.batch import BatchHandler, StoppedRetrying
 from streams.records import RawRecord
 from streams.topics import jobs_topic
 from workflow_engine.definitions import load_workflow_modules
-from workflow_engine.store.db import make_engine
+from workflow_engine.store import make_engine
 
 log = logging.getLogger(__name__)
 

@@ -56,10 +56,9 @@ from streams.records import (
 from streams.tasks import run_task
 from streams.tracing import record_spans
 from workflow_engine.model import CreateResult, Delivery, Registry
-from workflow_engine.store import task_runs
-from workflow_engine.store.db import ErrorClass, refusal, sqlstate
-from workflow_engine.store.db import classify as error_class
-from workflow_engine.store.instances import create_instances
+from workflow_engine.store import ErrorClass, refusal, sqlstate, writes
+from workflow_engine.store import classify as error_class
+from workflow_engine.store.writes import create_instances
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -138,15 +137,13 @@ class BatchHandler:
         if not deliveries:
             return
         first = _first_by_job(deliveries)
-        todo = await asyncio.to_thread(
-            self.with_db_retry, task_runs.pending, self.engine, list(first)
-        )
+        todo = await asyncio.to_thread(self.with_db_retry, writes.pending, self.engine, list(first))
         slots = asyncio.Semaphore(self.settings.streams_concurrency)
 
         def dead_letter(job_id: str, reason: DeadLetterReason, detail: str) -> None:
             self._dead_letter([DeadLetter(self._as_record(first[job_id]), reason, detail, job_id)])
 
-        async def one(pending: task_runs.PendingTask) -> None:
+        async def one(pending: writes.PendingTask) -> None:
             async with slots:
                 await asyncio.to_thread(
                     run_task,

@@ -43,7 +43,8 @@ from onceflow.envelope import (
 from onceflow.settings import Settings
 from streams.metrics import DEAD_LETTERED, DEAD_LETTERS_TRUNCATED, DLQ_RETRIES
 from streams.records import DeadLetter
-from workflow_engine.store.dead_letters import DeadLetterRow, record_dead_letters
+from workflow_engine.store.views import DeadLetterRow
+from workflow_engine.store.writes import record_dead_letters
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from onceflow.vocabulary import DeadLetterReason, TaskRunStatus
 from streams.metrics import TASKS
 from workflow_engine.errors import NonRetryableError
 from workflow_engine.model import TaskDef
-from workflow_engine.store.db import refusal
-from workflow_engine.store.task_runs import RETRY, PendingTask, record_attempt
+from workflow_engine.store import refusal
+from workflow_engine.store.writes import RETRY, PendingTask, record_attempt
 
 log = logging.getLogger(__name__)
 

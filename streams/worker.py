@@ -17,7 +17,7 @@ from streams import agents
 from streams.app import create_app
 from streams.metrics import ASSIGNED_PARTITIONS, REBALANCES
 from streams.monitor import LagMonitor
-from workflow_engine.store.db import database_ready
+from workflow_engine.store import database_ready
 
 
 def _logging_config(settings: Settings) -> dict[str, Any]:

@@ -98,7 +98,7 @@ if TYPE_CHECKING:
     )
     from workflow_engine.model import CreateResult, Delivery, RateLimit, Registry
     from workflow_engine.steps import StepInfo, current_step
-    from workflow_engine.store.instances import create_instances
+    from workflow_engine.store.writes import create_instances
 
 
 def __getattr__(name: str) -> Any:

@@ -15,7 +15,7 @@ from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import InstanceStatus, JobKind
 from onceflow_tools.stack import Stack
 from tests.acceptance.test_demo import run_cli
-from workflow_engine.store.stats import count_instances, duplicate_counts
+from workflow_engine.store.views import count_instances, duplicate_counts
 
 
 @pytest.fixture

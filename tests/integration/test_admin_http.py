@@ -8,7 +8,7 @@ from onceflow.envelope import JobEnvelope
 from producers.api import create_app
 from producers.models import ErrorBody
 from workflow_engine.model import Delivery
-from workflow_engine.store.instances import create_instances
+from workflow_engine.store.writes import create_instances
 
 
 class NoKafka:

@@ -8,7 +8,8 @@ import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope
 from workflow_engine.model import Delivery
-from workflow_engine.store.instances import create_instances, describe_instance
+from workflow_engine.store.views import describe_instance
+from workflow_engine.store.writes import create_instances
 
 
 def d(job_id, params=None, offset=0, partition=0, topic="jobs"):

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from onceflow.envelope import JobEnvelope
 from workflow_engine.model import Delivery
-from workflow_engine.store.engines import Stranded, instances_without_engine
-from workflow_engine.store.instances import create_instances
+from workflow_engine.store.views import Stranded, instances_without_engine
+from workflow_engine.store.writes import create_instances
 
 
 @pytest.fixture

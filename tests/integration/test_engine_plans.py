@@ -17,10 +17,10 @@ import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope
 from workflow_engine.model import Delivery
-from workflow_engine.store import claim as claims
-from workflow_engine.store import execution as store
 from workflow_engine.store.fragments import in_index_order
-from workflow_engine.store.instances import create_instances
+from workflow_engine.store.writes import claim as claims
+from workflow_engine.store.writes import create_instances
+from workflow_engine.store.writes import execution as store
 
 RUNNING = 600
 BATCH = 96
@@ -157,7 +157,7 @@ def test_the_flow_claim_reads_the_lanes_in_order_when_the_statistics_predate_a_b
     from tests.integration import flow_workflows as wf
     from tests.integration.test_flow_control import create as create_flow
     from workflow_engine.definitions import REGISTRY
-    from workflow_engine.store import flow as store_flow
+    from workflow_engine.store.writes import flow as store_flow
 
     create_flow(db, wf.PER_KEY, [(f"quiet_{i}", {"customer": f"c{i % 50}"}) for i in range(100)])
     _analysed_with_nothing_runnable(db)

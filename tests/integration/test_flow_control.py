@@ -26,14 +26,12 @@ from tests.integration import flow_workflows as wf
 from workflow_engine.definitions import REGISTRY
 from workflow_engine.engine.runner import EngineRunner
 from workflow_engine.model import Delivery
-from workflow_engine.store import claim as claims
-from workflow_engine.store import control as ops
-from workflow_engine.store import flow as store_flow
-from workflow_engine.store import waits
+from workflow_engine.store import operations, writes
 from workflow_engine.store.fragments import in_index_order
-from workflow_engine.store.instances import create_instances, describe_instance
-from workflow_engine.store.trace import job_trace
-from workflow_engine.store.writes import Lease
+from workflow_engine.store.views import describe_instance, job_trace
+from workflow_engine.store.writes import Lease, create_instances
+from workflow_engine.store.writes import claim as claims
+from workflow_engine.store.writes import flow as store_flow
 
 _OFFSETS = itertools.count()
 MODULES = json.dumps(["onceflow_examples", "tests.integration.flow_workflows"])
@@ -315,7 +313,7 @@ def test_hold_while_waiting_keeps_the_slot_of_a_sleeping_instance(db):
     create(db, wf.HOLDING, [(f"hold_{i}", {"customer": "c1"}) for i in range(2)])
     first = claim(db, 10)
     assert len(first) == 1
-    waits.suspend(
+    writes.suspend(
         db, Lease("test-owner", 1), first[0].job_id, InstanceStatus.SLEEPING, None, delay=60
     )
     assert claim(db, 10) == []  # the sleeper holds the key's one slot
@@ -342,7 +340,7 @@ def test_a_restart_between_the_claims_two_statements_does_not_exceed_a_key(db, m
         rows = read_pool(conn, statement, params)
         if params["workflow"] != wf.HOLDING:  # the claim reads every flow workflow's pool
             return rows
-        assert ops.restart(db, wf.HOLDING, "due_sleeper").status == InstanceStatus.QUEUED
+        assert operations.restart(db, wf.HOLDING, "due_sleeper").status == InstanceStatus.QUEUED
         with db.begin() as other:  # as if the restart's transaction began before the claim's
             other.execute(
                 sa.text(

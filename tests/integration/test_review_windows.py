@@ -25,7 +25,7 @@ from tests.integration.interleavings import (
 )
 from workflow_engine import RetryPolicy, StepFailed, workflow
 from workflow_engine.model import Delivery
-from workflow_engine.store.instances import create_instances
+from workflow_engine.store.writes import create_instances
 
 RAN = Executions()
 GATE = threading.Event()

@@ -13,9 +13,7 @@ from onceflow_examples import ORDER_STEPS, applied_effect_counts, side_effect_co
 from onceflow_tools.demo import PROOF_SQL, _figures
 from onceflow_tools.stack import Stack
 from workflow_engine.model import Delivery
-from workflow_engine.store.audit import stored_job_ids
-from workflow_engine.store.instances import create_instances
-from workflow_engine.store.stats import (
+from workflow_engine.store.views import (
     checkpoints_written_twice,
     consumption,
     count_instances,
@@ -23,7 +21,9 @@ from workflow_engine.store.stats import (
     instance_counts,
     instance_job_ids,
     latency,
+    stored_job_ids,
 )
+from workflow_engine.store.writes import create_instances
 
 
 def delivery(job_id, offset, params=None, kind="workflow"):

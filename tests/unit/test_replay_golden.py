@@ -40,9 +40,8 @@ from workflow_engine.engine import replay
 from workflow_engine.engine.runner import EngineRunner
 from workflow_engine.errors import NonRetryableError
 from workflow_engine.model import RecordedStep
-from workflow_engine.store import children, waits
-from workflow_engine.store.claim import Claimed
-from workflow_engine.store.writes import FinishInstance, Write
+from workflow_engine.store import writes
+from workflow_engine.store.writes import Claimed, FinishInstance, Write
 
 T = TypeVar("T")
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "replay"
@@ -116,8 +115,8 @@ class HistoryStore:
         return False, None  # a fixture holds no event sent after its snapshot
 
     def collect(
-        self, _lease: Any, _job: str, awaited: list[children.Awaited]
-    ) -> list[children.ChildOutcome | None]:
+        self, _lease: Any, _job: str, awaited: list[writes.Awaited]
+    ) -> list[writes.ChildOutcome | None]:
         for a in awaited:
             self.waiting_entry(a.position, StepKind.CHILD, f"collect child {a.job_id!r}")
         return [None for _ in awaited]  # still running when the history was recorded
@@ -143,10 +142,10 @@ class ReplayRunner(EngineRunner):
         super().__init__(Settings(), REGISTRY, engine=cast(Engine, object()))
         self.store = store
         self._reads: dict[Callable[..., Any], Callable[..., Any]] = {
-            waits.begin_wait: store.begin_wait,
-            waits.consume_event: store.consume_event,
-            children.collect: store.collect,
-            waits.suspend: store.suspend,
+            writes.begin_wait: store.begin_wait,
+            writes.consume_event: store.consume_event,
+            writes.collect: store.collect,
+            writes.suspend: store.suspend,
         }
 
     async def write(self, write: Write[T]) -> T:

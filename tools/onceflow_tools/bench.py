@@ -57,7 +57,7 @@ from onceflow.settings import Settings
 from onceflow.vocabulary import InstanceStatus
 from onceflow_tools.processes import free_port
 from onceflow_tools.stack import Stack
-from workflow_engine.store.stats import (
+from workflow_engine.store.views import (
     consumption,
     count_instances,
     latency,
@@ -335,7 +335,7 @@ def _prefill(stack: Stack, jobs: int, workflow: str, prefix: str) -> None:
     """Create ``jobs`` queued instances directly (as the streams worker would)."""
     from onceflow.envelope import JobEnvelope
     from workflow_engine.model import Delivery
-    from workflow_engine.store.instances import create_instances
+    from workflow_engine.store.writes import create_instances
 
     assert stack.db is not None
     for start in range(0, jobs, 1000):
@@ -849,9 +849,8 @@ def console_list(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
     from datetime import UTC, datetime, timedelta
 
     from onceflow_tools.stack import database_url_for, recreate_database
-    from workflow_engine.store import listing
-    from workflow_engine.store.db import make_engine
-    from workflow_engine.store.schema import migrate
+    from workflow_engine.store import make_engine, migrate
+    from workflow_engine.store.views import listing
 
     rows = jobs * 50
     name = f"onceflow_bench_console_{uuid.uuid4().hex[:6]}"

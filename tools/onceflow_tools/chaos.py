@@ -47,7 +47,7 @@ from onceflow_examples import applied_effect_counts
 from onceflow_tools.interleavings.history import check_history
 from onceflow_tools.stack import Stack
 from producers.client import SubmitError
-from workflow_engine.store.stats import (
+from workflow_engine.store.views import (
     checkpoints_written_twice,
     count_instances,
     instance_job_ids,

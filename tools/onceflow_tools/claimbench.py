@@ -8,7 +8,7 @@ claims of 32 are timed
 so every claim meets the same backlog. Also printed: how many of the first batch are
 flow-controlled (claim order says the priority-1 ones come first, up to their limits).
 
-It uses only what every build's store offers (``claims.claim``, ``create_instances``),
+It uses only what every build's store offers (``writes.claim``, ``create_instances``),
 so the same file times the build before a change too: run it with that build's
 packages first on ``PYTHONPATH`` (BENCHMARKS.md, "One claim order").
 """
@@ -29,10 +29,8 @@ from onceflow_tools.stack import database_url_for, recreate_database
 from workflow_engine import workflow
 from workflow_engine.definitions import REGISTRY, registered_versions
 from workflow_engine.model import Delivery
-from workflow_engine.store import claim as claims
-from workflow_engine.store.db import make_engine
-from workflow_engine.store.instances import create_instances
-from workflow_engine.store.schema import migrate
+from workflow_engine.store import make_engine, migrate, writes
+from workflow_engine.store.writes import create_instances
 
 PLAIN = "bench-claim-plain"
 LIMITED = "bench-claim-limited"
@@ -89,7 +87,7 @@ def measure(base_url: str, jobs: int, rounds: int, limited_share: float = 0.25) 
         times, first_limited = [], None
         for n in range(rounds):
             started = time.perf_counter()
-            got = claims.claim(engine, "bench", 32, 30, versions=versions, flows=flows)
+            got = writes.claim(engine, "bench", 32, 30, versions=versions, flows=flows)
             times.append((time.perf_counter() - started) * 1000)
             if first_limited is None:
                 first_limited = sum(c.workflow == LIMITED for c in got)

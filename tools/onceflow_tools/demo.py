@@ -29,10 +29,10 @@ from onceflow.vocabulary import TERMINAL_STATUSES
 from onceflow_examples import ORDER_STEPS, side_effect_counts
 from onceflow_tools.processes import onceflow_command
 from onceflow_tools.stack import Stack, topic_record_count
-from workflow_engine.store.instances import describe_instance
-from workflow_engine.store.stats import (
+from workflow_engine.store.views import (
     consumption,
     count_instances,
+    describe_instance,
     duplicate_counts,
     instance_counts,
     instance_job_ids,

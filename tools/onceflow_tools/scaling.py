@@ -59,7 +59,7 @@ from onceflow.vocabulary import InstanceStatus
 from onceflow_tools import bench
 from onceflow_tools.processes import free_port
 from onceflow_tools.stack import Stack
-from workflow_engine.store.stats import (
+from workflow_engine.store.views import (
     consumption,
     count_instances,
     receipt_span_seconds,

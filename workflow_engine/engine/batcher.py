@@ -34,9 +34,15 @@ from typing import Any, Protocol, TypeVar, cast
 from sqlalchemy.engine import Engine
 
 from workflow_engine.engine.metrics import WRITE_BATCH_SIZE
-from workflow_engine.store import execution as store
-from workflow_engine.store.db import is_transient, refusal, sqlstate
-from workflow_engine.store.writes import Answer, Chain, Write
+from workflow_engine.store import is_transient, refusal, sqlstate
+from workflow_engine.store.writes import (
+    Answer,
+    Chain,
+    Write,
+    error_answer,
+    write_batch,
+    write_each,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -58,10 +64,10 @@ class PostgresWrites:
     owner: str
 
     async def apply_batch(self, writes: Sequence[Write[Any]]) -> list[Answer]:
-        return await asyncio.to_thread(store.write_batch, self.engine, self.owner, writes)
+        return await asyncio.to_thread(write_batch, self.engine, self.owner, writes)
 
     async def apply_each(self, writes: Sequence[Write[Any]]) -> list[Answer]:
-        return await asyncio.to_thread(store.write_each, self.engine, self.owner, writes)
+        return await asyncio.to_thread(write_each, self.engine, self.owner, writes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,14 +154,14 @@ class WriteBatcher:
         """Find the write that broke the batch; the others still go through. A chain
         alone in its batch is split too, so its checkpoint commits even when what follows
         it is refused; a single write gets the answer its error means for its instance
-        (a refused row fails that instance: ``store.error_answer``). If the database
+        (a refused row fails that instance: ``store.writes.error_answer``). If the database
         itself failed (an outage, a failover), every write gets the error: none is
         retried here, since the batch may have committed (see
         ``EngineRunner._give_back``)."""
         if is_transient(exc):
             return [exc] * len(writes)
         if len(writes) == 1 and not isinstance(writes[0], Chain):
-            return [store.error_answer(writes[0], exc)]
+            return [error_answer(writes[0], exc)]
         log.warning(
             "batch of %d writes failed (%s); applying them one by one",
             len(writes),

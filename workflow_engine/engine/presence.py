@@ -17,8 +17,8 @@ from sqlalchemy.engine import Engine
 
 from workflow_engine.engine.metrics import INSTANCES_WITHOUT_ENGINE, WORKFLOW_VERSION
 from workflow_engine.engine.services import Service
-from workflow_engine.store import engines
-from workflow_engine.store.instances import ENGINE_STALE_SECONDS
+from workflow_engine.store import views, writes
+from workflow_engine.store.views import ENGINE_STALE_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,7 @@ class Presence(Service):
             WORKFLOW_VERSION.labels(workflow, version).set(1)
         while True:
             try:
-                await asyncio.to_thread(
-                    engines.announce, self.engine, self.engine_id, self.versions
-                )
+                await asyncio.to_thread(writes.announce, self.engine, self.engine_id, self.versions)
                 await self._count()
             except Exception:
                 log.exception("presence failed", extra={"event": "engine.presence_error"})
@@ -52,7 +50,7 @@ class Presence(Service):
 
     async def _count(self) -> None:
         stranded = await asyncio.to_thread(
-            engines.instances_without_engine, self.engine, ENGINE_STALE_SECONDS
+            views.instances_without_engine, self.engine, ENGINE_STALE_SECONDS
         )
         INSTANCES_WITHOUT_ENGINE.clear()
         reported, self._reported = self._reported, {}
@@ -79,4 +77,4 @@ class Presence(Service):
     async def stop(self) -> None:
         await super().stop()
         with contextlib.suppress(Exception):
-            await asyncio.to_thread(engines.retire, self.engine, self.engine_id)
+            await asyncio.to_thread(writes.retire, self.engine, self.engine_id)

@@ -63,16 +63,13 @@ from workflow_engine.engine.services import LeaseKeeper, Maintenance, Rescuer, R
 from workflow_engine.engine.tracing import JobSpans
 from workflow_engine.errors import ControlRequested, LeaseLost, Suspend, WorkflowError
 from workflow_engine.model import Registry
-from workflow_engine.store import claim as claims
-from workflow_engine.store import control as control_ops
-from workflow_engine.store import execution as store
-from workflow_engine.store import waits
-from workflow_engine.store.db import (
+from workflow_engine.store import (
     check_connection,
     database_ready,
     is_transient,
     libpq_dsn,
     make_engine,
+    writes,
 )
 from workflow_engine.store.writes import FinishInstance, Lease, Write
 
@@ -106,7 +103,7 @@ class EngineRunner:
         self.max_result_bytes = settings.step_result_max_bytes
         #: The runs in flight by job id, each with the claim it runs under: a run that
         #: ends removes only its own entry (``_run_instance``), and the claim skips
-        #: these ids (``claims.claim``'s ``inflight``).
+        #: these ids (``writes.claim``'s ``inflight``).
         self._inflight: dict[str, Run] = {}
         #: The runs that ended (cancelled) while their sync step code still runs in a
         #: thread, by ``(job_id, claim)``: done once that code has returned.
@@ -197,12 +194,12 @@ class EngineRunner:
             if len(claimed) < want:
                 await self._wait_wake(await self._idle_wait())
 
-    async def _claim(self, limit: int) -> list[claims.Claimed] | None:
+    async def _claim(self, limit: int) -> list[writes.Claimed] | None:
         """Claim up to ``limit`` instances; ``None`` if the claim failed."""
         started = time.perf_counter()
         try:
             claimed = await self.db(
-                claims.claim,
+                writes.claim,
                 self.owner,
                 limit,
                 self.settings.engine_lease_seconds,
@@ -223,7 +220,7 @@ class EngineRunner:
         """Sleep until the next timer falls due, a notification, or the poll interval."""
         poll = self.settings.engine_poll_interval_seconds
         try:
-            due = await self.db(claims.seconds_until_next_due, self.clock.db_now())
+            due = await self.db(writes.seconds_until_next_due, self.clock.db_now())
         except Exception:
             return poll
         if due is None or due <= 0:
@@ -252,7 +249,7 @@ class EngineRunner:
         await self._step_code_returned(unfinished)
         if unfinished:
             await failpoints.hit_async("engine.before_release")
-            released = await self.db(claims.release, self.owner, unfinished)
+            released = await self.db(writes.release, self.owner, unfinished)
             log.info(
                 "released unfinished instances",
                 extra={"event": "engine.released", "count": released},
@@ -277,7 +274,7 @@ class EngineRunner:
 
     # --- one instance ----------------------------------------------------------------
 
-    async def _run_instance(self, inst: claims.Claimed) -> None:
+    async def _run_instance(self, inst: writes.Claimed) -> None:
         job = inst.job_id
         ctx = self._context(inst)
         try:
@@ -304,7 +301,7 @@ class EngineRunner:
             else:
                 self._forget(inst)
 
-    async def _fail_crashed(self, inst: claims.Claimed, exc: Exception) -> None:
+    async def _fail_crashed(self, inst: writes.Claimed, exc: Exception) -> None:
         """A run that failed outside the workflow's code for a reason that is not the
         database's outage (settling it raised): error the instance, so it is not left
         ``running`` to be rescued and crash again on every lease, forever (found in
@@ -322,7 +319,7 @@ class EngineRunner:
             return
         FINISHED.labels(inst.workflow, InstanceStatus.ERRORED).inc()
 
-    def _forget(self, inst: claims.Claimed) -> None:
+    def _forget(self, inst: writes.Claimed) -> None:
         """The run of ``inst``'s claim is over: free its slot (a newer run's is kept)."""
         self._lingering.pop((inst.job_id, inst.claim_count), None)
         run = self._inflight.get(inst.job_id)
@@ -334,7 +331,7 @@ class EngineRunner:
         if definition is not None and definition.flow is not None:
             self._wake.set()  # it freed a limited slot: an instance it held may go
 
-    def _context(self, inst: claims.Claimed) -> WorkflowContext:
+    def _context(self, inst: writes.Claimed) -> WorkflowContext:
         definition = self.registry.workflow(inst.workflow)
         ctx = WorkflowContext(
             self,
@@ -350,7 +347,7 @@ class EngineRunner:
             ctx.spans = JobSpans.of(inst.traceparent, inst.job_id, inst.workflow, inst.claim_count)
         return ctx
 
-    async def _execute(self, inst: claims.Claimed, ctx: WorkflowContext) -> Outcome:
+    async def _execute(self, inst: writes.Claimed, ctx: WorkflowContext) -> Outcome:
         """Run the workflow function (from the top: replay) and say how it ended."""
         definition = self.registry.workflow(inst.workflow)
         if definition is None:
@@ -367,7 +364,7 @@ class EngineRunner:
         )
         try:
             value = await fn(ctx, inst.params)
-            return Completed(store.encode_result(value, self.max_result_bytes))
+            return Completed(writes.encode_result(value, self.max_result_bytes))
         except Suspend as wait:
             wake_at = cast("datetime | None", wait.wake_at)
             return Suspended(InstanceStatus(wait.status), wake_at, wait.delay)
@@ -392,7 +389,7 @@ class EngineRunner:
         delay = 0.1
         while not self._stopping.is_set():
             try:
-                given = await self.db(claims.release, self.owner, [(job_id, claim)])
+                given = await self.db(writes.release, self.owner, [(job_id, claim)])
             except Exception as exc:
                 if not is_transient(exc):
                     return
@@ -405,7 +402,7 @@ class EngineRunner:
             await asyncio.sleep(delay)
             delay = min(2 * delay, 2.0)
 
-    async def _settle(self, inst: claims.Claimed, outcome: Outcome, ctx: WorkflowContext) -> None:
+    async def _settle(self, inst: writes.Claimed, outcome: Outcome, ctx: WorkflowContext) -> None:
         """Record how a run ended. The last step's checkpoint, if the run still holds
         it, commits with the finish, or before a suspension or a control action."""
         match outcome:
@@ -424,11 +421,11 @@ class EngineRunner:
                     "%s", reason, extra={"event": "engine.lease_lost", "job_id": inst.job_id}
                 )
 
-    async def _suspend(self, inst: claims.Claimed, wait: Suspended) -> None:
+    async def _suspend(self, inst: writes.Claimed, wait: Suspended) -> None:
         await failpoints.hit_async("engine.before_suspend", inst.job_id)
         try:
             runnable = await self.db(
-                waits.suspend,
+                writes.suspend,
                 Lease(self.owner, inst.claim_count),
                 inst.job_id,
                 wait.status,
@@ -453,15 +450,15 @@ class EngineRunner:
             },
         )
 
-    async def _apply_control(self, inst: claims.Claimed, seen: ControlAction) -> None:
+    async def _apply_control(self, inst: writes.Claimed, seen: ControlAction) -> None:
         """Apply the request the run stopped for (``seen``), or what replaced it."""
         await failpoints.hit_async("engine.before_control_apply", inst.job_id)
         new_status, action = await self.db(
-            control_ops.apply_requested, Lease(self.owner, inst.claim_count), inst.job_id
+            writes.apply_requested, Lease(self.owner, inst.claim_count), inst.job_id
         )
         if new_status == InstanceStatus.TERMINATED:
             FINISHED.labels(inst.workflow, new_status).inc()
-        if action is None and new_status != control_ops.LOST:
+        if action is None and new_status != writes.LOST:
             log.info(
                 "operator %s withdrawn; instance re-queued",
                 seen,
@@ -480,7 +477,7 @@ class EngineRunner:
 
     async def _finish(
         self,
-        inst: claims.Claimed,
+        inst: writes.Claimed,
         ctx: WorkflowContext,
         status: InstanceStatus,
         result: bytes | None = None,
@@ -535,5 +532,5 @@ async def _main(runner: EngineRunner, concurrency: int) -> None:
     await runner.run()
 
 
-def _ids(inst: claims.Claimed) -> tuple[str, str, int]:
+def _ids(inst: writes.Claimed) -> tuple[str, str, int]:
     return inst.job_id, inst.workflow, inst.claim_count

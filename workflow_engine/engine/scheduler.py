@@ -31,8 +31,8 @@ from workflow_engine.engine.metrics import (
 )
 from workflow_engine.engine.services import Service
 from workflow_engine.model import ScheduleDef
-from workflow_engine.store import schedules as store
-from workflow_engine.store.schedules import TickReport
+from workflow_engine.store import views, writes
+from workflow_engine.store.writes import TickReport
 
 log = logging.getLogger(__name__)
 #: The next-fire gauges are refreshed every this many passes (the first included).
@@ -81,7 +81,7 @@ class Scheduler(Service):
         """Sleep until the next tick is due (a tick fires within milliseconds, not up to
         a whole interval late), at most ``interval`` (schedules made meanwhile)."""
         due = await asyncio.to_thread(
-            store.seconds_until_next_fire, self.engine, self.clock.db_now()
+            writes.seconds_until_next_fire, self.engine, self.clock.db_now()
         )
         if due is None:
             return self.interval
@@ -89,7 +89,7 @@ class Scheduler(Service):
 
     async def _upsert_declared(self) -> None:
         taken = await asyncio.to_thread(
-            store.upsert_declared, self.engine, self.declared, self.clock.db_now()
+            writes.upsert_declared, self.engine, self.declared, self.clock.db_now()
         )
         for name in taken:
             log.warning(
@@ -104,7 +104,7 @@ class Scheduler(Service):
         # operator delete) the same schedule before fire_due locks it.
         await failpoints.hit_async("engine.before_tick_fire")
         reports = await asyncio.to_thread(
-            store.fire_due,
+            writes.fire_due,
             self.engine,
             self.clock.db_now(),
             self.grace_seconds,
@@ -147,7 +147,7 @@ class Scheduler(Service):
         self._passes += 1
         if self._passes % GAUGE_EVERY_PASSES != 1:
             return
-        times = await asyncio.to_thread(store.next_fire_times, self.engine)
+        times = await asyncio.to_thread(views.next_fire_times, self.engine)
         SCHEDULE_NEXT_FIRE.clear()
         for name, next_fire in times.items():
             # Counters start at 0 for every schedule, so rate() and increase() see a

@@ -29,8 +29,7 @@ from workflow_engine.engine.metrics import (
     RESCUED,
     RUNNABLE_BACKLOG,
 )
-from workflow_engine.store import claim as claims
-from workflow_engine.store import maintenance
+from workflow_engine.store import writes
 from workflow_engine.store.writes import Heartbeat
 
 log = logging.getLogger(__name__)
@@ -112,7 +111,7 @@ class Rescuer(Service):
         while True:
             try:
                 await failpoints.hit_async("engine.before_rescue")
-                rescued = await asyncio.to_thread(claims.rescue_expired, self.engine)
+                rescued = await asyncio.to_thread(writes.rescue_expired, self.engine)
             except Exception:
                 log.exception("rescue failed", extra={"event": "engine.rescue_error"})
                 rescued = []
@@ -134,9 +133,9 @@ class Maintenance(Service):
         interval: float,
         retention_instances_seconds: float,
         retention_job_ids_seconds: float,
-        partition_seconds: float = maintenance.DAY,
+        partition_seconds: float = writes.DAY,
         partitions_ahead: int = 3,
-        retention_operator_actions_seconds: float = maintenance.OPERATOR_ACTIONS_RETENTION,
+        retention_operator_actions_seconds: float = writes.OPERATOR_ACTIONS_RETENTION,
     ) -> None:
         super().__init__()
         self.engine = engine
@@ -159,7 +158,7 @@ class Maintenance(Service):
         # collecting a child, goes on (docs/architecture.md, "Interleavings").
         await failpoints.hit_async("engine.before_partition_maintenance")
         pruned = await asyncio.to_thread(
-            maintenance.prune,
+            writes.prune,
             self.engine,
             *self.retention,
             *self.partitions,
@@ -169,7 +168,7 @@ class Maintenance(Service):
             PRUNED.labels(kind).inc(count)
 
     async def _count(self) -> None:
-        counts = await asyncio.to_thread(maintenance.status_counts, self.engine)
+        counts = await asyncio.to_thread(writes.status_counts, self.engine)
         INSTANCES_BY_STATUS.clear()
         for (workflow, status), n in counts.by_workflow_status.items():
             INSTANCES_BY_STATUS.labels(workflow, status).set(n)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from onceflow.vocabulary import RUNNABLE_STATUSES, InstanceStatus
 
@@ -86,3 +87,11 @@ def in_index_order(
     rows = list(conn.execute(statement, params))
     conn.exec_driver_sql("SET LOCAL enable_sort TO DEFAULT")
     return rows
+
+
+RUNNABLE_CHANNEL = "onceflow_runnable"
+
+
+def notify_runnable(conn: Connection) -> None:
+    """Wake the engines (delivered when the caller's transaction commits)."""
+    conn.execute(sa.text("SELECT pg_notify(:c, '')"), {"c": RUNNABLE_CHANNEL})

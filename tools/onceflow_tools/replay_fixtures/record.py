@@ -34,11 +34,9 @@ from onceflow_tools.interleavings import Driver, EngineHarness, FlowingClock, wa
 from onceflow_tools.replay_fixtures import workflows
 from onceflow_tools.stack import database_url_for, recreate_database
 from workflow_engine.definitions import REGISTRY
-from workflow_engine.model import RecordedStep
-from workflow_engine.store.claim import load_steps
-from workflow_engine.store.db import make_engine
-from workflow_engine.store.instances import Delivery, create_instances
-from workflow_engine.store.schema import migrate
+from workflow_engine.model import Delivery, RecordedStep
+from workflow_engine.store import make_engine, migrate
+from workflow_engine.store.writes import create_instances, load_steps
 
 #: The layout of the fixture files (the unit test refuses any other).
 FORMAT = 1

@@ -36,11 +36,7 @@ from workflow_engine.errors import (
     NonDeterminismError,
     StepResultError,
 )
-from workflow_engine.store import children
-from workflow_engine.store.db import is_row_at_fault, refusal, retry_on_deadlock
-from workflow_engine.store.fragments import held
-from workflow_engine.store.fragments import json_text as _json_text
-from workflow_engine.store.writes import (
+from workflow_engine.store.commands import (
     Answer,
     Chain,
     FinishInstance,
@@ -50,6 +46,10 @@ from workflow_engine.store.writes import (
     StartStep,
     Write,
 )
+from workflow_engine.store.db import is_row_at_fault, refusal, retry_on_deadlock
+from workflow_engine.store.fragments import held
+from workflow_engine.store.fragments import json_text as _json_text
+from workflow_engine.store.writes import children
 
 # --- lease-guarded writes, batched -------------------------------------------------
 #

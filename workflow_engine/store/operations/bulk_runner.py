@@ -25,10 +25,10 @@ import threading
 from sqlalchemy.engine import Engine
 
 from onceflow.vocabulary import BulkAction
-from workflow_engine.store import bulk
 from workflow_engine.store.db import is_transient
-from workflow_engine.store.listing import InstanceFilter
+from workflow_engine.store.operations import bulk
 from workflow_engine.store.operator_audit import Actor
+from workflow_engine.store.views.listing import InstanceFilter
 
 log = logging.getLogger(__name__)
 

@@ -18,13 +18,12 @@ from sqlalchemy.exc import IntegrityError
 
 from onceflow.vocabulary import InstanceStatus, StepKind, StepStatus
 from workflow_engine.errors import ControlRequested, LeaseLost, NonDeterminismError
-from workflow_engine.store import children
+from workflow_engine.store.commands import Lease
 from workflow_engine.store.fragments import LEASE_CTE as _LEASE_CTE
 from workflow_engine.store.fragments import NOW as _NOW
-from workflow_engine.store.fragments import RUNNABLE, held
+from workflow_engine.store.fragments import RUNNABLE, held, notify_runnable
 from workflow_engine.store.fragments import json_text as _json_text
-from workflow_engine.store.instances import notify_runnable
-from workflow_engine.store.writes import Lease
+from workflow_engine.store.writes import children
 
 
 def _write_leased(engine: Engine, sql: sa.TextClause, params: dict[str, Any], lost: str) -> None:

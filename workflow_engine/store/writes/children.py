@@ -44,9 +44,8 @@ from workflow_engine.errors import (
     NonDeterminismError,
     NonRetryableError,
 )
-from workflow_engine.store.fragments import held
-from workflow_engine.store.instances import notify_runnable
-from workflow_engine.store.writes import Lease
+from workflow_engine.store.commands import Lease
+from workflow_engine.store.fragments import held, notify_runnable
 
 #: ``<parent job id>__<name>``. A name has no ``__`` and does not start or end with
 #: ``_``, so the last ``__`` followed by a non-underscore splits any child id back into

@@ -21,11 +21,10 @@ from sqlalchemy.engine import Engine
 
 from onceflow.vocabulary import InstanceStatus, StepKind, StepStatus
 from workflow_engine.model import FlowControl, RecordedStep
-from workflow_engine.store.flow import HAVE_VERSION, claim_flow
 from workflow_engine.store.fragments import NOW as _NOW
 from workflow_engine.store.fragments import RUNNABLE as _RUNNABLE
-from workflow_engine.store.fragments import held, in_index_order, mark_running
-from workflow_engine.store.instances import notify_runnable
+from workflow_engine.store.fragments import held, in_index_order, mark_running, notify_runnable
+from workflow_engine.store.writes.flow import HAVE_VERSION, claim_flow
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,11 +45,12 @@ from onceflow.vocabulary import (
     InstanceStatus,
     OperatorAction,
 )
-from workflow_engine.store import control, operator_audit
+from workflow_engine.store import operator_audit
 from workflow_engine.store.db import is_transient, retry_on_deadlock
-from workflow_engine.store.instances import notify_runnable
-from workflow_engine.store.listing import InstanceFilter, InvalidFilter, where_clause
+from workflow_engine.store.fragments import notify_runnable
 from workflow_engine.store.operator_audit import Actor
+from workflow_engine.store.views.listing import InstanceFilter, InvalidFilter, where_clause
+from workflow_engine.store.writes.requests import transition
 
 log = logging.getLogger(__name__)
 
@@ -431,9 +432,7 @@ def _apply(conn: Connection, action: BulkAction, job_ids: list[str]) -> tuple[in
     wake = False
     for row in rows:
         requested = ControlAction(row.requested_action) if row.requested_action else None
-        outcome = control.transition(
-            conn, row.job_id, action, InstanceStatus(row.status), requested
-        )
+        outcome = transition(conn, row.job_id, action, InstanceStatus(row.status), requested)
         if outcome.changed and outcome.refused is None:
             done += 1
             wake = wake or outcome.runnable
