@@ -33,6 +33,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 from sqlalchemy.engine import Engine
 
+from onceflow.service_config import require_positive
 from workflow_engine.engine.metrics import WRITE_BATCH_SIZE
 from workflow_engine.store import is_transient, refusal, sqlstate
 from workflow_engine.store.writes import (
@@ -76,11 +77,22 @@ class _Pending:
     future: asyncio.Future[Any]
 
 
+@dataclass(frozen=True, slots=True)
+class BatcherConfig:
+    """At most ``writers`` batches in flight at once, each of at most ``max_batch``
+    writes (a heartbeat left behind joins the batch whatever its size)."""
+
+    writers: int = 3
+    max_batch: int = 1000
+
+    def __post_init__(self) -> None:
+        require_positive(self, "writers", "max_batch")
+
+
 class WriteBatcher:
-    def __init__(self, store: WriteStore, writers: int = 3, max_batch: int = 1000) -> None:
+    def __init__(self, store: WriteStore, config: BatcherConfig | None = None) -> None:
         self.store = store
-        self.writers = writers
-        self.max_batch = max_batch
+        self.config = config or BatcherConfig()
         self._pending: list[_Pending] = []
         self._ready = asyncio.Event()
         self._running: set[asyncio.Task[None]] = set()
@@ -94,7 +106,7 @@ class WriteBatcher:
 
     async def run(self) -> None:
         """The writer loop; runs until cancelled (after the runner has drained)."""
-        slots = asyncio.Semaphore(self.writers)
+        slots = asyncio.Semaphore(self.config.writers)
         while True:
             await self._ready.wait()
             self._ready.clear()
@@ -121,8 +133,8 @@ class WriteBatcher:
             slots.release()
 
     def _take(self) -> list[_Pending]:
-        batch = self._pending[: self.max_batch]
-        del self._pending[: self.max_batch]
+        batch = self._pending[: self.config.max_batch]
+        del self._pending[: self.config.max_batch]
         if self._has_exclusive(self._pending):
             # A heartbeat left behind would wait for the next round; take it now.
             batch += [p for p in self._pending if p.write.runs_alone]

@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
+from onceflow.service_config import require_positive
 from workflow_engine.engine.metrics import INSTANCES_WITHOUT_ENGINE, WORKFLOW_VERSION
 from workflow_engine.engine.services import Service
 from workflow_engine.store import views, writes
@@ -25,15 +27,26 @@ log = logging.getLogger(__name__)
 UNVERSIONED = "unversioned"
 
 
+@dataclass(frozen=True, slots=True)
+class PresenceConfig:
+    """The engine's row is refreshed, and the stranded instances counted, every
+    ``interval_seconds``."""
+
+    interval_seconds: float
+
+    def __post_init__(self) -> None:
+        require_positive(self, "interval_seconds")
+
+
 class Presence(Service):
     def __init__(
-        self, engine: Engine, engine_id: str, versions: dict[str, str], interval: float
+        self, engine: Engine, engine_id: str, versions: dict[str, str], config: PresenceConfig
     ) -> None:
         super().__init__()
         self.engine = engine
         self.engine_id = engine_id
         self.versions = dict(versions)
-        self.interval = interval
+        self.config = config
         self._reported: dict[tuple[str, str | None], int] = {}
 
     async def run(self) -> None:
@@ -46,7 +59,7 @@ class Presence(Service):
                 await self._count()
             except Exception:
                 log.exception("presence failed", extra={"event": "engine.presence_error"})
-            await asyncio.sleep(self.interval)
+            await asyncio.sleep(self.config.interval_seconds)
 
     async def _count(self) -> None:
         stranded = await asyncio.to_thread(

@@ -40,6 +40,7 @@ from onceflow.vocabulary import ControlAction, InstanceStatus, Process
 from workflow_engine.clock import FakeClock, SystemClock
 from workflow_engine.definitions import RetryPolicy, load_workflow_modules
 from workflow_engine.engine.batcher import PostgresWrites, WriteBatcher
+from workflow_engine.engine.configs import engine_configs
 from workflow_engine.engine.context import WorkflowContext
 from workflow_engine.engine.listener import Listener
 from workflow_engine.engine.metrics import (
@@ -92,6 +93,7 @@ class EngineRunner:
         self.settings = settings
         #: The workflows this engine runs (and claims: their versions, flow control).
         self.registry = registry
+        self.configs = engine_configs(settings)  # the services' configs, checked here
         # Connections: the group-commit writers, the claim loop, the rescuer and
         # maintenance, and the rare single writes (sleeps, waits) — not one per instance.
         self.engine = engine or make_engine(
@@ -111,7 +113,7 @@ class EngineRunner:
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
-        self.batcher = WriteBatcher(PostgresWrites(self.engine, self.owner))
+        self.batcher = WriteBatcher(PostgresWrites(self.engine, self.owner), self.configs.batcher)
         self._traced = tracing.enabled()
 
     async def write(self, write: Write[T]) -> T:
@@ -152,21 +154,19 @@ class EngineRunner:
             log.info("engine stopped", extra={"event": "engine.stopped", "engine_id": self.owner})
 
     def _services(self) -> list[Service]:
-        s = self.settings
+        c = self.configs
         return [
-            LeaseKeeper(self.batcher, self._inflight, s.engine_lease_seconds),
-            Rescuer(self.engine, s.engine_lease_seconds),
-            Maintenance(
+            LeaseKeeper(self.batcher, self._inflight, c.lease_keeper),
+            Rescuer(self.engine, c.rescuer),
+            Maintenance(self.engine, c.maintenance),
+            Presence(self.engine, self.owner, self.registry.versions(), c.presence),
+            Scheduler(
                 self.engine,
-                s.maintenance_interval_seconds,
-                s.retention_instances_seconds,
-                s.retention_job_ids_seconds,
-                s.retention_partition_seconds,
-                s.retention_partitions_ahead,
-                s.retention_operator_actions_seconds,
+                self.clock,
+                c.scheduler,
+                self.registry.schedules(),
+                self.registry.versions(),
             ),
-            Presence(self.engine, self.owner, self.registry.versions(), s.engine_lease_seconds / 3),
-            Scheduler(self.engine, self.clock, self.registry.schedules(), self.registry.versions()),
         ]
 
     def stop(self) -> None:

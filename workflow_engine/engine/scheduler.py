@@ -16,10 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
 from onceflow import failpoints
+from onceflow.errors import ConfigurationError
+from onceflow.service_config import require_positive
 from onceflow.ticks import DEFAULT_GRACE_SECONDS
 from onceflow.vocabulary import TickSkipReason, TickTrigger
 from workflow_engine.clock import FakeClock, SystemClock
@@ -41,26 +44,40 @@ GAUGE_EVERY_PASSES = 5
 MIN_PAUSE_SECONDS = 0.01
 
 
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Due ticks are looked for at least every ``interval_seconds``; a tick up to
+    ``grace_seconds`` late still fires as on time (:func:`onceflow.ticks.plan`)."""
+
+    interval_seconds: float = 1.0
+    grace_seconds: float = DEFAULT_GRACE_SECONDS
+
+    def __post_init__(self) -> None:
+        require_positive(self, "interval_seconds")
+        if not self.grace_seconds >= 0:
+            raise ConfigurationError(
+                f"SchedulerConfig.grace_seconds must be zero or more, not {self.grace_seconds!r}"
+            )
+
+
 class Scheduler(Service):
     """Upserts the declared schedules, then fires due ticks as they fall due (checking
-    at least every ``interval`` seconds)."""
+    at least every ``config.interval_seconds``)."""
 
     def __init__(
         self,
         engine: Engine,
         clock: SystemClock | FakeClock,
+        config: SchedulerConfig,
         declared: Sequence[ScheduleDef] = (),
         versions: Mapping[str, str] | None = None,
-        interval: float = 1.0,
-        grace_seconds: float = DEFAULT_GRACE_SECONDS,
     ) -> None:
         super().__init__()
         self.engine = engine
         self.clock = clock
+        self.config = config
         self.declared = tuple(declared)
         self.versions = dict(versions or {})
-        self.interval = interval
-        self.grace_seconds = grace_seconds
         self._passes = 0
 
     async def run(self) -> None:
@@ -74,18 +91,19 @@ class Scheduler(Service):
                 pause = await self._until_next()
             except Exception:
                 log.exception("scheduler pass failed", extra={"event": "schedule.error"})
-                pause = self.interval
+                pause = self.config.interval_seconds
             await asyncio.sleep(pause)
 
     async def _until_next(self) -> float:
         """Sleep until the next tick is due (a tick fires within milliseconds, not up to
-        a whole interval late), at most ``interval`` (schedules made meanwhile)."""
+        a whole interval late), at most the interval (schedules made meanwhile)."""
         due = await asyncio.to_thread(
             writes.seconds_until_next_fire, self.engine, self.clock.db_now()
         )
+        interval = self.config.interval_seconds
         if due is None:
-            return self.interval
-        return min(self.interval, max(MIN_PAUSE_SECONDS, due))
+            return interval
+        return min(interval, max(MIN_PAUSE_SECONDS, due))
 
     async def _upsert_declared(self) -> None:
         taken = await asyncio.to_thread(
@@ -107,7 +125,7 @@ class Scheduler(Service):
             writes.fire_due,
             self.engine,
             self.clock.db_now(),
-            self.grace_seconds,
+            self.config.grace_seconds,
             versions=self.versions,
         )
         for report in reports:
