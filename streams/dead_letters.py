@@ -15,7 +15,7 @@ value and no original headers; any other error is retried with backoff, forever:
 partition waits (its offsets are not committed) rather than skip a record.
 
 Once Kafka has acknowledged a letter it is recorded in ``onceflow_dead_letters``
-(``workflow_engine.store.dead_letters``), with its DLQ position.
+(``workflow_engine.store.writes.dead_letters``), with its DLQ position.
 """
 
 from __future__ import annotations

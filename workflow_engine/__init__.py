@@ -41,7 +41,7 @@ _EXPORTS = {
     "Delivery": "workflow_engine.model",
     "Registry": "workflow_engine.model",
     "REGISTRY": "workflow_engine.definitions",
-    "create_instances": "workflow_engine.store.instances",
+    "create_instances": "workflow_engine.store.writes",
 }
 
 __all__ = [

@@ -20,7 +20,6 @@ from onceflow_tools.stack import database_url_for, recreate_database
 from workflow_engine.model import Delivery
 from workflow_engine.store import (
     available_migrations,
-    control,
     grant_app_role,
     make_engine,
     migrate,
@@ -29,6 +28,7 @@ from workflow_engine.store import (
 )
 from workflow_engine.store import partitions as parts
 from workflow_engine.store.writes import create_instances, prune
+from workflow_engine.store.writes.requests import apply_restart
 
 DAY = timedelta(days=1)
 WEEK, MONTH = 7 * 86400, 30 * 86400
@@ -319,7 +319,7 @@ def test_a_restart_forgets_the_attempts_too(db):
     _instance_with_old_attempt(db, "again", 1, "errored", finished_days_ago=1)
     with db.begin() as conn:
         conn.execute(sa.text("UPDATE onceflow_instances SET error = 'x' WHERE job_id = 'again'"))
-        control.apply_restart(conn, "again")
+        apply_restart(conn, "again")
     assert _where(db, "SELECT count(*) FROM onceflow_step_attempts") == [(0,)]
     assert _where(db, "SELECT status FROM onceflow_instances") == [("queued",)]
 

@@ -2,7 +2,7 @@
 
 The lease is a session-level advisory lock on the operation's id, and advisory locks
 are per database: ``pg_try_advisory_lock`` in one database never waits for the same
-key taken in another. But :func:`workflow_engine.store.bulk.unleased` reads
+key taken in another. But :func:`workflow_engine.store.operations.bulk.unleased` reads
 ``pg_locks``, which lists the locks of every database on the server, without its
 ``database`` column: two deployments on one server (staging and production, each its
 own database, operation ids both counting from 1) hide each other's cut-off

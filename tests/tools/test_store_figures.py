@@ -1,5 +1,5 @@
 """The figures the demo and the chaos run prove the property with, on real PostgreSQL:
-the store's functions (``workflow_engine.store.stats``, ``.audit``) and the samples'
+the store's functions (``workflow_engine.store.views.stats``, ``.audit``) and the samples'
 own counts agree with the plain SQL the demo prints for anyone to re-check, on data
 that breaks the property on purpose."""
 

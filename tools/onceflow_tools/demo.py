@@ -5,7 +5,7 @@ several concurrent clients, and one resubmission with different params. When all
 is done, the demo checks with SQL that there is exactly one instance per accepted job
 id, all complete, and exactly one side effect per step per job.
 
-The checks read the store's figures (:mod:`workflow_engine.store.stats`) and the
+The checks read the store's figures (:mod:`workflow_engine.store.views.stats`) and the
 samples' own tables (:func:`onceflow_examples.side_effect_counts`); ``PROOF_SQL`` is
 the same proof as plain SQL, printed for anyone who wants to re-check it with psql.
 """

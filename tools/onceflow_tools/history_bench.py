@@ -15,7 +15,7 @@ One run:
    attempts) and job ids; time it, read ``n_dead_tup`` / ``last_autovacuum``, then time
    the VACUUM that DELETE leaves owed;
 3. apply migration 0012 (timed: it rewrites both tables), ANALYZE; measure again;
-4. retention the new way (:func:`workflow_engine.store.maintenance.prune`): the next
+4. retention the new way (:func:`workflow_engine.store.writes.maintenance.prune`): the next
    day's partitions are dropped whole; time it and read the same statistics.
 
 Never point it at a real database: it creates ``onceflow_hist_<id>`` on the server of

@@ -33,7 +33,7 @@ Each run reports its rate from the database's own timestamps (as the ``queue`` a
   transactions that wrote, i.e. the WAL flushes a synchronous commit waits for).
 
 The statements here read PostgreSQL's own statistics, never onceflow's tables (those go
-through :mod:`workflow_engine.store.stats`).
+through :mod:`workflow_engine.store.views.stats`).
 """
 
 from __future__ import annotations

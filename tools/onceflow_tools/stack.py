@@ -148,7 +148,7 @@ class Stack:
 
     def scalar(self, sql: str, **params: object) -> int:
         """A query's one number: for tests' own assertions. The tools read their figures
-        from the store (:mod:`workflow_engine.store.stats`), never with SQL of their own."""
+        from the store (:mod:`workflow_engine.store.views.stats`), never with SQL of their own."""
         assert self.db is not None
         with self.db.connect() as conn:
             return int(conn.execute(sa.text(sql), params).scalar() or 0)

@@ -4,7 +4,7 @@ Every in-flight instance of an engine sends its lease-guarded writes (``StartSte
 ``FinishStep``, ``FinishInstance``, and the engine's ``Heartbeat``; see
 :mod:`workflow_engine.store.writes`) here instead of committing each on its own. A
 single writer takes everything pending, applies it in one transaction (one multi-row
-statement per class of write, see :func:`workflow_engine.store.execution.write_batch`)
+statement per class of write, see :func:`workflow_engine.store.writes.execution.write_batch`)
 and only then wakes the instances whose writes it carried. Durability is unchanged —
 nobody proceeds before its checkpoint is committed — but a hundred instances pay for
 one commit and a handful of round trips instead of a hundred of each, and no engine

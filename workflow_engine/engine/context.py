@@ -14,7 +14,7 @@ in; their checkpoint writes go one at a time per instance (the group-commit writ
 rule: an instance has at most one write pending), while their step code runs at once.
 
 Child workflows (``ctx.start_child`` / ``ctx.child_result``) are entries of kind
-``child`` in the history (:mod:`workflow_engine.store.children`): started once, and
+``child`` in the history (:mod:`workflow_engine.store.writes.children`): started once, and
 awaited without holding a worker.
 
 At-least-once steps: a step's side effect can happen more than once if the process

@@ -1,7 +1,7 @@
 """The scheduler: an engine service that fires due schedule ticks.
 
 Every engine runs one; none is elected. Each pass hands the due schedules to
-:func:`workflow_engine.store.schedules.fire_due`, which takes them in batches with
+:func:`workflow_engine.store.writes.ticks.fire_due`, which takes them in batches with
 ``FOR UPDATE SKIP LOCKED`` and creates each tick's instance through the one create path,
 whose unique constraint makes a tick's job id (``<schedule>@<UTC instant>``) start at
 most one instance whichever engine gets there, after any crash or clock jump. Missed

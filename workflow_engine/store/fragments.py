@@ -1,5 +1,5 @@
-"""SQL text shared by the claims (:mod:`~workflow_engine.store.claim`, the
-flow-controlled :mod:`~workflow_engine.store.flow`) and the lease-guarded writes."""
+"""SQL text shared by the claims (:mod:`~workflow_engine.store.writes.claim`, the
+flow-controlled :mod:`~workflow_engine.store.writes.flow`) and the lease-guarded writes."""
 
 from __future__ import annotations
 

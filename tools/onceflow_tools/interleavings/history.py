@@ -6,7 +6,7 @@ see a zombie's step still running after its lease was taken, the step's own log 
 Each invariant is one query; a broken one is a line of text naming the job.
 
 The queries are its own, not the store's (the tools otherwise read the store through
-``workflow_engine.store.stats``): an oracle that shared the code it checks would share
+``workflow_engine.store.views.stats``): an oracle that shared the code it checks would share
 its mistakes.
 """
 

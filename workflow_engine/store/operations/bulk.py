@@ -13,16 +13,16 @@ last committed batch.
 Who runs an operation is a lease: a session-level advisory lock on the operation's id
 (:func:`leased`), held by the connection that runs its batches. A process that dies
 (SIGKILL, a crash, a stop between batches) loses the lock with its connection, and any
-:class:`workflow_engine.store.bulk_runner.BulkRunner` (the console's, the admin API's)
+:class:`workflow_engine.store.operations.bulk_runner.BulkRunner` (the console's, the admin API's)
 finds the operation still ``running`` and unleased (:func:`unleased`) and resumes it.
 The lock holds no transaction open between batches.
 
-Each instance goes through the per-instance rules of :mod:`workflow_engine.store.control`:
-one an engine is running gets a ``requested_action`` (the engine applies it at its next
-step boundary), the others change at once. An instance the action does not apply to
-(resume of one that is not paused, terminate of a finished one, one deleted since the
-snapshot) is counted as ``skipped``, not as an error.
-"""
+Each instance goes through the per-instance rules of
+:func:`workflow_engine.store.writes.requests.transition`: one an engine is running gets
+a ``requested_action`` (the engine applies it at its next step boundary), the others
+change at once. An instance the action does not apply to (resume of one that is not
+paused, terminate of a finished one, one deleted since the snapshot) is counted as
+``skipped``, not as an error. """
 
 from __future__ import annotations
 

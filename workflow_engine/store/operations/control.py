@@ -142,7 +142,7 @@ def send_event(
 
     The instance row is locked first (``FOR UPDATE``), the same row, in the same order,
     as the engine's suspend locks before it re-checks pending events
-    (:func:`workflow_engine.store.waits.suspend`). So the two serialize: an instance
+    (:func:`workflow_engine.store.writes.waits.suspend`). So the two serialize: an instance
     still running when this commits sees the event in its suspend and does not wait;
     one that suspended first is seen here as waiting and woken. No event is left
     beside an instance that waits for it.

@@ -1,7 +1,7 @@
 """Schedules: every statement on ``onceflow_schedules`` and ``onceflow_schedule_ticks``.
 
 A tick is a job like any other: :func:`fire_due` hands its deliveries to the one create
-path (:func:`~workflow_engine.store.instances.create_instances_in`), so its job id
+path (:func:`~workflow_engine.store.writes.create.create_instances_in`), so its job id
 (``<schedule>@<UTC instant>``) meets the unique constraint ``onceflow_jobs_job_id_key``
 and a tick can never make two instances, whichever engine fires it, however often.
 

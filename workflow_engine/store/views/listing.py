@@ -236,7 +236,7 @@ _MISMATCHED = {True: "i.duplicated AND i.mismatched", False: "NOT i.mismatched"}
 def where_clause(f: InstanceFilter) -> tuple[str, dict[str, Any]]:
     """The SQL condition on ``onceflow_instances i`` for ``f`` and its bind parameters.
 
-    Used by the lists here and by :mod:`workflow_engine.store.bulk`; ``TRUE`` for the
+    Used by the lists here and by :mod:`workflow_engine.store.operations.bulk`; ``TRUE`` for the
     empty filter. Only the set fields appear, so each shape of filter gets its own plan.
     """
     terms: list[str] = []

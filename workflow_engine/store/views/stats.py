@@ -5,7 +5,7 @@ The demo, the chaos run and the benchmarks read their proof and their measuremen
 here, so no tool writes SQL on a product table. Every function is one read-only
 round trip returning a frozen dataclass (or a plain number). The counts scan the
 tables: they are for proofs and benchmarks, not for the hot path (the engines'
-gauges use :func:`workflow_engine.store.maintenance.status_counts`).
+gauges use :func:`workflow_engine.store.writes.maintenance.status_counts`).
 """
 
 from __future__ import annotations

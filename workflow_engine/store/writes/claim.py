@@ -3,7 +3,7 @@
 :func:`claim` leases a batch of runnable instances in one transaction: for the workflows
 without flow control, a pick in claim order (SKIP LOCKED) and the lease of what it
 picked; then, under its advisory lock, each flow-controlled workflow's claim
-(:mod:`workflow_engine.store.flow`); and the histories of all of them in one query.
+(:mod:`workflow_engine.store.writes.flow`); and the histories of all of them in one query.
 :func:`rescue_expired` re-queues the instances of a dead engine; :func:`release` gives
 back those a stopping engine will not finish.
 """
@@ -135,7 +135,7 @@ def claim(
     (``onceflow_claim_order``), in one order across plain and flow-controlled workflows.
 
     Workflows with flow control (``flows``: a concurrency limit, per-key limits, rate
-    limits, fairness, :mod:`workflow_engine.store.flow`) are claimed under
+    limits, fairness, :mod:`workflow_engine.store.writes.flow`) are claimed under
     a per-workflow advisory lock held to commit, so that engines claiming at the same
     time cannot exceed a limit. Sleeping and waiting instances do not count toward a
     limit unless ``hold_while_waiting`` says so.

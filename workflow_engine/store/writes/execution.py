@@ -3,8 +3,8 @@
 The checkpoint writes (step started, step checkpoint, instance finished, heartbeat;
 :mod:`workflow_engine.store.writes`) of many instances are applied by
 :func:`write_batch` in one transaction, one multi-row statement per class of write.
-Claiming is :mod:`workflow_engine.store.claim`; the rare one-round-trip writes (sleeps,
-event waits, markers, suspension) are :mod:`workflow_engine.store.waits`.
+Claiming is :mod:`workflow_engine.store.writes.claim`; the rare one-round-trip writes (sleeps,
+event waits, markers, suspension) are :mod:`workflow_engine.store.writes.waits`.
 
 All writes on behalf of a running instance are guarded by its lease: they lock the
 instance row (``FOR SHARE``) and check ``lease_owner`` and ``claim_count`` (the

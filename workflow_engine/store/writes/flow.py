@@ -1,7 +1,7 @@
 """The flow-controlled claim: per-key concurrency, rate limits, priority and fairness.
 
 A workflow that declares flow control is claimed by :func:`claim_flow`, under the
-per-workflow advisory lock :func:`~workflow_engine.store.claim.claim` takes (tried,
+per-workflow advisory lock :func:`~workflow_engine.store.writes.claim.claim` takes (tried,
 in the plain claim's statements, before these), in two statements with
 ``FOR UPDATE SKIP LOCKED``: step 1 (the pool) is read by one, planned with sorts priced
 out so that it can only probe ``onceflow_instances_lane_idx`` in order whatever the
@@ -69,7 +69,7 @@ _CANDIDATE = f"""
       {HAVE_VERSION}
 """
 
-# A flow-controlled claim is two statements, as the plain claim is (store/claim.py): the
+# A flow-controlled claim is two statements, as the plain claim is (store/writes/claim.py): the
 # read of the lanes' heads (the pool), planned with sorts priced out, so that the walk
 # over the lanes and every per-lane read are ordered probes of
 # onceflow_instances_lane_idx whatever the statistics say (on statistics from before a

@@ -54,7 +54,7 @@ def transition(
 ) -> Transition:
     """The one set of rules for pause, resume, terminate and restart, applied to an
     instance already locked ``FOR UPDATE``. The single operations below raise on a
-    refusal; :mod:`workflow_engine.store.bulk` counts it as skipped."""
+    refusal; :mod:`workflow_engine.store.operations.bulk` counts it as skipped."""
     running = status == InstanceStatus.RUNNING
     if action == BulkAction.RESUME:
         if running and requested == ControlAction.PAUSE:

@@ -2,7 +2,7 @@
 event waits (:func:`begin_wait`, :func:`close_entry`, :func:`consume_event`), markers
 (:func:`record_marker`, patches), and suspension (:func:`suspend`).
 
-Like the batched checkpoints (:mod:`workflow_engine.store.execution`), each locks the
+Like the batched checkpoints (:mod:`workflow_engine.store.writes.execution`), each locks the
 instance row and checks ``lease_owner``, so an engine whose lease was taken over writes
 nothing.
 """
