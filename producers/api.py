@@ -86,7 +86,8 @@ def create_app(settings: Settings, producer: JobSender | None = None) -> IngestF
     app.include_router(health.router)
     app.openapi = partial(_openapi, app, ingest.known_types)  # type: ignore[method-assign]
     # Decided once here: with tracing off, no per-request hook.
-    return IngestFront(app, jobs.SubmitApp(ingest), traced=tracing.enabled())
+    front = TracedFront if tracing.enabled() else IngestFront
+    return front(app, jobs.SubmitApp(ingest))
 
 
 @asynccontextmanager
@@ -134,18 +135,18 @@ class IngestFront:
     requests: where the time goes"). The route's match is Starlette's own (the path
     under ``root_path``, the method), so the route declared in the FastAPI app, which
     documents the endpoint, is never reached. With tracing on, :class:`TraceRequests`
-    wraps the whole front: every request gets its span, submissions included.
+    wraps the whole front (:class:`TracedFront`): every request gets its span,
+    submissions included.
 
     Before anything, a NUL character in the URL is a 400, on every route: PostgreSQL
     cannot hold one, and it has no business in an id."""
 
-    def __init__(self, api: FastAPI, submit: ASGIApp, traced: bool = False) -> None:
+    def __init__(self, api: FastAPI, submit: ASGIApp) -> None:
         self.api = api
         #: The FastAPI app's state (``state.ingest``), for whoever holds the front.
         self.state = api.state
         self.submit = submit
         self.rest: ASGIApp = api
-        self._app: ASGIApp = TraceRequests(self._route) if traced else self._route
 
     def trust_proxies(self, trusted_hosts: list[str] | str) -> None:
         """Behind uvicorn: its proxy-headers middleware (the same trusted addresses) in
@@ -158,9 +159,6 @@ class IngestFront:
             self.submit = _proxy_headers(self.submit, trusted_hosts)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._app(scope, receive, send)
-
-    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             if "\x00" in scope["path"] or b"%00" in scope.get("query_string", b""):
                 body = ErrorBody(
@@ -172,6 +170,19 @@ class IngestFront:
                 await self.submit(scope, receive, send)
                 return
         await self.rest(scope, receive, send)
+
+
+class TracedFront(IngestFront):
+    """:class:`IngestFront` inside :class:`TraceRequests` (tracing on). A subclass
+    rather than a flag, so that with tracing off the front's call is the dispatch
+    itself, with no hop to decide that there is no span."""
+
+    def __init__(self, api: FastAPI, submit: ASGIApp) -> None:
+        super().__init__(api, submit)
+        self._traced = TraceRequests(super().__call__)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._traced(scope, receive, send)
 
 
 def _proxy_headers(app: ASGIApp, trusted_hosts: list[str] | str) -> ASGIApp:
