@@ -307,9 +307,9 @@ def test_the_server_front_takes_submissions_and_hands_the_rest_on():
     import uvicorn
 
     from onceflow.settings import ApiKey
+    from producers.api import IngestFront
     from producers.auth import hash_key, new_key
     from producers.kafka import Ack
-    from producers.api import IngestFront
     from producers.server import _front_first
 
     class Acking:
