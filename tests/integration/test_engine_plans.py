@@ -17,10 +17,11 @@ import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope
 from workflow_engine.model import Delivery
+from workflow_engine.store import writes
 from workflow_engine.store.fragments import in_index_order
-from workflow_engine.store.writes import claim as claims
 from workflow_engine.store.writes import create_instances
 from workflow_engine.store.writes import execution as store
+from workflow_engine.store.writes.claim import _PICK
 
 RUNNING = 600
 BATCH = 96
@@ -40,7 +41,7 @@ def test_the_lease_checks_probe_job_ids_when_the_statistics_predate_a_burst(db):
         # state a burst meets until the next ANALYZE.
         conn.execute(sa.text("ALTER TABLE onceflow_instances SET (autovacuum_enabled = false)"))
         conn.execute(sa.text("ANALYZE onceflow_instances"))
-    assert len(claims.claim(db, "o", RUNNING, 30)) == RUNNING
+    assert len(writes.claim(db, "o", RUNNING, 30)) == RUNNING
 
     batch = jobs[:BATCH]
     ints = [0] * BATCH
@@ -140,13 +141,13 @@ def test_the_claim_reads_the_queue_in_order_when_the_statistics_predate_a_burst(
     }
     with db.connect() as conn:
         plan = "\n".join(
-            row[0] for row in in_index_order(conn, sa.text("EXPLAIN " + claims._PICK.text), params)
+            row[0] for row in in_index_order(conn, sa.text("EXPLAIN " + _PICK.text), params)
         )
     assert "Index Scan using onceflow_instances_claim_order_idx" in plan, plan
     assert "Index Scan using onceflow_instances_lane_idx" in plan, plan
     assert "Sort" not in plan, plan
     # ... and a claim takes the oldest of the burst.
-    claimed = claims.claim(db, "o", 32, 30)
+    claimed = writes.claim(db, "o", 32, 30)
     assert sorted(c.job_id for c in claimed) == burst[:32]
 
 
@@ -190,5 +191,5 @@ def test_the_flow_claim_reads_the_lanes_in_order_when_the_statistics_predate_a_b
     assert "Sort" not in plan, plan
     assert "onceflow_instances_runnable_idx" not in plan, plan
     # ... and a claim takes the oldest of the burst, two per customer (its limit).
-    claimed = claims.claim(db, "o", 32, 30, flows=REGISTRY.flows())
+    claimed = writes.claim(db, "o", 32, 30, flows=REGISTRY.flows())
     assert sorted(c.job_id for c in claimed) == [f"burst_{i:05d}" for i in range(32)]

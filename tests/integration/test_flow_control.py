@@ -30,8 +30,8 @@ from workflow_engine.store import operations, writes
 from workflow_engine.store.fragments import in_index_order
 from workflow_engine.store.views import describe_instance, job_trace
 from workflow_engine.store.writes import Lease, create_instances
-from workflow_engine.store.writes import claim as claims
 from workflow_engine.store.writes import flow as store_flow
+from workflow_engine.store.writes.claim import _PICK
 
 _OFFSETS = itertools.count()
 MODULES = json.dumps(["onceflow_examples", "tests.integration.flow_workflows"])
@@ -66,7 +66,7 @@ def scalar(db, sql, **params):
 
 def claim(db, limit):
     """One claim by this process, with every test workflow's flow control."""
-    return claims.claim(db, "test-owner", limit, 30, flows=REGISTRY.flows())
+    return writes.claim(db, "test-owner", limit, 30, flows=REGISTRY.flows())
 
 
 def run_until(settings, db, done, timeout=60.0, **overrides):
@@ -411,7 +411,7 @@ def test_the_claims_are_served_by_the_claim_order_indexes(db):
     with db.connect() as conn:
         conn.execute(sa.text("SET enable_seqscan = off"))
         plan = "\n".join(
-            row[0] for row in in_index_order(conn, sa.text("EXPLAIN " + claims._PICK.text), params)
+            row[0] for row in in_index_order(conn, sa.text("EXPLAIN " + _PICK.text), params)
         )
         assert "Index Scan using onceflow_instances_claim_order_idx" in plan
         assert "Seq Scan on onceflow_instances" not in plan
@@ -463,7 +463,7 @@ def test_a_workflow_without_flow_control_is_claimed_with_or_without_a_lane(db):
         ("had_a_lane", "x"),
         ("no_lane", None),
     ]
-    got = claims.claim(db, "o", 10, 30, versions={wf.UNFAIR: "any"}, flows=REGISTRY.flows())
+    got = writes.claim(db, "o", 10, 30, versions={wf.UNFAIR: "any"}, flows=REGISTRY.flows())
     assert sorted(c.job_id for c in got) == ["had_a_lane", "no_lane"]
 
 
