@@ -19,7 +19,7 @@ from onceflow.envelope import JobEnvelope
 from onceflow_tools.stack import database_url_for, recreate_database
 from workflow_engine.store import control
 from workflow_engine.store import partitions as parts
-from workflow_engine.store.db import make_engine, sqlalchemy_url
+from workflow_engine.store.db import constraint_of, make_engine, sqlalchemy_url
 from workflow_engine.store.instances import Delivery, create_instances
 from workflow_engine.store.maintenance import prune
 from workflow_engine.store.schema import available_migrations, grant_app_role, migrate
@@ -380,7 +380,7 @@ def test_a_job_id_collides_across_time_ranges(db):
                 " VALUES ('o1', 'order-workflow', 'd', 't', 5, 5, now() + interval '2 days')"
             )
         )
-    assert caught.value.orig.diag.constraint_name == "onceflow_jobs_job_id_key"
+    assert constraint_of(caught.value) == "onceflow_jobs_job_id_key"
 
 
 def test_the_app_role_can_run_retention(db, db_url):

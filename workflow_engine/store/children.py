@@ -44,6 +44,7 @@ from workflow_engine.errors import (
     NonDeterminismError,
     NonRetryableError,
 )
+from workflow_engine.store.db import constraint_of
 from workflow_engine.store.fragments import held
 from workflow_engine.store.instances import notify_runnable
 from workflow_engine.store.writes import Lease
@@ -192,9 +193,7 @@ def start_children(engine: Engine, lease: Lease, starts: list[StartChild]) -> li
                 notify_runnable(conn)
             return created
     except IntegrityError as exc:
-        if getattr(getattr(exc.orig, "diag", None), "constraint_name", None) == (
-            "onceflow_steps_name_key"
-        ):
+        if constraint_of(exc) == "onceflow_steps_name_key":
             names = ", ".join(repr(s.name) for s in starts)
             raise NonDeterminismError(
                 f"a child name ({names}) is also used as a step name in this workflow"

@@ -49,6 +49,7 @@ from onceflow.vocabulary import (
     TickSkipReason,
     TickTrigger,
 )
+from workflow_engine.store.db import constraint_of
 from workflow_engine.store.instances import Delivery, create_instances_in
 
 #: A backfill creates at most this many ticks (ask for a shorter range beyond it).
@@ -227,9 +228,7 @@ def create_schedule(engine: Engine, d: ScheduleDef, now: datetime | None = None)
             values = _def_params(d, _now(conn, now))
             conn.execute(sa.text(_INSERT.format(declared="false")), values)
     except IntegrityError as exc:
-        if getattr(getattr(exc.orig, "diag", None), "constraint_name", None) == (
-            "onceflow_schedules_pkey"
-        ):
+        if constraint_of(exc) == "onceflow_schedules_pkey":
             raise ScheduleExists(f"a schedule named {d.name!r} exists already") from None
         raise
     return get_schedule(engine, d.name)
