@@ -45,7 +45,7 @@ from workflow_engine.errors import (
     NonRetryableError,
 )
 from workflow_engine.store.db import constraint_of
-from workflow_engine.store.fragments import held
+from workflow_engine.store.fragments import TERMINAL, held
 from workflow_engine.store.instances import notify_runnable
 from workflow_engine.store.writes import Lease
 
@@ -54,7 +54,6 @@ from workflow_engine.store.writes import Lease
 #: (parent, name): two different (parent, name) pairs never give one id.
 SEPARATOR = "__"
 _NAME = re.compile(r"[A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*")
-_FINAL = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))
 #: The longest child id of a schedule's tick (``<schedule>@<instant>``, up to 101
 #: characters) or of its descendants: their ids carry the tick's ``@`` and ``:``, which
 #: no client-supplied id has, so they can never collide with one.
@@ -349,7 +348,7 @@ def awaited_child_finished(parent: str) -> str:
     return f"""EXISTS (
     SELECT 1 FROM onceflow_steps s JOIN onceflow_instances c ON c.job_id = s.child_job_id
     WHERE s.job_id = {parent} AND s.kind = '{StepKind.CHILD}'
-      AND s.status = '{StepStatus.WAITING}' AND c.status IN ({_FINAL}))"""
+      AND s.status = '{StepStatus.WAITING}' AND c.status IN ({TERMINAL}))"""
 
 
 #: Parents waiting for one of the children this transaction finished.

@@ -23,13 +23,13 @@ from sqlalchemy.engine import Connection, Engine
 
 from onceflow.envelope import JobEnvelope, params_digest
 from onceflow.vocabulary import (
-    TERMINAL_STATUSES,
     InstanceStatus,
     JobKind,
     Origin,
     StepKind,
     StepStatus,
 )
+from workflow_engine.store.fragments import TERMINAL
 
 RUNNABLE_CHANNEL = "onceflow_runnable"
 
@@ -391,7 +391,6 @@ ENGINE_HAS = (
     " ELSE e.workflows ->> i.workflow = i.version END)"
 )
 _ENGINE_HAS = ENGINE_HAS
-_FINAL = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))
 
 _DESCRIBE_SQL = sa.text(
     f"""
@@ -405,7 +404,7 @@ SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
        (SELECT count(*) FROM onceflow_dead_letters dl
          WHERE dl.job_id = i.job_id) AS dead_letters,
        i.version,
-       CASE WHEN i.status IN ({_FINAL}) THEN NULL ELSE EXISTS (
+       CASE WHEN i.status IN ({TERMINAL}) THEN NULL ELSE EXISTS (
            SELECT 1 FROM onceflow_engines e
            WHERE e.last_seen_at > now() - make_interval(secs => :stale)
              AND {_ENGINE_HAS}) END AS engine_available,

@@ -50,6 +50,7 @@ from onceflow.vocabulary import (
     TickTrigger,
 )
 from workflow_engine.store.db import constraint_of
+from workflow_engine.store.fragments import TERMINAL
 from workflow_engine.store.instances import Delivery, create_instances_in
 
 #: A backfill creates at most this many ticks (ask for a shorter range beyond it).
@@ -374,7 +375,6 @@ def _require(row: Any, name: str) -> Any:
 
 # --- firing --------------------------------------------------------------------------
 
-_FINAL = ", ".join(f"'{status}'" for status in sorted(TERMINAL_STATUSES))
 # Due: a tick is due, or a buffered tick's predecessor has finished.
 _TAKE_DUE = sa.text(
     f"""
@@ -385,7 +385,7 @@ WHERE NOT s.paused
   AND (CAST(:workflows AS text[]) IS NULL OR s.workflow = ANY(CAST(:workflows AS text[])))
   AND (s.next_fire_at <= :at
        OR (s.buffered_tick_at IS NOT NULL
-           AND (i.status IS NULL OR i.status IN ({_FINAL}))))
+           AND (i.status IS NULL OR i.status IN ({TERMINAL}))))
 ORDER BY s.next_fire_at
 LIMIT :n
 FOR UPDATE OF s SKIP LOCKED
