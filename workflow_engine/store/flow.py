@@ -308,16 +308,6 @@ def flow_params(
     }
 
 
-_HOLD_REASON = sa.text("SELECT onceflow_hold_reason(:job_id)")
-
-
-def hold_reason(conn: sa.Connection, job_id: str) -> str | None:
-    """Why a runnable instance is not running yet (None: it is not waiting to be
-    claimed): a per-key limit, a rate limit, its workflow's limit, or its turn."""
-    reason = conn.execute(_HOLD_REASON, {"job_id": job_id}).scalar()
-    return None if reason is None else str(reason)
-
-
 _FIRST_STEP = sa.text(
     """
 SELECT extract(epoch FROM min(a.started_at) - j.submitted_at)
