@@ -16,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope, params_digest
+from onceflow_tools.benchsql import seed_for_bench
 from onceflow_tools.stack import database_url_for, recreate_database
 from workflow_engine.store.db import make_engine
 from workflow_engine.store.instances import (
@@ -29,7 +30,6 @@ from workflow_engine.store.listing import (
     count_matching,
     explain_list,
     list_page,
-    seed_for_bench,
 )
 from workflow_engine.store.schema import available_migrations, migrate
 

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import DeadLetterReason, InstanceStatus
+from onceflow_tools.benchsql import seed_for_bench
 from workflow_engine.store import control
 from workflow_engine.store.dead_letters import DeadLetterRow, record_dead_letters
 from workflow_engine.store.instances import Delivery, create_instances
@@ -20,7 +21,6 @@ from workflow_engine.store.listing import (
     explain_list,
     list_page,
     overview,
-    seed_for_bench,
 )
 
 # --- the filter's text forms (no database) ------------------------------------------

@@ -1,7 +1,7 @@
 """The figures the demo and the chaos run prove the property with, on real PostgreSQL:
-the store's functions (``workflow_engine.store.stats``, ``.audit``) and the samples'
-own counts agree with the plain SQL the demo prints for anyone to re-check, on data
-that breaks the property on purpose."""
+``onceflow_tools.figures``, the store's ``workflow_engine.store.audit`` and the
+samples' own counts agree with the plain SQL the demo prints for anyone to re-check, on
+data that breaks the property on purpose."""
 
 from __future__ import annotations
 
@@ -11,10 +11,7 @@ from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import InstanceStatus
 from onceflow_examples import ORDER_STEPS, applied_effect_counts, side_effect_counts
 from onceflow_tools.demo import PROOF_SQL, _figures
-from onceflow_tools.stack import Stack
-from workflow_engine.store.audit import stored_job_ids
-from workflow_engine.store.instances import Delivery, create_instances
-from workflow_engine.store.stats import (
+from onceflow_tools.figures import (
     checkpoints_written_twice,
     consumption,
     count_instances,
@@ -23,6 +20,9 @@ from workflow_engine.store.stats import (
     instance_job_ids,
     latency,
 )
+from onceflow_tools.stack import Stack
+from workflow_engine.store.audit import stored_job_ids
+from workflow_engine.store.instances import Delivery, create_instances
 
 
 def delivery(job_id, offset, params=None, kind="workflow"):

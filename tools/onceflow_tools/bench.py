@@ -55,15 +55,16 @@ import sqlalchemy as sa
 from onceflow.lag import consumer_lag
 from onceflow.settings import Settings
 from onceflow.vocabulary import InstanceStatus
-from onceflow_tools.processes import free_port
-from onceflow_tools.stack import Stack
-from workflow_engine.store.stats import (
+from onceflow_tools.benchsql import seed_for_bench
+from onceflow_tools.figures import (
     consumption,
     count_instances,
     latency,
     receipt_span_seconds,
     run_span_seconds,
 )
+from onceflow_tools.processes import free_port
+from onceflow_tools.stack import Stack
 
 
 def rss_mb(pid: int) -> float:
@@ -858,7 +859,7 @@ def console_list(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
     try:
         migrate(db)
         started = time.perf_counter()
-        listing.seed_for_bench(db, rows)
+        seed_for_bench(db, rows)
         seed_seconds = time.perf_counter() - started
         everything = listing.InstanceFilter()
         half = listing.list_page(

@@ -44,15 +44,15 @@ from onceflow.settings import Settings
 from onceflow.vocabulary import InstanceStatus
 from onceflow_cli.audit import run_audit
 from onceflow_examples import applied_effect_counts
-from onceflow_tools.interleavings.history import check_history
-from onceflow_tools.stack import Stack
-from producers.client import SubmitError
-from workflow_engine.store.stats import (
+from onceflow_tools.figures import (
     checkpoints_written_twice,
     count_instances,
     instance_job_ids,
     running_by_owner,
 )
+from onceflow_tools.interleavings.history import check_history
+from onceflow_tools.stack import Stack
+from producers.client import SubmitError
 
 if TYPE_CHECKING:
     from onceflow_tools.dev import DevServices

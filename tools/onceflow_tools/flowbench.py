@@ -23,11 +23,10 @@ from onceflow.settings import Settings
 from onceflow.vocabulary import InstanceStatus
 from onceflow_tools import flow_workflows
 from onceflow_tools.bench import _stack, _wait_for
+from onceflow_tools.figures import count_instances, run_span_seconds, submit_to_first_step_seconds
 from onceflow_tools.stack import Stack
 from workflow_engine.flow import lane_path
-from workflow_engine.store.flow import submit_to_first_step_seconds
 from workflow_engine.store.instances import Delivery, create_instances
-from workflow_engine.store.stats import count_instances, run_span_seconds
 
 PLAIN = "noop-workflow"
 FLOW = flow_workflows.NAME
