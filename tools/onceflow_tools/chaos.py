@@ -141,7 +141,7 @@ class _Faults:
         self.stack.group.stop(name)  # SIGTERM: a clean leave, not a fault of its own
         port = self.stack.start_worker(
             name,
-            ONCEFLOW_FAILPOINT="streams.after_db_commit:1",
+            failpoints="streams.after_db_commit=kill",
             ONCEFLOW_STREAMS_COMMIT_INTERVAL_SECONDS="30",
         )
         held = _wait_for_assignment(port, timeout=30)

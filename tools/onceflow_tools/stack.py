@@ -137,11 +137,15 @@ class Stack:
         self.group.start("ingest", "ingest")
         self.group.wait_http(f"{self.ingest_url}/readyz", timeout=60)
 
-    def start_worker(self, name: str = "streams", **extra_env: str) -> int:
+    def start_worker(self, name: str = "streams", failpoints: str = "", **extra_env: str) -> int:
+        """Start a streams worker (``failpoints`` armed in it, if given); its metrics port."""
         assert self.group is not None
         port = free_port()
         self.group.start(
-            name, "worker", env={"ONCEFLOW_STREAMS_METRICS_PORT": str(port), **extra_env}
+            name,
+            "worker",
+            env={"ONCEFLOW_STREAMS_METRICS_PORT": str(port), **extra_env},
+            failpoints=failpoints,
         )
         self.group.wait_http(f"http://127.0.0.1:{port}/metrics", timeout=60)
         return port
