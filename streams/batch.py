@@ -88,7 +88,7 @@ class BatchHandler:
         settings: Settings,
         engine: Engine,
         make_dlq_producer: Callable[[], Producer],
-        kind_of: Callable[[str], str | None] = registered_kind,
+        kind_of: Callable[[str], JobKind | None] = registered_kind,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -244,7 +244,7 @@ class BatchHandler:
         first = _first_by_job(chunk)
         for job_id in result.created_ids:
             d = first[job_id]
-            what = "instance" if d.kind == "workflow" else "task_run"
+            what = "instance" if d.kind == JobKind.WORKFLOW else "task_run"
             log.info(
                 f"{what.replace('_', ' ')} created",
                 extra={

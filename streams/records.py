@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from onceflow.envelope import JobEnvelope, KafkaHeaders
 from onceflow.errors import InvalidEnvelope
 from onceflow.ids import is_valid_job_id
-from onceflow.vocabulary import DeadLetterReason
+from onceflow.vocabulary import DeadLetterReason, JobKind
 from workflow_engine.definitions import get_task, get_workflow, workflow_version
 from workflow_engine.flow import lane_path
 from workflow_engine.store.instances import Delivery
@@ -53,12 +53,12 @@ class DeadLetter:
 def classify(
     records: list[RawRecord],
     max_value_bytes: int,
-    kind_of: Callable[[str], str | None] = lambda name: "workflow",
+    kind_of: Callable[[str], JobKind | None] = lambda name: JobKind.WORKFLOW,
     version_of: Callable[[str], str | None] = workflow_version,
 ) -> tuple[list[Delivery], list[DeadLetter]]:
     """Split records into valid deliveries (in order) and dead letters with a reason.
 
-    ``kind_of`` maps a type name to "workflow", "task", or None when nothing is
+    ``kind_of`` maps a type name to its :class:`JobKind`, or None when nothing is
     registered under that name (the record is dead-lettered). ``version_of`` gives the
     version a new instance of a workflow records: this process's definition of it.
     """
@@ -80,8 +80,8 @@ def classify(
             dead.append(DeadLetter.of(rec, DeadLetterReason.UNKNOWN_TYPE, detail, env.job_id))
             continue
         enqueued = datetime.fromtimestamp(rec.timestamp, UTC) if rec.timestamp else None
-        version = version_of(env.workflow) if kind == "workflow" else None
-        lane = lane_path(env.workflow) if kind == "workflow" else None
+        version = version_of(env.workflow) if kind == JobKind.WORKFLOW else None
+        lane = lane_path(env.workflow) if kind == JobKind.WORKFLOW else None
         deliveries.append(
             Delivery(
                 env, rec.topic, rec.partition, rec.offset, kind, enqueued, version, lane_path=lane
@@ -106,12 +106,12 @@ def split_by_partition(deliveries: list[Delivery], groups: int) -> list[list[Del
     return [c for c in chunks if c]
 
 
-def registered_kind(name: str) -> str | None:
-    """'task' or 'workflow' for a registered type name, None for an unknown one."""
+def registered_kind(name: str) -> JobKind | None:
+    """A registered type name's kind (task or workflow), None for an unknown one."""
     if get_task(name) is not None:
-        return "task"
+        return JobKind.TASK
     if get_workflow(name) is not None:
-        return "workflow"
+        return JobKind.WORKFLOW
     return None
 
 

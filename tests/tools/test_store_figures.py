@@ -8,7 +8,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope
-from onceflow.vocabulary import InstanceStatus
+from onceflow.vocabulary import InstanceStatus, JobKind
 from onceflow_examples import ORDER_STEPS, applied_effect_counts, side_effect_counts
 from onceflow_tools.demo import PROOF_SQL, _figures
 from onceflow_tools.figures import (
@@ -25,7 +25,7 @@ from workflow_engine.store.audit import stored_job_ids
 from workflow_engine.store.instances import Delivery, create_instances
 
 
-def delivery(job_id, offset, params=None, kind="workflow"):
+def delivery(job_id, offset, params=None, kind=JobKind.WORKFLOW):
     return Delivery(
         JobEnvelope(job_id, "order-workflow", params or {}), "jobs", 0, offset, kind=kind
     )
@@ -41,7 +41,7 @@ def populate(db):
             delivery("o1", 0),
             delivery("o2", 1),
             delivery("o3", 2),
-            delivery("t1", 3, kind="task"),
+            delivery("t1", 3, kind=JobKind.TASK),
             delivery("o1", 0),  # the same record again
             delivery("o2", 4),  # resubmitted, same params
             delivery("o3", 5, {"other": 1}),  # resubmitted, other params

@@ -47,7 +47,7 @@ class Delivery:
     topic: str
     partition: int
     offset: int
-    kind: str = JobKind.WORKFLOW  # or TASK: a single-step job run by the streams worker
+    kind: JobKind = JobKind.WORKFLOW  # or TASK: a single-step job run by the streams worker
     enqueued_at: datetime | None = None  # the Kafka record's timestamp
     # The workflow definition's version in the creating process (the streams worker
     # loads the same workflow modules as the engines); the instance keeps it for life.
