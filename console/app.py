@@ -19,8 +19,8 @@ from console.deps import Console, render
 from console.pages import install_error_pages
 from console.routes import actions, audit, dead_letters, instances, login, overview
 from onceflow.settings import Settings
-from workflow_engine.store.bulk_runner import BulkRunner
-from workflow_engine.store.db import shared_engine
+from workflow_engine.store import shared_engine
+from workflow_engine.store.operations import BulkRunner
 
 STATIC = Path(__file__).parent / "static"
 

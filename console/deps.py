@@ -15,8 +15,7 @@ from console import operators, views
 from console.auth import CONTROL, READ, Denied, Gatekeeper, Principal, check_csrf, csrf_token
 from console.forms import Form, read_form
 from onceflow.settings import Settings
-from workflow_engine.store.bulk_runner import BulkRunner
-from workflow_engine.store.operator_audit import Actor
+from workflow_engine.store.operations import Actor, BulkRunner
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))

@@ -18,8 +18,8 @@ from starlette.concurrency import run_in_threadpool
 from console.auth import KEY_COOKIE, Denied
 from console.forms import BadForm, read_form
 from onceflow.vocabulary import ActionResult, BulkAction, OperatorAction
-from workflow_engine.store import operator_audit
-from workflow_engine.store.operator_audit import Actor
+from workflow_engine.store import operations
+from workflow_engine.store.operations import Actor
 
 if TYPE_CHECKING:
     from console.deps import Console
@@ -70,14 +70,14 @@ async def refused(request: Request, c: Console, exc: Denied) -> None:
         form_action = (await read_form(request)).get("action") or None
     except BadForm:
         form_action = None
-    e = operator_audit.entry(
+    e = operations.entry(
         actor_of(request, c),
         attempted(request, form_action),
         ActionResult.REFUSED,
         job_id=request.path_params.get("job_id"),
         detail=f"{exc.status} {request.method} {request.url.path}: {exc.message}",
     )
-    await run_in_threadpool(operator_audit.record_quietly, c.engine, e)
+    await run_in_threadpool(operations.record_quietly, c.engine, e)
 
 
 def record_login(
@@ -86,13 +86,13 @@ def record_login(
     """A login (``refusal`` None) or a refused one; ``key_name`` None: no known key."""
     actor = Actor.console(key_name or "(unknown key)", _peer(request))
     result = ActionResult.OK if refusal is None else ActionResult.REFUSED
-    e = operator_audit.entry(actor, OperatorAction.LOGIN, result, detail=refusal)
-    operator_audit.record_quietly(c.engine, e)
+    e = operations.entry(actor, OperatorAction.LOGIN, result, detail=refusal)
+    operations.record_quietly(c.engine, e)
 
 
 def record_logout(request: Request, c: Console) -> None:
     who = c.gate.principal(request)
     if who is None:  # not logged in: nothing to record
         return
-    e = operator_audit.entry(Actor.console(who.name, _peer(request)), OperatorAction.LOGOUT)
-    operator_audit.record_quietly(c.engine, e)
+    e = operations.entry(Actor.console(who.name, _peer(request)), OperatorAction.LOGOUT)
+    operations.record_quietly(c.engine, e)

@@ -13,8 +13,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from console.auth import Denied
 from console.deps import render
 from onceflow.errors import OnceflowError, ServiceUnavailable
-from workflow_engine.store.control import ControlError
-from workflow_engine.store.listing import InvalidFilter
+from workflow_engine.store.operations import ControlError
+from workflow_engine.store.views import InvalidFilter
 
 
 def _page(request: Request, title: str, message: str, status: int) -> Response:

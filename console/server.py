@@ -12,7 +12,7 @@ from onceflow.health import serve_metrics_and_health
 from onceflow.logs import setup_logging
 from onceflow.settings import Settings
 from onceflow.vocabulary import Process
-from workflow_engine.store.db import database_ready
+from workflow_engine.store import database_ready
 
 
 def serve(settings: Settings) -> None:

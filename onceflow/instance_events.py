@@ -2,7 +2,7 @@
 
 An event (``send-event`` in the CLI, the console's form, ``POST
 /v1/instances/{workflow}/{job_id}/events``) is stored by
-``workflow_engine.store.control.send_event``, which calls :func:`check_event` first, so
+``workflow_engine.store.operations.control.send_event``, which calls :func:`check_event` first, so
 whichever way it comes, the same type pattern and size caps hold and a refusal says
 the same thing. The type goes into an index (``onceflow_events_pending_idx``), whose
 entries PostgreSQL caps at ~2.7 kB: an unbounded type would be refused by the

@@ -15,7 +15,7 @@ original: it is refused, never produced.
 This module only produces. What a re-drive *does* depends on the job id's state in the
 database (a dead-lettered task run must be reopened first, or its record only collapses
 as a duplicate and nothing runs): the CLI and the console re-drive through
-``workflow_engine.store.redrives``, which plans each letter, reopens what must run again
+``workflow_engine.store.operations.redrives``, which plans each letter, reopens what must run again
 and reports what happened to each.
 
 Core level: confluent-kafka and the settings only.

@@ -29,8 +29,11 @@ from onceflow.envelope import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, JobEnvelope
 from onceflow.errors import InvalidEnvelope
 from onceflow.lag import PartitionLag, consumer_lag
 from onceflow.settings import Settings
-from workflow_engine.store.audit import stored_job_ids, workflow_mismatch_job_ids
-from workflow_engine.store.dead_letters import dead_letter_sources
+from workflow_engine.store.views import (
+    dead_letter_sources,
+    stored_job_ids,
+    workflow_mismatch_job_ids,
+)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from onceflow.settings import SCOPES, Settings, get_settings
 from onceflow.vocabulary import DeadLetterReason, InstanceStatus
 from onceflow_cli.operator_log import audit_actions
 from onceflow_cli.schedules import schedules
+from workflow_engine.store import operations
 
 if TYPE_CHECKING:
     from onceflow.redrive import DeadLetterRecord
@@ -90,9 +91,14 @@ def _add_plugin_commands(group: click.Group) -> None:
 )
 def migrate(grant_to: str | None, with_modules: tuple[str, ...]) -> None:
     """Apply pending database migrations (safe to run from several processes)."""
-    from workflow_engine.store.db import check_connection, make_engine
-    from workflow_engine.store.schema import PRODUCT, grant_app_role, migration_set_of
-    from workflow_engine.store.schema import migrate as run_migrations
+    from workflow_engine.store import (
+        PRODUCT,
+        check_connection,
+        grant_app_role,
+        make_engine,
+        migration_set_of,
+    )
+    from workflow_engine.store import migrate as run_migrations
 
     sets = (PRODUCT, *(migration_set_of(module) for module in with_modules))
     engine = make_engine(_settings().database_url, pool_size=1)
@@ -193,7 +199,7 @@ def instances_describe(workflow: str, job_id: str, as_json: bool) -> None:
     """Show one instance's status and each step's state."""
     from onceflow_cli.render import describe_elsewhere, render_instance
     from onceflow_cli.schedules import render_tick
-    from workflow_engine.store.instances import describe_instance
+    from workflow_engine.store.views import describe_instance
 
     engine = _db()
     view = describe_instance(engine, job_id)
@@ -210,7 +216,7 @@ def instances_describe(workflow: str, job_id: str, as_json: bool) -> None:
 
 
 def _db():
-    from workflow_engine.store.db import make_engine
+    from workflow_engine.store import make_engine
 
     return make_engine(_settings().database_url, pool_size=1)
 
@@ -254,7 +260,7 @@ def instances_list(
     """List instances, newest first (with the version each was created with)."""
     from datetime import UTC
 
-    from workflow_engine.store.control import list_instances
+    from workflow_engine.store.views import list_instances
 
     if filter_text is not None:
         if any(v is not None for v in (workflow, status, created_since, id_prefix, version)):
@@ -277,9 +283,8 @@ def instances_list(
 
 def _control(op: str, workflow: str, job_id: str) -> None:
     from onceflow_cli.operator_log import cli_actor
-    from workflow_engine.store import control
 
-    result = getattr(control, op)(_db(), workflow, job_id, actor=cli_actor())
+    result = getattr(operations, op)(_db(), workflow, job_id, actor=cli_actor())
     click.echo(result.describe())
 
 
@@ -294,7 +299,7 @@ _CONTROL_OPERATIONS = {
 def _list_filtered(filter_text: str, sort: str, limit: int, as_json: bool) -> None:
     from dataclasses import asdict
 
-    from workflow_engine.store.listing import InstanceFilter, list_page
+    from workflow_engine.store.views import InstanceFilter, list_page
 
     f = InstanceFilter.parse(filter_text)
     db, cursor, shown = _db(), None, 0
@@ -320,10 +325,9 @@ def _bulk(op: str, filter_text: str, dry_run: bool, yes: bool, batch: int) -> No
     progress line per batch."""
     from onceflow.vocabulary import BulkAction
     from onceflow_cli.operator_log import cli_actor
-    from workflow_engine.store import bulk
-    from workflow_engine.store.listing import InstanceFilter, count_matching
+    from workflow_engine.store.views import InstanceFilter, count_matching
 
-    f = bulk.refuse_empty(InstanceFilter.parse(filter_text))
+    f = operations.refuse_empty(InstanceFilter.parse(filter_text))
     db = _db()
     n = count_matching(db, f)
     what = f"{op} {n} instance(s) matching {f.describe()!r}"
@@ -335,14 +339,14 @@ def _bulk(op: str, filter_text: str, dry_run: bool, yes: bool, batch: int) -> No
         return
     if not yes:
         click.confirm(f"{what.capitalize()}?", abort=True, err=True)
-    started = bulk.start_bulk(db, BulkAction(op), f, actor=cli_actor())
+    started = operations.start_bulk(db, BulkAction(op), f, actor=cli_actor())
     click.echo(f"bulk {op} #{started.id} started on {started.total} instance(s)")
 
-    def progress(o: bulk.BulkOperation) -> None:
+    def progress(o: operations.BulkOperation) -> None:
         click.echo(f"  {o.done + o.skipped}/{o.total} ({o.done} done, {o.skipped} skipped)")
 
     try:
-        finished = bulk.run_bulk(db, started.id, batch=batch, on_progress=progress)
+        finished = operations.run_bulk(db, started.id, batch=batch, on_progress=progress)
     except KeyboardInterrupt:
         raise OnceflowError(
             f"interrupted: bulk {op} #{started.id} stays running; a console or admin-API"
@@ -406,7 +410,7 @@ def instances_send_event(workflow: str, job_id: str, event_type: str, payload: s
     """Send an event (PAYLOAD is JSON) to an instance; it wakes if it waits for one."""
     from onceflow_cli.inputs import exact_json
     from onceflow_cli.operator_log import cli_actor
-    from workflow_engine.store.control import send_event
+    from workflow_engine.store.operations import send_event
 
     value = None
     if payload is not None:
@@ -488,7 +492,7 @@ def dead_letters_redrive(
     collapse as a duplicate), a truncated letter is refused."""
     from onceflow.redrive import parse_position, read_dead_letters
     from onceflow_cli.operator_log import cli_actor
-    from workflow_engine.store.redrives import Verdict, redrive_letters
+    from workflow_engine.store.operations import Verdict, redrive_letters
 
     if sum((everything, reason is not None, bool(positions))) != 1:
         raise OnceflowError("give exactly one of --all, --reason R or --offset P@O")
@@ -530,8 +534,11 @@ def workflows_command() -> None:
     """Which workflow versions the live engines run, and the instances whose version
     none of them has: runnable ones (due: they wait for an engine with it) and those
     that sleep or wait (they will need one)."""
-    from workflow_engine.store.engines import instances_without_engine, live_engines
-    from workflow_engine.store.instances import ENGINE_STALE_SECONDS
+    from workflow_engine.store.views import (
+        ENGINE_STALE_SECONDS,
+        instances_without_engine,
+        live_engines,
+    )
 
     db = _db()
     engines = live_engines(db, ENGINE_STALE_SECONDS)
@@ -559,7 +566,7 @@ def workflows_command() -> None:
 def trace(job_id: str, as_json: bool) -> None:
     """Print one job's whole timeline, from HTTP to its last step."""
     from onceflow_cli.render import render_trace
-    from workflow_engine.store.trace import job_trace
+    from workflow_engine.store.views import job_trace
 
     events = job_trace(_db(), job_id)
     if not events:
@@ -634,7 +641,7 @@ def _explain(exc: Exception) -> str:
     """A short, actionable sentence for errors that escape the commands; a database
     error by its SQLSTATE (``store.db.classify``), never by its exception class: a
     value too large for an index is an ``OperationalError`` too, and is no outage."""
-    from workflow_engine.store.db import ErrorClass, classify, refusal, sqlstate
+    from workflow_engine.store import ErrorClass, classify, refusal, sqlstate
 
     if sqlstate(exc) == "42P01":  # undefined_table
         return "the database has no onceflow schema: run `onceflow migrate` first"

@@ -19,7 +19,7 @@ import orjson
 from onceflow.vocabulary import ActionResult, FrontEnd, OperatorAction
 
 if TYPE_CHECKING:  # the store is imported when a command runs, not when the CLI starts
-    from workflow_engine.store.operator_audit import ActionEntry, Actor
+    from workflow_engine.store.operations import ActionEntry, Actor
 
 
 def os_user() -> str:
@@ -32,7 +32,7 @@ def os_user() -> str:
 
 
 def cli_actor() -> Actor:
-    from workflow_engine.store.operator_audit import Actor
+    from workflow_engine.store.operations import Actor
 
     return Actor.cli(os_user())
 
@@ -73,7 +73,7 @@ def audit_actions(
     restarted, sent an event, started a bulk operation or re-drove dead letters (from
     the console, the admin API or the CLI), console logins, and refused requests."""
     from onceflow_cli.main import _db
-    from workflow_engine.store.operator_audit import ActionFilter, list_actions
+    from workflow_engine.store.views import ActionFilter, list_actions
 
     given = {
         "job_id": job_id,

@@ -6,9 +6,13 @@ from __future__ import annotations
 from sqlalchemy.engine import Engine
 
 from onceflow.vocabulary import StepKind, StepStatus
-from workflow_engine.store.dead_letters import DeadLetterView, dead_letters_for
-from workflow_engine.store.instances import InstanceView, job_status
-from workflow_engine.store.trace import TraceEvent
+from workflow_engine.store.views import (
+    DeadLetterView,
+    InstanceView,
+    TraceEvent,
+    dead_letters_for,
+    job_status,
+)
 
 _STEP_LABELS = {
     StepKind.STEP: "step",

@@ -21,7 +21,7 @@ _OVERLAP = click.Choice([p.value for p in OverlapPolicy])
 
 def _db() -> Any:
     from onceflow.settings import get_settings
-    from workflow_engine.store.db import make_engine
+    from workflow_engine.store import make_engine
 
     return make_engine(get_settings().database_url, pool_size=1)
 
@@ -66,7 +66,8 @@ def create(
 ) -> None:
     """Create a schedule; it first fires at its first tick after now."""
     from onceflow_cli.inputs import exact_json
-    from workflow_engine.store.schedules import ScheduleDef, create_schedule
+    from workflow_engine.model import ScheduleDef
+    from workflow_engine.store.operations import create_schedule
 
     doc = exact_json(params.encode(), "--params")
     spec = TickSpec(cron, every, timezone)
@@ -81,7 +82,7 @@ def create(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of a table.")
 def list_(as_json: bool) -> None:
     """Every schedule: next fire, last tick, policies, ticks fired and skipped."""
-    from workflow_engine.store.schedules import list_schedules
+    from workflow_engine.store.views import list_schedules
 
     views = list_schedules(_db())
     if as_json:
@@ -105,7 +106,7 @@ def list_(as_json: bool) -> None:
 @click.argument("name")
 def pause(name: str) -> None:
     """Stop firing (ticks that fall due while paused are not run later)."""
-    from workflow_engine.store.schedules import pause_schedule
+    from workflow_engine.store.operations import pause_schedule
 
     pause_schedule(_db(), name)
     click.echo(f"{name}: paused")
@@ -115,7 +116,7 @@ def pause(name: str) -> None:
 @click.argument("name")
 def resume(name: str) -> None:
     """Fire again, from the first tick after now."""
-    from workflow_engine.store.schedules import resume_schedule
+    from workflow_engine.store.operations import resume_schedule
 
     view = resume_schedule(_db(), name)
     click.echo(f"{name}: active, next fire {_iso(view.next_fire_at)}")
@@ -125,7 +126,7 @@ def resume(name: str) -> None:
 @click.argument("name")
 def delete(name: str) -> None:
     """Delete a schedule (the instances it started stay)."""
-    from workflow_engine.store.schedules import delete_schedule
+    from workflow_engine.store.operations import delete_schedule
 
     delete_schedule(_db(), name)
     click.echo(f"{name}: deleted")
@@ -139,7 +140,7 @@ def delete(name: str) -> None:
 def backfill(name: str, start: str, end: str, dry_run: bool) -> None:
     """Start one instance per tick in a past range (a tick that ran already is not
     run again: its job id exists)."""
-    from workflow_engine.store.schedules import backfill as run_backfill
+    from workflow_engine.store.operations import backfill as run_backfill
 
     r = run_backfill(_db(), name, _moment(start, "--from"), _moment(end, "--to"), dry_run)
     click.echo(f"{name}: {r.count} ticks, first {_iso(r.first)}, last {_iso(r.last)}")
@@ -149,7 +150,7 @@ def backfill(name: str, start: str, end: str, dry_run: bool) -> None:
 
 def render_tick(engine: Any, job_id: str) -> tuple[str | None, dict[str, Any] | None]:
     """What ``instances describe`` adds for a schedule's tick: a line and a JSON field."""
-    from workflow_engine.store.schedules import tick_of
+    from workflow_engine.store.views import tick_of
 
     tick = tick_of(engine, job_id)
     if tick is None:

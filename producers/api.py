@@ -35,6 +35,8 @@ from producers.models import BatchIn, ErrorBody, JobIn
 from producers.responses import error_response
 from producers.routes import admin, audit, health, jobs, schedules
 from producers.tracing import TracedSender, TraceRequests
+from workflow_engine.definitions import load_workflow_modules
+from workflow_engine.model import Registry
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +44,20 @@ log = logging.getLogger(__name__)
 _NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
 
 
-def create_app(settings: Settings, producer: JobSender | None = None) -> FastAPI:
-    """The ingest app; ``producer`` stands in for the Kafka one (created at startup)."""
+def create_app(
+    settings: Settings, producer: JobSender | None = None, registry: Registry | None = None
+) -> FastAPI:
+    """The ingest app; ``producer`` stands in for the Kafka one (created at startup).
+    ``registry``: the workflows and tasks it accepts (with ``ingest_validate_types``);
+    None: those of the configured workflow modules."""
     if not settings.auth_disabled and not settings.api_keys:
         raise ConfigurationError(
             "no API keys configured: set ONCEFLOW_API_KEYS (make one with `onceflow keys"
             " new`), or ONCEFLOW_AUTH_DISABLED=true for local development only"
         )
-    ingest = Ingest.from_settings(settings, producer)
+    if registry is None:
+        registry = load_workflow_modules(settings.workflow_modules)
+    ingest = Ingest.from_settings(settings, registry, producer)
     # FastAPI's own /docs loads Swagger UI from a CDN: a blank page without internet
     # access. fastapi-offline (MIT) serves the Swagger UI 5 bundle (Apache-2.0) from
     # files in its wheel, under /static-offline-docs. No /redoc: ReDoc 2 still fetches
@@ -98,7 +106,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             producer = TracedSender(producer, ingest.settings.jobs_topic)
         ingest.producer = producer
     if ingest.settings.admin_api_enabled:
-        from workflow_engine.store.db import shared_engine
+        from workflow_engine.store import shared_engine
 
         # Resumes bulk operations a dead process left running, even before this
         # process is asked to start one.

@@ -22,10 +22,12 @@ from producers.auth import Authenticator
 from producers.kafka import JobSender
 from producers.limits import ClientLimiter
 from producers.models import RequestError, exact_json_object
-from workflow_engine.store.operator_audit import Actor
+from workflow_engine.model import Registry
+from workflow_engine.store import operations
+from workflow_engine.store.operations import Actor
 
 if TYPE_CHECKING:
-    from workflow_engine.store.bulk_runner import BulkRunner
+    from workflow_engine.store.operations import BulkRunner
 
 
 @dataclass(slots=True, eq=False)
@@ -44,7 +46,9 @@ class Ingest:
     bulk: BulkRunner | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings, producer: JobSender | None = None) -> Ingest:
+    def from_settings(
+        cls, settings: Settings, registry: Registry, producer: JobSender | None = None
+    ) -> Ingest:
         return cls(
             settings,
             Authenticator(settings),
@@ -53,14 +57,14 @@ class Ingest:
                 settings.ingest_rate_limit_burst,
                 settings.ingest_max_inflight_per_client,
             ),
-            _known_types(settings) if settings.ingest_validate_types else None,
+            _known_types(registry) if settings.ingest_validate_types else None,
             producer,
         )
 
     def bulk_runner(self, engine: Engine) -> BulkRunner:
         """The process's one bulk runner (created on first use, on ``engine``)."""
         if self.bulk is None:
-            from workflow_engine.store.bulk_runner import BulkRunner
+            from workflow_engine.store.operations import BulkRunner
 
             self.bulk = BulkRunner(engine)
         return self.bulk
@@ -71,16 +75,9 @@ class Ingest:
         return self.producer
 
 
-def _known_types(settings: Settings) -> frozenset[str] | None:
+def _known_types(registry: Registry) -> frozenset[str] | None:
     """Workflow and task names registered by the configured modules (None: no check)."""
-    from workflow_engine.definitions import (
-        load_workflow_modules,
-        registered_tasks,
-        registered_workflows,
-    )
-
-    load_workflow_modules(settings.workflow_modules)
-    names = frozenset(registered_workflows()) | frozenset(registered_tasks())
+    names = frozenset(registry.workflow_names()) | frozenset(registry.task_names())
     return names or None
 
 
@@ -140,11 +137,10 @@ def _record_refusal(
 ) -> None:
     """One row and one log line for a refused admin request (best effort: the answer
     is the refusal whether or not the database takes the row)."""
-    from workflow_engine.store import operator_audit
-    from workflow_engine.store.db import shared_engine
+    from workflow_engine.store import shared_engine
 
     who = Actor.admin_api(ingest.auth.claimed_name(request.headers), _peer(request))
-    refused = operator_audit.entry(
+    refused = operations.entry(
         who,
         action,
         ActionResult.REFUSED,
@@ -152,12 +148,12 @@ def _record_refusal(
         job_id=request.path_params.get("job_id"),
         detail=f"{exc.status} {request.method} {request.url.path}: {exc.body.message}",
     )
-    operator_audit.record_quietly(shared_engine(ingest.settings.database_url), refused)
+    operations.record_quietly(shared_engine(ingest.settings.database_url), refused)
 
 
 async def get_db(ingest: IngestDep) -> Engine:
     """The process's pooled engine for the admin and job-status routes."""
-    from workflow_engine.store.db import shared_engine
+    from workflow_engine.store import shared_engine
 
     return shared_engine(ingest.settings.database_url)
 

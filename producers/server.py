@@ -21,7 +21,8 @@ from producers.api import create_app
 from producers.kafka import JobProducer, JobSender
 from producers.metrics import DEPENDENCY_UP
 from producers.routes.jobs import SubmitFastPath, SubmitFront
-from workflow_engine.store.db import database_ready
+from workflow_engine.definitions import load_workflow_modules
+from workflow_engine.store import database_ready
 
 
 def serve(settings: Settings) -> None:
@@ -35,7 +36,7 @@ def serve(settings: Settings) -> None:
     # the handler found at start. A no-op handler there makes a clean drain exit 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    app = create_app(settings, producer)
+    app = create_app(settings, producer, load_workflow_modules(settings.workflow_modules))
     # Everything built so far (the app, its models, the producer) lives for the whole
     # process: move it out of the collector's sight, so the full collections that the
     # per-request garbage triggers do not scan it (they showed up as p99 spikes).

@@ -24,7 +24,7 @@ from streams.batch import BatchHandler, StoppedRetrying
 from streams.records import RawRecord
 from streams.topics import jobs_topic
 from workflow_engine.definitions import load_workflow_modules
-from workflow_engine.store.db import make_engine
+from workflow_engine.store import make_engine
 
 log = logging.getLogger(__name__)
 
@@ -133,10 +133,9 @@ class InstanceCreator:
 
 
 def _build_handler(settings: Settings) -> BatchHandler:
-    # Registered names decide what a record is: a workflow, a task, or a dead letter.
-    load_workflow_modules(settings.workflow_modules)
+    registry = load_workflow_modules(settings.workflow_modules)
     engine = make_engine(settings.database_url, pool_size=settings.streams_concurrency + 1)
-    return BatchHandler(settings, engine, lambda: dlq_producer(settings))
+    return BatchHandler(settings, engine, lambda: dlq_producer(settings), registry)
 
 
 def dlq_producer(settings: Settings) -> Producer:

@@ -49,15 +49,14 @@ from streams.records import (
     DeadLetter,
     RawRecord,
     classify,
-    registered_kind,
     split_by_partition,
 )
 from streams.tasks import run_task
 from streams.tracing import record_spans
-from workflow_engine.store import task_runs
-from workflow_engine.store.db import ErrorClass, refusal, sqlstate
-from workflow_engine.store.db import classify as error_class
-from workflow_engine.store.instances import CreateResult, Delivery, create_instances
+from workflow_engine.model import CreateResult, Delivery, Registry
+from workflow_engine.store import ErrorClass, refusal, sqlstate, writes
+from workflow_engine.store import classify as error_class
+from workflow_engine.store.writes import create_instances
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -88,14 +87,15 @@ class BatchHandler:
         settings: Settings,
         engine: Engine,
         make_dlq_producer: Callable[[], Producer],
-        kind_of: Callable[[str], JobKind | None] = registered_kind,
+        registry: Registry,
     ) -> None:
         self.settings = settings
         self.engine = engine
         self.dead_letters = DeadLetterWriter(
             settings, engine, make_dlq_producer, self.with_db_retry
         )
-        self.kind_of = kind_of
+        #: Registered names decide what a record is: a workflow, a task, or a dead letter.
+        self.registry = registry
         # The records of the batch being handled, by position: a delivery that must be
         # dead-lettered later (refused by the database, a failed task) goes as it came.
         self._records: dict[tuple[str, int, int], RawRecord] = {}
@@ -115,7 +115,7 @@ class BatchHandler:
         for rec in records:
             RECORDS.labels(rec.topic, str(rec.partition)).inc()
         self._records = {(r.topic, r.partition, r.offset): r for r in records}
-        deliveries, dead = classify(records, MAX_RECORD_BYTES, self.kind_of)
+        deliveries, dead = classify(records, MAX_RECORD_BYTES, self.registry)
         if dead:
             await asyncio.to_thread(self._dead_letter, dead)
         chunks = split_by_partition(deliveries, self.settings.streams_concurrency)
@@ -132,18 +132,21 @@ class BatchHandler:
         if not deliveries:
             return
         first = _first_by_job(deliveries)
-        todo = await asyncio.to_thread(
-            self.with_db_retry, task_runs.pending, self.engine, list(first)
-        )
+        todo = await asyncio.to_thread(self.with_db_retry, writes.pending, self.engine, list(first))
         slots = asyncio.Semaphore(self.settings.streams_concurrency)
 
         def dead_letter(job_id: str, reason: DeadLetterReason, detail: str) -> None:
             self._dead_letter([DeadLetter(self._as_record(first[job_id]), reason, detail, job_id)])
 
-        async def one(pending: task_runs.PendingTask) -> None:
+        async def one(pending: writes.PendingTask) -> None:
             async with slots:
                 await asyncio.to_thread(
-                    run_task, self.engine, pending, dead_letter, self.with_db_retry
+                    run_task,
+                    self.engine,
+                    self.registry.task(pending.task),
+                    pending,
+                    dead_letter,
+                    self.with_db_retry,
                 )
 
         await asyncio.gather(*(one(p) for p in todo))

@@ -15,7 +15,7 @@ value and no original headers; any other error is retried with backoff, forever:
 partition waits (its offsets are not committed) rather than skip a record.
 
 Once Kafka has acknowledged a letter it is recorded in ``onceflow_dead_letters``
-(``workflow_engine.store.dead_letters``), with its DLQ position.
+(``workflow_engine.store.writes.dead_letters``), with its DLQ position.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ from onceflow.envelope import (
 from onceflow.settings import Settings
 from streams.metrics import DEAD_LETTERED, DEAD_LETTERS_TRUNCATED, DLQ_RETRIES
 from streams.records import DeadLetter
-from workflow_engine.store.dead_letters import DeadLetterRow, record_dead_letters
+from workflow_engine.store.views import DeadLetterRow
+from workflow_engine.store.writes import record_dead_letters
 
 log = logging.getLogger(__name__)
 

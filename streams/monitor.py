@@ -10,18 +10,36 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
+from onceflow.errors import ConfigurationError
 from onceflow.lag import consumer_lag
-from onceflow.settings import Settings
+from onceflow.service_config import require_positive
 from streams.metrics import COMMITTED_OFFSET, END_OFFSET, LAG, LAG_TOTAL
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class LagMonitorConfig:
+    """The lag of ``consumer_group`` on ``topic`` at ``bootstrap_servers``, read every
+    ``interval_seconds`` (built by :func:`streams.worker.lag_monitor_config`)."""
+
+    bootstrap_servers: str
+    consumer_group: str
+    topic: str
+    interval_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        require_positive(self, "interval_seconds")
+        for name in ("bootstrap_servers", "consumer_group", "topic"):
+            if not getattr(self, name):
+                raise ConfigurationError(f"LagMonitorConfig.{name} must not be empty")
+
+
 class LagMonitor:
-    def __init__(self, settings: Settings, interval: float = 5.0) -> None:
-        self.settings = settings
-        self.interval = interval
+    def __init__(self, config: LagMonitorConfig) -> None:
+        self.config = config
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lag-monitor", daemon=True)
         self._last_ok: float | None = None
@@ -36,18 +54,18 @@ class LagMonitor:
     def broker_answering(self) -> bool:
         """Readiness: the broker answered one of the last few lag reads."""
         last = self._last_ok
-        return last is not None and time.monotonic() - last < 3 * self.interval
+        return last is not None and time.monotonic() - last < 3 * self.config.interval_seconds
 
     def refresh(self) -> int:
-        s = self.settings
-        lags = consumer_lag(s.kafka_bootstrap_servers, s.consumer_group, s.jobs_topic)
+        c = self.config
+        lags = consumer_lag(c.bootstrap_servers, c.consumer_group, c.topic)
         for p in lags:
-            labels = (s.consumer_group, s.jobs_topic, str(p.partition))
+            labels = (c.consumer_group, c.topic, str(p.partition))
             LAG.labels(*labels).set(p.lag)
             END_OFFSET.labels(*labels).set(p.end)
             COMMITTED_OFFSET.labels(*labels).set(p.committed if p.committed is not None else p.low)
         total = sum(p.lag for p in lags)
-        LAG_TOTAL.labels(s.consumer_group, s.jobs_topic).set(total)
+        LAG_TOTAL.labels(c.consumer_group, c.topic).set(total)
         self._last_ok = time.monotonic()
         return total
 
@@ -59,4 +77,4 @@ class LagMonitor:
                 log.warning(
                     "could not read consumer lag: %s", exc, extra={"event": "streams.lag_error"}
                 )
-            self._stop.wait(self.interval)
+            self._stop.wait(self.config.interval_seconds)

@@ -5,7 +5,6 @@ Pure functions over plain values so they can be unit-tested without Kafka.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -13,9 +12,7 @@ from onceflow.envelope import JobEnvelope, KafkaHeaders
 from onceflow.errors import InvalidEnvelope
 from onceflow.ids import is_valid_job_id
 from onceflow.vocabulary import DeadLetterReason, JobKind
-from workflow_engine.definitions import get_task, get_workflow, workflow_version
-from workflow_engine.flow import lane_path
-from workflow_engine.store.instances import Delivery
+from workflow_engine.model import Delivery, Registry
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,16 +48,13 @@ class DeadLetter:
 
 
 def classify(
-    records: list[RawRecord],
-    max_value_bytes: int,
-    kind_of: Callable[[str], JobKind | None] = lambda name: JobKind.WORKFLOW,
-    version_of: Callable[[str], str | None] = workflow_version,
+    records: list[RawRecord], max_value_bytes: int, registry: Registry
 ) -> tuple[list[Delivery], list[DeadLetter]]:
     """Split records into valid deliveries (in order) and dead letters with a reason.
 
-    ``kind_of`` maps a type name to its :class:`JobKind`, or None when nothing is
-    registered under that name (the record is dead-lettered). ``version_of`` gives the
-    version a new instance of a workflow records: this process's definition of it.
+    ``registry`` says what a type name is (a workflow, a task, or nothing registered:
+    the record is dead-lettered), and for a workflow the version and fairness lane a
+    new instance records: this process's definition of it.
     """
     deliveries: list[Delivery] = []
     dead: list[DeadLetter] = []
@@ -74,14 +68,15 @@ def classify(
         except InvalidEnvelope as exc:
             dead.append(DeadLetter.of(rec, exc.reason, exc.detail))
             continue
-        kind = kind_of(env.workflow)
+        kind = registry.kind_of(env.workflow)
         if kind is None:
             detail = f"unknown workflow or task type {env.workflow!r}"
             dead.append(DeadLetter.of(rec, DeadLetterReason.UNKNOWN_TYPE, detail, env.job_id))
             continue
         enqueued = datetime.fromtimestamp(rec.timestamp, UTC) if rec.timestamp else None
-        version = version_of(env.workflow) if kind == JobKind.WORKFLOW else None
-        lane = lane_path(env.workflow) if kind == JobKind.WORKFLOW else None
+        workflow = kind == JobKind.WORKFLOW
+        version = registry.version(env.workflow) if workflow else None
+        lane = registry.lane_path(env.workflow) if workflow else None
         deliveries.append(
             Delivery(
                 env, rec.topic, rec.partition, rec.offset, kind, enqueued, version, lane_path=lane
@@ -104,15 +99,6 @@ def split_by_partition(deliveries: list[Delivery], groups: int) -> list[list[Del
     for i, part in enumerate(sorted(by_partition)):
         chunks[i % len(chunks)].extend(by_partition[part])
     return [c for c in chunks if c]
-
-
-def registered_kind(name: str) -> JobKind | None:
-    """A registered type name's kind (task or workflow), None for an unknown one."""
-    if get_task(name) is not None:
-        return JobKind.TASK
-    if get_workflow(name) is not None:
-        return JobKind.WORKFLOW
-    return None
 
 
 def _key_job_id(key: bytes | None) -> str | None:

@@ -22,22 +22,23 @@ from sqlalchemy.engine import Engine
 from onceflow.storable import storable_text
 from onceflow.vocabulary import DeadLetterReason, TaskRunStatus
 from streams.metrics import TASKS
-from workflow_engine.definitions import TaskDef, get_task
 from workflow_engine.errors import NonRetryableError
-from workflow_engine.store.db import refusal
-from workflow_engine.store.task_runs import RETRY, PendingTask, record_attempt
+from workflow_engine.model import TaskDef
+from workflow_engine.store import refusal
+from workflow_engine.store.writes import RETRY, PendingTask, record_attempt
 
 log = logging.getLogger(__name__)
 
 
 def run_task(
     engine: Engine,
+    definition: TaskDef | None,
     pending: PendingTask,
     dead_letter: Callable[[str, DeadLetterReason, str], None],
     with_db_retry: Callable[..., Any],
 ) -> str:
-    """Run one task to success or the dead-letter topic; return the outcome."""
-    definition: TaskDef | None = get_task(pending.task)
+    """Run one task (``definition``: its registered definition, None if there is none)
+    to success or the dead-letter topic; return the outcome."""
     if definition is None:  # unregistered since it was accepted: nothing can run it here
         unknown = (DeadLetterReason.UNKNOWN_TYPE, f"unknown task {pending.task!r}")
         return _give_up(engine, pending, pending.attempts + 1, unknown, dead_letter, with_db_retry)

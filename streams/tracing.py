@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from opentelemetry.trace import SpanKind
 
 from onceflow import tracing
-from workflow_engine.store.instances import CreateResult, Delivery
+from workflow_engine.model import CreateResult, Delivery
 
 _tracer = tracing.tracer("onceflow.worker")
 

@@ -16,8 +16,8 @@ from onceflow.vocabulary import Process
 from streams import agents
 from streams.app import create_app
 from streams.metrics import ASSIGNED_PARTITIONS, REBALANCES
-from streams.monitor import LagMonitor
-from workflow_engine.store.db import database_ready
+from streams.monitor import LagMonitor, LagMonitorConfig
+from workflow_engine.store import database_ready
 
 
 def _logging_config(settings: Settings) -> dict[str, Any]:
@@ -39,13 +39,22 @@ def _logging_config(settings: Settings) -> dict[str, Any]:
     }
 
 
+def lag_monitor_config(settings: Settings) -> LagMonitorConfig:
+    """The lag monitor's config: the one place its settings are read."""
+    return LagMonitorConfig(
+        bootstrap_servers=settings.kafka_bootstrap_servers,
+        consumer_group=settings.consumer_group,
+        topic=settings.jobs_topic,
+    )
+
+
 def run_worker(settings: Settings) -> None:
     """Build the app, its topic and agent from ``settings``, and run until stopped."""
     tracing.setup(settings, Process.WORKER)
     app = create_app(settings)
     agents.register(app, settings)
     _count_rebalances(app, settings)
-    monitor = LagMonitor(settings).start()
+    monitor = LagMonitor(lag_monitor_config(settings)).start()
     serve_metrics_and_health(
         settings.streams_metrics_port,
         lambda: {

@@ -54,8 +54,7 @@ def template_db(base_settings) -> Iterator[str]:
 
     import onceflow_examples
     from onceflow_tools.stack import database_url_for, recreate_database
-    from workflow_engine.store.db import make_engine
-    from workflow_engine.store.schema import migrate
+    from workflow_engine.store import make_engine, migrate
 
     name = f"onceflow_tpl_{uuid.uuid4().hex[:8]}"
     url = recreate_database(base_settings.database_url, name)
@@ -76,7 +75,7 @@ def db_url(base_settings, template_db) -> Iterator[str]:
     import sqlalchemy as sa
 
     from onceflow_tools.stack import database_url_for
-    from workflow_engine.store.db import make_engine
+    from workflow_engine.store import make_engine
 
     name = f"onceflow_t_{uuid.uuid4().hex[:10]}"
     admin = make_engine(database_url_for(base_settings.database_url, "postgres"), pool_size=1)
@@ -90,7 +89,7 @@ def db_url(base_settings, template_db) -> Iterator[str]:
 
 @pytest.fixture
 def db(db_url):
-    from workflow_engine.store.db import make_engine
+    from workflow_engine.store import make_engine
 
     engine = make_engine(db_url, pool_size=4)
     yield engine

@@ -21,7 +21,7 @@ _EXPORTS = {
     "ChildHandle": "workflow_engine.definitions",
     "Context": "workflow_engine.definitions",
     "RetryPolicy": "workflow_engine.definitions",
-    "RateLimit": "workflow_engine.flow",
+    "RateLimit": "workflow_engine.model",
     "Schedule": "onceflow.ticks",
     "registered_tasks": "workflow_engine.definitions",
     "registered_versions": "workflow_engine.definitions",
@@ -37,12 +37,15 @@ _EXPORTS = {
     "StepInfo": "workflow_engine.steps",
     "current_step": "workflow_engine.steps",
     "WorkflowContext": "workflow_engine.engine.context",
-    "CreateResult": "workflow_engine.store.instances",
-    "Delivery": "workflow_engine.store.instances",
-    "create_instances": "workflow_engine.store.instances",
+    "CreateResult": "workflow_engine.model",
+    "Delivery": "workflow_engine.model",
+    "Registry": "workflow_engine.model",
+    "REGISTRY": "workflow_engine.definitions",
+    "create_instances": "workflow_engine.store.writes",
 }
 
 __all__ = [
+    "REGISTRY",
     "ChildHandle",
     "ChildWorkflowFailed",
     "Context",
@@ -53,6 +56,7 @@ __all__ = [
     "NonDeterminismError",
     "NonRetryableError",
     "RateLimit",
+    "Registry",
     "RetryPolicy",
     "Schedule",
     "StepFailed",
@@ -73,6 +77,7 @@ if TYPE_CHECKING:
     from onceflow.ticks import Schedule
     from workflow_engine.clock import FakeClock, SystemClock
     from workflow_engine.definitions import (
+        REGISTRY,
         ChildHandle,
         Context,
         RetryPolicy,
@@ -91,9 +96,9 @@ if TYPE_CHECKING:
         StepFailed,
         WorkflowError,
     )
-    from workflow_engine.flow import RateLimit
+    from workflow_engine.model import CreateResult, Delivery, RateLimit, Registry
     from workflow_engine.steps import StepInfo, current_step
-    from workflow_engine.store.instances import CreateResult, Delivery, create_instances
+    from workflow_engine.store.writes import create_instances
 
 
 def __getattr__(name: str) -> Any:

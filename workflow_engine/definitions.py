@@ -1,4 +1,5 @@
-"""Defining workflows: the ``@workflow`` decorator, the registry and retry policies.
+"""Defining workflows: the ``@workflow`` and ``@task`` decorators, the registry they
+fill (:class:`~workflow_engine.model.Registry`) and retry policies.
 
 from workflow_engine import workflow
 
@@ -18,9 +19,16 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
 from onceflow.ticks import Schedule
-from workflow_engine.flow import RateLimit
-from workflow_engine.flow import declare as declare_flow
-from workflow_engine.store.schedules import ScheduleDef
+from workflow_engine.model import (
+    RateLimit,
+    Registry,
+    ScheduleDef,
+    TaskDef,
+    TaskFn,
+    WorkflowDef,
+    WorkflowFn,
+    flow_control,
+)
 from workflow_engine.versions import check_version, fingerprint
 
 
@@ -82,8 +90,6 @@ class Context(Protocol):
     async def gather(self, *branches: Awaitable[Any]) -> Sequence[Any]: ...
 
 
-WorkflowFn = Callable[[Context, dict[str, Any]], Awaitable[Any]]
-
 # --- bounds on names: every one of them reaches an index ------------------------------
 #
 # A B-tree entry holds at most ~2.7 kB; a longer value fails its insert (SQLSTATE
@@ -116,12 +122,9 @@ def check_name(what: str, name: str) -> str:
     return name
 
 
-_REGISTRY: dict[str, WorkflowFn] = {}
-_LIMITS: dict[str, int] = {}
-_VERSIONS: dict[str, str] = {}
-_INLINE: set[str] = set()  # workflows whose sync steps run on the event loop
-_TASKS: dict[str, TaskDef] = {}
-_SCHEDULES: dict[str, ScheduleDef] = {}
+#: The registry the decorators fill: the workflow modules a process loads
+#: (``ONCEFLOW_WORKFLOW_MODULES``) register here, and the process hands it on.
+REGISTRY = Registry()
 
 
 def workflow(
@@ -152,40 +155,21 @@ def workflow(
     ``timezone``, a ``timedelta``, or a :class:`~onceflow.ticks.Schedule` with its
     catch-up and overlap policies. Engines upsert it at start (README, "Schedules").
 
-    Flow control (:mod:`workflow_engine.flow`, README "Flow control"): at most
-    ``max_per_key`` (default 1) running instances per value of ``concurrency_key`` (a
-    dotted path on params, ``"params.customer_id"``; sleeping and waiting instances keep
-    their slot only with ``hold_while_waiting``); at most ``rate_limit`` starts per
+    Flow control (:class:`~workflow_engine.model.FlowControl`, README "Flow control"): at
+    most ``max_per_key`` (default 1) running instances per value of ``concurrency_key``
+    (a dotted path on params, ``"params.customer_id"``; sleeping and waiting instances
+    keep their slot only with ``hold_while_waiting``); at most ``rate_limit`` starts per
     period per key; claims rotated round-robin across the values of ``fairness_key``.
     """
     check_name("workflow name", name)
     declared = _declared_schedule(name, schedule, timezone)
+    flow = flow_control(
+        concurrency, concurrency_key, max_per_key, hold_while_waiting, rate_limit, fairness_key
+    )
 
     def register(fn: WorkflowFn) -> WorkflowFn:
-        existing = _REGISTRY.get(name)
-        if (existing is not None and existing is not fn) or name in _TASKS:
-            raise ValueError(f"{name!r} is registered twice")
-        _VERSIONS[name] = check_version(version) if version is not None else fingerprint(fn)
-        _REGISTRY[name] = fn
-        if inline_steps:
-            _INLINE.add(name)
-        else:
-            _INLINE.discard(name)
-        if declared is not None:
-            _SCHEDULES[declared.name] = declared
-        if concurrency is not None:
-            if concurrency < 1:
-                raise ValueError("concurrency must be at least 1")
-            _LIMITS[name] = concurrency
-        declare_flow(
-            name,
-            concurrency,
-            concurrency_key,
-            max_per_key,
-            hold_while_waiting,
-            rate_limit,
-            fairness_key,
-        )
+        given = check_version(version) if version is not None else fingerprint(fn)
+        REGISTRY.add_workflow(WorkflowDef(fn, name, given, inline_steps, flow, declared))
         return fn
 
     return register
@@ -203,26 +187,7 @@ def _declared_schedule(
     )
 
 
-def declared_schedules() -> list[ScheduleDef]:
-    """The schedules the loaded workflow modules declare (engines upsert them)."""
-    return [_SCHEDULES[n] for n in sorted(_SCHEDULES)]
-
-
-def concurrency_limits() -> dict[str, int]:
-    return dict(_LIMITS)
-
-
-@dataclass(frozen=True)
-class TaskDef:
-    name: str
-    fn: Callable[[dict[str, Any]], Any]
-    max_retries: int = 3
-    delay: float = 1.0
-
-
-def task(
-    name: str, max_retries: int = 3, delay: float = 1.0
-) -> Callable[[Callable[[dict[str, Any]], Any]], Callable[[dict[str, Any]], Any]]:
+def task(name: str, max_retries: int = 3, delay: float = 1.0) -> Callable[[TaskFn], TaskFn]:
     """Register a single-step job, run by the streams worker without a workflow.
 
     The handler gets the job's params. A failure is retried ``max_retries`` times,
@@ -230,51 +195,32 @@ def task(
     """
     check_name("task name", name)
 
-    def register(fn: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
-        if name in _REGISTRY or (name in _TASKS and _TASKS[name].fn is not fn):
-            raise ValueError(f"{name!r} is registered twice")
-        _TASKS[name] = TaskDef(name, fn, max_retries, delay)
+    def register(fn: TaskFn) -> TaskFn:
+        REGISTRY.add_task(TaskDef(name, fn, max_retries, delay))
         return fn
 
     return register
 
 
-def get_task(name: str) -> TaskDef | None:
-    return _TASKS.get(name)
-
-
 def registered_tasks() -> list[str]:
-    return sorted(_TASKS)
-
-
-def get_workflow(name: str) -> WorkflowFn | None:
-    return _REGISTRY.get(name)
+    return REGISTRY.task_names()
 
 
 def registered_workflows() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def runs_steps_inline(name: str) -> bool:
-    """Whether ``name``'s sync steps run on the event loop by default (``inline_steps``)."""
-    return name in _INLINE
-
-
-def workflow_version(name: str) -> str | None:
-    """The version new instances of ``name`` are created with (None: not registered)."""
-    return _VERSIONS.get(name)
+    return REGISTRY.workflow_names()
 
 
 def registered_versions() -> dict[str, str]:
     """The version of every registered workflow: what this process can run."""
-    return dict(_VERSIONS)
+    return REGISTRY.versions()
 
 
-def load_workflow_modules(modules: Iterable[str]) -> list[str]:
-    """Import the modules that define workflows (``ONCEFLOW_WORKFLOW_MODULES``)."""
+def load_workflow_modules(modules: Iterable[str]) -> Registry:
+    """Import the modules that define workflows (``ONCEFLOW_WORKFLOW_MODULES``); the
+    registry they filled."""
     for module in modules:
         importlib.import_module(module)
-    return registered_workflows()
+    return REGISTRY
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ class DatabaseRefused(WorkflowError):
     """The database refused one of the instance's writes for good (by SQLSTATE, the row
     is at fault: a value too large for its index, data it cannot store): retrying cannot
     help, so the instance errors with this message. The other writes of its batch are
-    not affected (``workflow_engine.store.execution.write_each``).
+    not affected (``workflow_engine.store.writes.execution.write_each``).
 
     ``checkpoint_committed``: the refused write followed the previous step's checkpoint
     in one chain, and that checkpoint committed on its own before it."""

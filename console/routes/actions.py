@@ -17,18 +17,17 @@ from console.forms import Form
 from console.metrics import ACTIONS
 from onceflow.instance_events import InvalidEvent, check_event
 from onceflow.vocabulary import BulkAction
-from workflow_engine.store import bulk, control
-from workflow_engine.store.instances import describe_instance
-from workflow_engine.store.listing import InstanceFilter, count_matching
+from workflow_engine.store import operations
+from workflow_engine.store.views import InstanceFilter, count_matching, describe_instance
 
 log = logging.getLogger(__name__)
 router = APIRouter()
 
 _CONTROL = {
-    "pause": control.pause,
-    "resume": control.resume,
-    "terminate": control.terminate,
-    "restart": control.restart,
+    "pause": operations.pause,
+    "resume": operations.resume,
+    "terminate": operations.terminate,
+    "restart": operations.restart,
 }
 
 
@@ -53,7 +52,7 @@ def send_event(
     try:
         payload = orjson.loads(raw)
         # The store's rule (type pattern, size caps), shown on the confirmation page;
-        # control.send_event applies it again when the event is sent.
+        # operations.send_event applies it again when the event is sent.
         check_event(event_type, payload)
     except orjson.JSONDecodeError as exc:
         error = f"the payload is not JSON: {exc}"
@@ -75,7 +74,9 @@ def send_event(
             },
             400 if error else 200,
         )
-    event_id = control.send_event(c.engine, view.workflow, job_id, event_type, payload, actor=actor)
+    event_id = operations.send_event(
+        c.engine, view.workflow, job_id, event_type, payload, actor=actor
+    )
     ACTIONS.labels("send-event").inc()
     log.info("event sent", extra={"event": "console.send_event", "job_id": job_id})
     return RedirectResponse(
@@ -128,7 +129,7 @@ def start_bulk(request: Request, form: ControlForm, c: ConsoleDep, actor: Operat
     except ValueError:
         raise HTTPException(400, f"unknown bulk action {form.get('action')!r}") from None
     # Refused before counting: the empty filter would match every instance.
-    f = bulk.refuse_empty(InstanceFilter.from_params(form.as_dict()))
+    f = operations.refuse_empty(InstanceFilter.from_params(form.as_dict()))
     if not _confirmed(form):
         n = count_matching(c.engine, f)
         return render(
@@ -154,11 +155,11 @@ def start_bulk(request: Request, form: ControlForm, c: ConsoleDep, actor: Operat
 
 @router.get("/bulk", dependencies=[Depends(reader)])
 def bulk_list(request: Request, c: ConsoleDep) -> Response:
-    return render(request, "bulk_list.html", {"operations": bulk.recent_bulk(c.engine)})
+    return render(request, "bulk_list.html", {"operations": operations.recent_bulk(c.engine)})
 
 
 def _operation(c: Console, op_id: int) -> Any:
-    op = bulk.bulk_status(c.engine, op_id)
+    op = operations.bulk_status(c.engine, op_id)
     if op is None:
         raise HTTPException(404, f"no bulk operation {op_id}")
     return op

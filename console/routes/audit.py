@@ -11,7 +11,7 @@ from fastapi.responses import Response
 
 from console.deps import ConsoleDep, reader, render
 from onceflow.vocabulary import ActionResult, FrontEnd, OperatorAction
-from workflow_engine.store.operator_audit import ActionFilter, list_actions
+from workflow_engine.store.views import ActionFilter, list_actions
 
 router = APIRouter(dependencies=[Depends(reader)])
 

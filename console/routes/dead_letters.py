@@ -14,7 +14,7 @@ from console.deps import Console, ConsoleDep, ControlForm, Operator, reader, ren
 from console.metrics import REDRIVES
 from onceflow.redrive import DeadLetterRecord, parse_position, read_dead_letters
 from onceflow.vocabulary import DeadLetterReason
-from workflow_engine.store.redrives import Verdict, redrive_letters
+from workflow_engine.store.operations import Verdict, redrive_letters
 
 log = logging.getLogger(__name__)
 router = APIRouter()

@@ -10,12 +10,18 @@ from fastapi.responses import Response
 
 from console.deps import ConsoleDep, reader, render
 from onceflow.vocabulary import TERMINAL_STATUSES, InstanceStatus
-from workflow_engine.store.claim import load_steps
-from workflow_engine.store.dead_letters import dead_letters_for
-from workflow_engine.store.instances import describe_instance
-from workflow_engine.store.listing import SORTS, InstanceFilter, count_matching, list_page
-from workflow_engine.store.operator_audit import ActionFilter, list_actions
-from workflow_engine.store.trace import job_trace
+from workflow_engine.store.views import (
+    SORTS,
+    ActionFilter,
+    InstanceFilter,
+    count_matching,
+    dead_letters_for,
+    describe_instance,
+    job_trace,
+    list_actions,
+    list_page,
+)
+from workflow_engine.store.writes import load_steps
 
 router = APIRouter(dependencies=[Depends(reader)])
 

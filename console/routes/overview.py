@@ -14,7 +14,7 @@ from console.deps import Console, ConsoleDep, reader, render
 from onceflow.errors import ServiceUnavailable
 from onceflow.lag import PartitionLag, consumer_lag
 from onceflow.vocabulary import InstanceStatus
-from workflow_engine.store.listing import overview
+from workflow_engine.store.views import overview
 
 router = APIRouter(dependencies=[Depends(reader)])
 

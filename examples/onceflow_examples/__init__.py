@@ -25,8 +25,7 @@ from onceflow.settings import get_settings
 from workflow_engine.definitions import Context, RetryPolicy, task, workflow
 from workflow_engine.errors import EventTimeout
 from workflow_engine.steps import current_step
-from workflow_engine.store.db import shared_engine
-from workflow_engine.store.schema import MigrationSet
+from workflow_engine.store import MigrationSet, shared_engine
 
 #: The examples' own tables, migrated and granted separately from the product's.
 MIGRATIONS = MigrationSet(

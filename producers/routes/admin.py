@@ -36,10 +36,9 @@ from onceflow.vocabulary import BulkAction, InstanceStatus, OperatorAction
 from producers.deps import DbDep, IngestDep, exact_body, operator, require
 from producers.errors import error_responses
 from producers.models import FieldError, RequestError
-from workflow_engine.store import bulk, control, listing
-from workflow_engine.store.instances import describe_instance
-from workflow_engine.store.operator_audit import Actor
-from workflow_engine.store.schedules import tick_of
+from workflow_engine.store import operations, views
+from workflow_engine.store.operations import Actor
+from workflow_engine.store.views import describe_instance, tick_of
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +86,12 @@ def _guarded(op: Callable[[], T]) -> T:
     """Run a control operation, its domain errors becoming 404 and 409."""
     try:
         return op()
-    except control.InstanceNotFound as exc:
+    except operations.InstanceNotFound as exc:
         raise RequestError(404, "not_found", str(exc)) from None
     except InvalidEvent as exc:
         field = FieldError(field=f"body.{exc.field}", reason=exc.reason)
         raise RequestError(422, "invalid_request", str(exc), [field]) from None
-    except control.ControlError as exc:
+    except operations.ControlError as exc:
         raise RequestError(409, "conflict", str(exc)) from None
 
 
@@ -116,7 +115,7 @@ def list_instances(
 ) -> dict[str, Any]:
     """A page of instances, newest first; ``next_cursor`` fetches the next one, and
     ``count=true`` adds how many match in all."""
-    f = listing.InstanceFilter(
+    f = views.InstanceFilter(
         workflow=workflow or None,
         status=status,
         created_from=_utc(created_from or since, "created_from"),
@@ -127,12 +126,12 @@ def list_instances(
         payload_mismatch=payload_mismatch,
         error_contains=error_contains or None,
     )
-    limit = max(1, min(limit, listing.MAX_LIMIT))
-    page = _filtered(lambda: listing.list_page(engine, f, sort, cursor or None, limit))
+    limit = max(1, min(limit, views.MAX_LIMIT))
+    page = _filtered(lambda: views.list_page(engine, f, sort, cursor or None, limit))
     return {
         "instances": [asdict(row) for row in page.rows],
         "next_cursor": page.next_cursor,
-        "count": listing.count_matching(engine, f) if count else None,
+        "count": views.count_matching(engine, f) if count else None,
     }
 
 
@@ -140,7 +139,7 @@ def _filtered(op: Callable[[], T]) -> T:
     """Run a listing or bulk call, a bad filter or cursor becoming a 400."""
     try:
         return op()
-    except listing.InvalidFilter as exc:
+    except views.InvalidFilter as exc:
         raise RequestError(400, "invalid_filter", str(exc)) from None
 
 
@@ -175,7 +174,7 @@ class BulkIn(BaseModel):
         return text
 
 
-def _op_body(op: bulk.BulkOperation) -> dict[str, Any]:
+def _op_body(op: operations.BulkOperation) -> dict[str, Any]:
     body = asdict(op)
     body["created_at"] = op.created_at.isoformat()
     body["finished_at"] = op.finished_at.isoformat() if op.finished_at else None
@@ -191,9 +190,9 @@ def start_bulk(
     poll ``GET /v1/instances/bulk/{id}``. With ``dry_run``, only count them (200). An
     empty filter is refused (400), as everywhere: by the store when the operation
     starts, which records the refusal in the audit trail (a dry run is not recorded)."""
-    f = _filtered(lambda: listing.InstanceFilter.parse(body.filter))
+    f = _filtered(lambda: views.InstanceFilter.parse(body.filter))
     if body.dry_run:
-        n = listing.count_matching(engine, _filtered(lambda: bulk.refuse_empty(f)))
+        n = views.count_matching(engine, _filtered(lambda: operations.refuse_empty(f)))
         return JSONResponse(
             {"action": str(action), "filter": f.describe(), "dry_run": True, "count": n}
         )
@@ -203,12 +202,12 @@ def start_bulk(
 
 @router.get("/bulk", dependencies=_READ)
 def recent_bulk(engine: DbDep, limit: int = 20) -> list[dict[str, Any]]:
-    return [_op_body(op) for op in bulk.recent_bulk(engine, max(1, min(limit, 200)))]
+    return [_op_body(op) for op in operations.recent_bulk(engine, max(1, min(limit, 200)))]
 
 
 @router.get("/bulk/{op_id}", dependencies=_READ)
 def bulk_progress(op_id: int, engine: DbDep) -> dict[str, Any]:
-    op = bulk.bulk_status(engine, op_id)
+    op = operations.bulk_status(engine, op_id)
     if op is None:
         raise RequestError(404, "not_found", f"no bulk operation #{op_id}")
     return _op_body(op)
@@ -242,10 +241,10 @@ def _add_control_route(name: str, operation: Callable[..., Any]) -> None:
     )
 
 
-_add_control_route("pause", control.pause)
-_add_control_route("resume", control.resume)
-_add_control_route("terminate", control.terminate)
-_add_control_route("restart", control.restart)
+_add_control_route("pause", operations.pause)
+_add_control_route("resume", operations.resume)
+_add_control_route("terminate", operations.terminate)
+_add_control_route("restart", operations.restart)
 
 
 @router.post("/{workflow}/{job_id}/events", status_code=202)
@@ -258,6 +257,8 @@ def send_event(
     _exact: Annotated[None, Depends(exact_body)],  # after the key is checked
 ) -> dict[str, Any]:
     event_id = _guarded(
-        lambda: control.send_event(engine, workflow, job_id, event.type, event.payload, actor=actor)
+        lambda: operations.send_event(
+            engine, workflow, job_id, event.type, event.payload, actor=actor
+        )
     )
     return {"job_id": job_id, "event_id": event_id, "type": event.type}

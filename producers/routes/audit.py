@@ -20,7 +20,7 @@ from onceflow.vocabulary import ActionResult, FrontEnd, OperatorAction
 from producers.deps import DbDep, require
 from producers.errors import error_responses
 from producers.models import RequestError
-from workflow_engine.store import operator_audit
+from workflow_engine.store import views
 
 router = APIRouter(
     prefix="/v1/admin",
@@ -53,10 +53,8 @@ def audit_trail(
         "result": result,
     }
     try:
-        f = operator_audit.ActionFilter.from_params(
-            {k: str(v) for k, v in given.items() if v is not None}
-        )
-        page = operator_audit.list_actions(engine, f, cursor or None, limit)
-    except operator_audit.InvalidAuditFilter as exc:
+        f = views.ActionFilter.from_params({k: str(v) for k, v in given.items() if v is not None})
+        page = views.list_actions(engine, f, cursor or None, limit)
+    except views.InvalidAuditFilter as exc:
         raise RequestError(400, "invalid_filter", str(exc)) from None
     return {"actions": [e.to_dict() for e in page.rows], "next_cursor": page.next_cursor}

@@ -38,8 +38,7 @@ from producers.models import (
     parse_jobs,
 )
 from producers.responses import error_response, json_response
-from workflow_engine.store.dead_letters import DeadLetterView, dead_letters_for
-from workflow_engine.store.instances import job_status
+from workflow_engine.store.views import DeadLetterView, dead_letters_for, job_status
 
 log = logging.getLogger(__name__)
 _ACCEPTED_LOG = EventLog(log, "job.accepted", "job accepted")

@@ -30,7 +30,8 @@ from onceflow.vocabulary import CatchupPolicy, OperatorAction, OverlapPolicy
 from producers.deps import DbDep, exact_body, require
 from producers.errors import error_responses
 from producers.models import RequestError, params_problem
-from workflow_engine.store import schedules as store
+from workflow_engine.model import ScheduleDef, ScheduleError
+from workflow_engine.store import operations, views
 
 T = TypeVar("T")
 
@@ -83,30 +84,30 @@ def _guarded(op: Callable[[], T]) -> T:
     """Run a schedule operation, its domain errors becoming 404, 409 and 400."""
     try:
         return op()
-    except store.ScheduleNotFound as exc:
+    except operations.ScheduleNotFound as exc:
         raise RequestError(404, "not_found", str(exc)) from None
-    except store.ScheduleExists as exc:
+    except operations.ScheduleExists as exc:
         raise RequestError(409, "conflict", str(exc)) from None
-    except (InvalidSchedule, store.ScheduleError) as exc:
+    except (InvalidSchedule, ScheduleError) as exc:
         raise RequestError(400, "invalid_schedule", str(exc)) from None
 
 
-def _body(view: store.ScheduleView) -> dict[str, Any]:
+def _body(view: views.ScheduleView) -> dict[str, Any]:
     return view.to_dict()
 
 
 @router.get("", dependencies=_READ)
 def list_schedules(engine: DbDep) -> list[dict[str, Any]]:
-    return [_body(v) for v in store.list_schedules(engine)]
+    return [_body(v) for v in views.list_schedules(engine)]
 
 
 @router.post("", dependencies=[*_CONTROL, Depends(exact_body)], status_code=201)
 def create_schedule(body: ScheduleIn, engine: DbDep) -> dict[str, Any]:
     """Create a schedule; it first fires at its first tick after now."""
 
-    def create() -> store.ScheduleView:
+    def create() -> views.ScheduleView:
         spec = TickSpec(body.cron, body.every_seconds, body.timezone)
-        d = store.ScheduleDef(
+        d = ScheduleDef(
             body.name,
             body.workflow,
             spec,
@@ -115,29 +116,29 @@ def create_schedule(body: ScheduleIn, engine: DbDep) -> dict[str, Any]:
             body.overlap,
             body.max_catchup,
         )
-        return store.create_schedule(engine, d)
+        return operations.create_schedule(engine, d)
 
     return _body(_guarded(create))
 
 
 @router.get("/{name}", dependencies=_READ)
 def get_schedule(name: str, engine: DbDep) -> dict[str, Any]:
-    return _body(_guarded(lambda: store.get_schedule(engine, name)))
+    return _body(_guarded(lambda: views.get_schedule(engine, name)))
 
 
 @router.post("/{name}/pause", dependencies=_CONTROL)
 def pause_schedule(name: str, engine: DbDep) -> dict[str, Any]:
-    return _body(_guarded(lambda: store.pause_schedule(engine, name)))
+    return _body(_guarded(lambda: operations.pause_schedule(engine, name)))
 
 
 @router.post("/{name}/resume", dependencies=_CONTROL)
 def resume_schedule(name: str, engine: DbDep) -> dict[str, Any]:
-    return _body(_guarded(lambda: store.resume_schedule(engine, name)))
+    return _body(_guarded(lambda: operations.resume_schedule(engine, name)))
 
 
 @router.delete("/{name}", dependencies=_CONTROL, status_code=204)
 def delete_schedule(name: str, engine: DbDep) -> Response:
-    _guarded(lambda: store.delete_schedule(engine, name))
+    _guarded(lambda: operations.delete_schedule(engine, name))
     return Response(status_code=204)
 
 
@@ -145,7 +146,7 @@ def delete_schedule(name: str, engine: DbDep) -> Response:
 def backfill(name: str, body: BackfillIn, engine: DbDep) -> dict[str, Any]:
     """One instance per tick of ``[start, end]``; ``dry_run`` only counts them."""
     start, end = _utc(body.start), _utc(body.end)
-    result = _guarded(lambda: store.backfill(engine, name, start, end, body.dry_run))
+    result = _guarded(lambda: operations.backfill(engine, name, start, end, body.dry_run))
     return asdict(result)
 
 

@@ -10,7 +10,8 @@ from onceflow.envelope import HEADER_DLQ_REASON, HEADER_DLQ_TRUNCATED, JobEnvelo
 from tests.acceptance.test_demo import run_cli
 from tests.conftest import settings_env
 from tests.integration.kafka_helpers import consume_all, produce
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.model import Delivery
+from workflow_engine.store.writes import create_instances
 
 
 def _statuses(db):

@@ -13,7 +13,9 @@ from onceflow.vocabulary import InstanceStatus
 from onceflow_tools.processes import ProcessGroup, free_port
 from tests.acceptance.test_demo import run_cli
 from tests.conftest import settings_env
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.model import Delivery
+from workflow_engine.store.views import describe_instance
+from workflow_engine.store.writes import create_instances
 
 
 def status(db, job_id):

@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from onceflow_tools.processes import onceflow_command
-from workflow_engine.store.db import make_engine
+from workflow_engine.store import make_engine
 
 
 def run_cli(*args, env, timeout=60):

@@ -29,8 +29,7 @@ from tests.browser.test_docs_page import (
     _requested_urls,
     browser,  # noqa: F401  (the fixture)
 )
-from workflow_engine.store.dead_letters import dead_letters_for
-from workflow_engine.store.instances import describe_instance
+from workflow_engine.store.views import dead_letters_for, describe_instance
 
 SHOTS = os.environ.get("ONCEFLOW_TEST_SCREENSHOTS_DIR")
 

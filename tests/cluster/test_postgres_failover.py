@@ -37,7 +37,7 @@ from onceflow_tools.dev.postgres_ha import NODES, PostgresHA
 from onceflow_tools.figures import checkpoints_written_twice, count_instances
 from onceflow_tools.processes import free_port
 from onceflow_tools.stack import Stack
-from workflow_engine.store.db import is_transient, make_engine
+from workflow_engine.store import is_transient, make_engine
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from onceflow.settings import get_settings
 from workflow_engine.definitions import task
-from workflow_engine.store.db import shared_engine
+from workflow_engine.store import shared_engine
 
 
 class DownstreamDown(Exception):

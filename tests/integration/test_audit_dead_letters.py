@@ -15,8 +15,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from onceflow.envelope import HEADER_DLQ_REASON, HEADER_DLQ_SOURCE, JobEnvelope
 from onceflow.vocabulary import DeadLetterReason
 from onceflow_cli.audit import run_audit
-from workflow_engine.store.dead_letters import DeadLetterRow, record_dead_letters
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.model import Delivery
+from workflow_engine.store.views import DeadLetterRow
+from workflow_engine.store.writes import create_instances, record_dead_letters
 
 
 def _produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes, list]]):

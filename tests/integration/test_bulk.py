@@ -6,10 +6,11 @@ import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import BulkAction, BulkStatus, ControlAction, InstanceStatus
-from workflow_engine.store import control
-from workflow_engine.store.bulk import bulk_status, recent_bulk, run_bulk, start_bulk
-from workflow_engine.store.instances import Delivery, create_instances
-from workflow_engine.store.listing import InstanceFilter
+from workflow_engine.model import Delivery
+from workflow_engine.store import operations
+from workflow_engine.store.operations import bulk_status, recent_bulk, run_bulk, start_bulk
+from workflow_engine.store.views import InstanceFilter
+from workflow_engine.store.writes import create_instances
 
 
 def _create(db, job_ids, workflow="approval-workflow"):
@@ -42,8 +43,8 @@ def test_pause_in_batches_records_progress_and_follows_the_control_rules(db):
     _create(db, ids)
     _create(db, ["other_1"], workflow="order-workflow")
     _make_running(db, "b_00")
-    control.terminate(db, "approval-workflow", "b_01")
-    control.pause(db, "approval-workflow", "b_02")
+    operations.terminate(db, "approval-workflow", "b_01")
+    operations.pause(db, "approval-workflow", "b_02")
 
     op = start_bulk(db, BulkAction.PAUSE, InstanceFilter(workflow="approval-workflow"))
     assert (op.total, op.done, op.skipped, op.status) == (7, 0, 0, BulkStatus.RUNNING)
@@ -73,9 +74,9 @@ def test_pause_in_batches_records_progress_and_follows_the_control_rules(db):
 
 def test_resume_skips_what_is_not_paused_and_restart_requeues_finished(db):
     _create(db, ["r_1", "r_2", "r_3"])
-    control.pause(db, "approval-workflow", "r_1")
+    operations.pause(db, "approval-workflow", "r_1")
     _make_running(db, "r_2")
-    control.pause(db, "approval-workflow", "r_2")  # running: pause requested
+    operations.pause(db, "approval-workflow", "r_2")  # running: pause requested
     op = run_bulk(db, start_bulk(db, BulkAction.RESUME, InstanceFilter(job_id_prefix="r_")).id)
     assert (op.done, op.skipped) == (2, 1)
     after = _statuses(db)
@@ -83,7 +84,7 @@ def test_resume_skips_what_is_not_paused_and_restart_requeues_finished(db):
     assert after["r_2"] == ("running", None)  # the pending pause withdrawn
     assert after["r_3"] == ("queued", None)
 
-    control.terminate(db, "approval-workflow", "r_3")
+    operations.terminate(db, "approval-workflow", "r_3")
     terminated = InstanceFilter(status=InstanceStatus.TERMINATED)
     op = run_bulk(db, start_bulk(db, BulkAction.RESTART, terminated).id)
     assert (op.total, op.done, op.skipped) == (1, 1, 0)

@@ -14,10 +14,10 @@ import sqlalchemy as sa
 from onceflow import failpoints
 from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import BulkAction, BulkStatus
-from workflow_engine.store import bulk
-from workflow_engine.store.bulk_runner import BulkRunner
-from workflow_engine.store.instances import Delivery, create_instances
-from workflow_engine.store.listing import InstanceFilter
+from workflow_engine.model import Delivery
+from workflow_engine.store.operations import BulkRunner, bulk
+from workflow_engine.store.views import InstanceFilter
+from workflow_engine.store.writes import create_instances
 
 
 @pytest.fixture(autouse=True)

@@ -16,8 +16,9 @@ from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import BulkStatus
 from onceflow_tools.processes import ProcessGroup, free_port
 from tests.conftest import settings_env
-from workflow_engine.store import bulk
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.model import Delivery
+from workflow_engine.store import operations
+from workflow_engine.store.writes import create_instances
 
 
 def _create(db, job_ids):
@@ -27,8 +28,8 @@ def _create(db, job_ids):
         create_instances(db, [Delivery(e, "t", 0, start + n) for n, e in enumerate(envelopes)])
 
 
-def _op(db, op_id) -> bulk.BulkOperation:
-    found = bulk.bulk_status(db, op_id)
+def _op(db, op_id) -> operations.BulkOperation:
+    found = operations.bulk_status(db, op_id)
     assert found is not None
     return found
 

@@ -16,10 +16,9 @@ from tests.integration.test_engine import run_until
 from tests.integration.test_engine_durable import create, status
 from workflow_engine import workflow
 from workflow_engine.errors import ControlRequested, LeaseLost, NonDeterminismError
-from workflow_engine.store import claim as claims
-from workflow_engine.store import control as ops
-from workflow_engine.store import execution as store
+from workflow_engine.store import operations, writes
 from workflow_engine.store.writes import Chain, FinishInstance, FinishStep, StartStep
+from workflow_engine.store.writes import execution as store
 
 SIDE_EFFECTS: list[str] = []
 
@@ -45,7 +44,7 @@ def steps(db, job_id):
 def started(db, owner, job_id):
     """An instance claimed by ``owner`` with its first step started (attempt 1)."""
     create(db, job_id, "test-chain")
-    assert [c.job_id for c in claims.claim(db, owner, 10, 30)] == [job_id]
+    assert [c.job_id for c in writes.claim(db, owner, 10, 30)] == [job_id]
     [answer] = store.write_batch(db, owner, [StartStep(job_id, 1, 0, "a")])
     assert answer.attempt == 1
 
@@ -93,9 +92,9 @@ def test_a_chain_under_a_lost_lease_writes_neither_part(db):
 def test_a_batch_mixes_chains_plain_writes_and_a_lost_lease(db):
     for job in ("m1", "m2", "m3"):
         create(db, job, "test-chain")
-    claims.claim(db, "E", 10, 30)
+    writes.claim(db, "E", 10, 30)
     store.write_batch(db, "E", [StartStep(j, 1, 0, "a") for j in ("m1", "m2", "m3")])
-    ops.terminate(db, "test-chain", "m3")  # queued terminations apply at the next step
+    operations.terminate(db, "test-chain", "m3")  # queued terminations apply at the next step
     answers = store.write_batch(
         db,
         "E",

@@ -24,12 +24,8 @@ from tests.integration import child_workflows
 from tests.integration.test_engine_durable import Harness as FakeClockHarness
 from tests.integration.test_engine_durable import create, status, wait_for
 from workflow_engine.clock import SystemClock
-from workflow_engine.store import children, waits
-from workflow_engine.store import claim as claims
-from workflow_engine.store import control as ops
-from workflow_engine.store import execution as store
-from workflow_engine.store.instances import describe_instance
-from workflow_engine.store.trace import job_trace
+from workflow_engine.store import operations, writes
+from workflow_engine.store.views import describe_instance, job_trace
 from workflow_engine.store.writes import FinishInstance, Lease
 
 
@@ -60,7 +56,8 @@ def test_child_result_is_returned_to_the_parent_and_the_tree_is_described(settin
     create(db, "p1", "test-parent", {"child": {"amount": 7}})
     with Harness(settings, db) as h:
         wait_for(lambda: status(db, "p1") == "complete", "parent complete")
-        assert h.inflight() == 0
+        # its run ends just after its final write commits: wait for it, not for luck
+        wait_for(lambda: h.inflight() == 0, "no run left in flight")
     assert describe_instance(db, "p1").result["child"]["amount"] == 7
     assert children_of(db, "p1") == [("p1__charge", "complete", "child")]
     parent, kid = describe_instance(db, "p1"), describe_instance(db, "p1__charge")
@@ -105,7 +102,7 @@ def test_the_parent_waits_without_holding_a_worker_and_is_woken_by_the_child(set
         assert q(
             db, "SELECT status FROM onceflow_steps WHERE job_id = 'p2' AND kind = 'child'"
         ) == [("waiting",)]
-        ops.send_event(db, "test-child", "p2__charge", "release", {})
+        operations.send_event(db, "test-child", "p2__charge", "release", {})
         wait_for(lambda: status(db, "p2") == "complete", "parent woken and complete")
     assert describe_instance(db, "p2").result["child"]["amount"] == 3
 
@@ -129,7 +126,7 @@ def test_a_terminated_child_raises_in_its_waiting_parent(settings, db):
     with Harness(settings, db):
         wait_for(lambda: status(db, "p5") == "waiting", "parent waiting")
         wait_for(lambda: status(db, "p5__charge") == "waiting", "child waiting")
-        ops.terminate(db, "test-child", "p5__charge")
+        operations.terminate(db, "test-child", "p5__charge")
         wait_for(lambda: status(db, "p5") == "errored", "parent raised")
     assert describe_instance(db, "p5").error == (
         "child p5__charge terminated: terminated by operator"
@@ -190,10 +187,10 @@ def test_terminate_policy_terminates_children_and_abandon_leaves_them(settings, 
             lambda: status(db, "c1__doomed") == "waiting" and status(db, "c1__spared") == "waiting",
             "children waiting",
         )
-        ops.terminate(db, "test-parent-close", "c1")
+        operations.terminate(db, "test-parent-close", "c1")
         assert status(db, "c1__doomed") == "terminated"  # in the same transaction
         assert status(db, "c1__spared") == "waiting"
-        ops.send_event(db, "test-child", "c1__spared", "release", {})
+        operations.send_event(db, "test-child", "c1__spared", "release", {})
         wait_for(lambda: status(db, "c1__spared") == "complete", "abandoned child finishes")
     assert status(db, "c1") == "terminated"
 
@@ -203,7 +200,7 @@ def test_terminate_policy_reaches_a_running_child_through_its_engine(settings, d
     with Harness(settings, db):
         wait_for(lambda: status(db, "c2__charge") == "running", "child running its step")
         wait_for(lambda: status(db, "c2") == "waiting", "parent waiting")
-        ops.terminate(db, "test-parent", "c2")
+        operations.terminate(db, "test-parent", "c2")
         wait_for(lambda: status(db, "c2__charge") == "terminated", "child terminated by its engine")
 
 
@@ -342,16 +339,16 @@ def _parent_awaiting_its_child(db, parent):
     """A parent leased by engine A that started a child (leased by engine B) and marked
     it awaited, as ``ctx.child_result`` does, but has not suspended yet."""
     create(db, parent, "test-parent")
-    assert [c.job_id for c in claims.claim(db, "A", 1, 30)] == [parent]
-    child = children.child_job_id(parent, "charge")
-    start = children.StartChild(
+    assert [c.job_id for c in writes.claim(db, "A", 1, 30)] == [parent]
+    child = writes.child_job_id(parent, "charge")
+    start = writes.StartChild(
         parent, 0, "charge", child, "test-child", {}, ParentClosePolicy.TERMINATE, None
     )
-    assert children.start_children(db, Lease("A", 1), [start]) == [True]
+    assert writes.start_children(db, Lease("A", 1), [start]) == [True]
     assert status(db, child) == "queued"
-    assert [c.job_id for c in claims.claim(db, "B", 1, 30)] == [child]
-    awaited = [children.Awaited(0, child)]
-    assert children.collect(db, Lease("A", 1), parent, awaited) == [None]  # not finished: awaited
+    assert [c.job_id for c in writes.claim(db, "B", 1, 30)] == [child]
+    awaited = [writes.Awaited(0, child)]
+    assert writes.collect(db, Lease("A", 1), parent, awaited) == [None]  # not finished: awaited
     return child
 
 
@@ -366,31 +363,31 @@ def _runnable_now(db, job_id):
 
 def test_a_child_finishing_before_its_parent_suspends_still_wakes_it(db):
     child = _parent_awaiting_its_child(db, "r1")
-    store.write_batch(db, "B", [FinishInstance(child, 1, InstanceStatus.COMPLETE, b"1")])
+    writes.write_batch(db, "B", [FinishInstance(child, 1, InstanceStatus.COMPLETE, b"1")])
     assert status(db, "r1") == "running"  # the finish found the parent still running
-    waits.suspend(db, Lease("A", 1), "r1", InstanceStatus.WAITING, None)
+    writes.suspend(db, Lease("A", 1), "r1", InstanceStatus.WAITING, None)
     assert _runnable_now(db, "r1")  # the suspend saw the finished child
 
 
 def test_a_child_finishing_after_its_parent_suspended_wakes_it(db):
     child = _parent_awaiting_its_child(db, "r2")
-    waits.suspend(db, Lease("A", 1), "r2", InstanceStatus.WAITING, None)
+    writes.suspend(db, Lease("A", 1), "r2", InstanceStatus.WAITING, None)
     assert not _runnable_now(db, "r2")  # waits, forever unless woken
-    store.write_batch(db, "B", [FinishInstance(child, 1, InstanceStatus.ERRORED, None, "no")])
+    writes.write_batch(db, "B", [FinishInstance(child, 1, InstanceStatus.ERRORED, None, "no")])
     assert _runnable_now(db, "r2")
 
 
 def test_a_parent_waiting_for_an_event_is_not_woken_by_a_child_it_does_not_await(db):
     create(db, "r3", "test-parent")
-    claims.claim(db, "A", 1, 30)
-    child = children.child_job_id("r3", "charge")
-    start = children.StartChild(
+    writes.claim(db, "A", 1, 30)
+    child = writes.child_job_id("r3", "charge")
+    start = writes.StartChild(
         "r3", 0, "charge", child, "test-child", {}, ParentClosePolicy.ABANDON, None
     )
-    children.start_children(db, Lease("A", 1), [start])
-    claims.claim(db, "B", 1, 30)
-    waits.suspend(db, Lease("A", 1), "r3", InstanceStatus.WAITING, None)
-    store.write_batch(db, "B", [FinishInstance(child, 1, InstanceStatus.COMPLETE, b"1")])
+    writes.start_children(db, Lease("A", 1), [start])
+    writes.claim(db, "B", 1, 30)
+    writes.suspend(db, Lease("A", 1), "r3", InstanceStatus.WAITING, None)
+    writes.write_batch(db, "B", [FinishInstance(child, 1, InstanceStatus.COMPLETE, b"1")])
     assert not _runnable_now(db, "r3")  # no spurious replay
 
 
@@ -420,7 +417,7 @@ def test_restarting_a_parent_reuses_its_children(settings, db):
     create(db, "rs1", "test-parent", {"child": {"amount": 2}})
     with Harness(settings, db):
         wait_for(lambda: status(db, "rs1") == "complete", "parent complete")
-        ops.restart(db, "test-parent", "rs1")
+        operations.restart(db, "test-parent", "rs1")
         wait_for(lambda: status(db, "rs1") == "complete", "parent complete again")
     assert q(db, "SELECT restart_count FROM onceflow_instances WHERE job_id = 'rs1'") == [(1,)]
     assert children_of(db, "rs1") == [("rs1__charge", "complete", "child")]  # not re-run
@@ -444,7 +441,7 @@ def test_a_restarted_parent_whose_child_was_pruned_gets_a_clear_failure(settings
         wait_for(lambda: status(db, "rp") == "complete", "parent complete")
         with db.begin() as conn:  # what retention does to a finished child
             conn.execute(sa.text("DELETE FROM onceflow_instances WHERE job_id = 'rp__charge'"))
-        ops.restart(db, "test-parent", "rp")
+        operations.restart(db, "test-parent", "rp")
         wait_for(lambda: status(db, "rp") == "errored", "parent errored")
     assert describe_instance(db, "rp").error == (
         "child rp__charge gone: the child instance no longer exists"

@@ -9,9 +9,10 @@ import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope
 from tests.integration import flow_workflows as wf
-from workflow_engine.flow import flow_controls, lane_path
-from workflow_engine.store import claim as claims
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.definitions import REGISTRY
+from workflow_engine.model import Delivery
+from workflow_engine.store import writes
+from workflow_engine.store.writes import create_instances
 
 _OFFSETS = itertools.count()
 
@@ -25,7 +26,7 @@ def create(db, workflow, job_ids, priority=3, params=None, laned=True):
                 "t",
                 0,
                 next(_OFFSETS),
-                lane_path=lane_path(workflow) if laned else None,
+                lane_path=REGISTRY.lane_path(workflow) if laned else None,
             )
             for job_id in job_ids
         ],
@@ -33,7 +34,7 @@ def create(db, workflow, job_ids, priority=3, params=None, laned=True):
 
 
 def claim(db, limit):
-    return [c.job_id for c in claims.claim(db, "E", limit, 30, flows=flow_controls())]
+    return [c.job_id for c in writes.claim(db, "E", limit, 30, flows=REGISTRY.flows())]
 
 
 def age(db, job_id, seconds):
@@ -78,9 +79,9 @@ def test_an_unversioned_instance_is_claimed_only_by_an_engine_that_has_its_workf
     create(db, wf.UNFAIR, ["old_one"])  # created with no version recorded
     with db.begin() as conn:
         conn.execute(sa.text("UPDATE onceflow_instances SET version = NULL"))
-    lacking = claims.claim(db, "A", 5, 30, versions={"some-other-workflow": "v1"})
+    lacking = writes.claim(db, "A", 5, 30, versions={"some-other-workflow": "v1"})
     assert lacking == []
-    having = claims.claim(db, "B", 5, 30, versions={wf.UNFAIR: "v9"})
+    having = writes.claim(db, "B", 5, 30, versions={wf.UNFAIR: "v9"})
     assert [c.job_id for c in having] == ["old_one"]
 
 

@@ -9,7 +9,8 @@ import sys
 
 from onceflow.envelope import JobEnvelope
 from tests.conftest import settings_env
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.model import Delivery
+from workflow_engine.store.writes import create_instances
 
 
 def onceflow(settings, *args):

@@ -14,7 +14,9 @@ from onceflow.envelope import JobEnvelope
 from onceflow.keys import hash_key
 from onceflow.settings import ApiKey
 from onceflow.vocabulary import InstanceStatus
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.model import Delivery
+from workflow_engine.store.views import describe_instance
+from workflow_engine.store.writes import create_instances
 
 READ_KEY, CONTROL_KEY = "ofk_test_reader", "ofk_test_operator"
 

@@ -24,8 +24,8 @@ from tests.integration.test_console import (
 )
 from tests.integration.test_operator_audit import trail
 from tests.integration.test_redrive import _letter
-from workflow_engine.store import operator_audit
-from workflow_engine.store.operator_audit import Actor
+from workflow_engine.store import operations
+from workflow_engine.store.operations import Actor
 
 
 def act(client, path, **fields):
@@ -121,10 +121,10 @@ def test_a_console_redrive_is_a_row_with_the_letters_it_chose(settings, db):
 
 def test_the_audit_page_shows_filters_and_pages_the_trail(settings, db):
     for n in range(60):
-        operator_audit.record(
+        operations.record(
             db, Actor.console(f"op{n % 3}"), OperatorAction.PAUSE, job_id=f"pg_{n:02d}"
         )
-    operator_audit.record(
+    operations.record(
         db, Actor.cli("root"), OperatorAction.BULK_TERMINATE, filter={"workflow": "w"}, bulk_id=7
     )
     client = client_for(settings, db)
@@ -153,8 +153,8 @@ def test_the_audit_page_shows_filters_and_pages_the_trail(settings, db):
 def test_an_instance_page_shows_its_own_operator_actions(settings, db):
     deliver(db, "ipg_1")
     deliver(db, "ipg_2", offset=1)
-    operator_audit.record(db, Actor.console("alice"), OperatorAction.PAUSE, job_id="ipg_1")
-    operator_audit.record(db, Actor.admin_api("bob"), OperatorAction.TERMINATE, job_id="ipg_2")
+    operations.record(db, Actor.console("alice"), OperatorAction.PAUSE, job_id="ipg_1")
+    operations.record(db, Actor.admin_api("bob"), OperatorAction.TERMINATE, job_id="ipg_2")
     client = client_for(settings, db)
     page = client.get("/instances/ipg_1")
     assert page.status_code == 200

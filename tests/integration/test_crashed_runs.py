@@ -7,7 +7,8 @@ from onceflow import failpoints
 from onceflow.envelope import JobEnvelope
 from tests.integration.interleavings import EngineHarness, scalar, status, wait_for
 from workflow_engine import workflow
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.model import Delivery
+from workflow_engine.store.writes import create_instances
 
 
 @workflow("test-crash-in-settle")

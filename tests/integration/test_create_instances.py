@@ -7,8 +7,10 @@ import threading
 import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope
-from workflow_engine.store.db import constraint_of
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.model import Delivery
+from workflow_engine.store import constraint_of
+from workflow_engine.store.views import describe_instance
+from workflow_engine.store.writes import create_instances
 
 
 def d(job_id, params=None, offset=0, partition=0, topic="jobs"):

@@ -11,9 +11,10 @@ from sqlalchemy.engine import make_url
 
 import onceflow_examples
 from onceflow.envelope import JobEnvelope
-from workflow_engine.store.db import make_engine, sqlalchemy_url
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
-from workflow_engine.store.schema import PRODUCT, grant_app_role
+from workflow_engine.model import Delivery
+from workflow_engine.store import PRODUCT, grant_app_role, make_engine, sqlalchemy_url
+from workflow_engine.store.views import describe_instance
+from workflow_engine.store.writes import create_instances
 
 
 @pytest.fixture

@@ -14,16 +14,16 @@ from fastapi.testclient import TestClient
 from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import DeadLetterReason
 from producers.api import create_app
-from workflow_engine.store.db import constraint_of
-from workflow_engine.store.dead_letters import (
+from workflow_engine.model import Delivery
+from workflow_engine.store import constraint_of
+from workflow_engine.store.views import (
     DeadLetterRow,
     dead_letter_counts,
     dead_letter_sources,
     dead_letters_for,
-    record_dead_letters,
+    job_trace,
 )
-from workflow_engine.store.instances import Delivery, create_instances
-from workflow_engine.store.trace import job_trace
+from workflow_engine.store.writes import create_instances, record_dead_letters
 
 
 def dead(offset, job_id="dl_1", reason=DeadLetterReason.UNKNOWN_TYPE, dlq_offset=0, **kw):

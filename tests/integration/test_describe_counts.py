@@ -11,8 +11,9 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 from onceflow.envelope import JobEnvelope
-from workflow_engine.store.engines import Stranded, instances_without_engine
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.model import Delivery
+from workflow_engine.store.views import Stranded, instances_without_engine
+from workflow_engine.store.writes import create_instances
 
 
 @pytest.fixture

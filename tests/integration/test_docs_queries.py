@@ -9,8 +9,9 @@ import pytest
 
 from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import DeadLetterReason
-from workflow_engine.store.dead_letters import DeadLetterRow, record_dead_letters
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.model import Delivery
+from workflow_engine.store.views import DeadLetterRow
+from workflow_engine.store.writes import create_instances, record_dead_letters
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "queries.md"
 BLOCKS = re.findall(r"```sql\n(.*?)```", DOC.read_text(), flags=re.S)

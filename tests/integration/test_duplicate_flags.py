@@ -19,20 +19,10 @@ from onceflow.envelope import JobEnvelope, params_digest
 from onceflow.vocabulary import JobKind
 from onceflow_tools.benchsql import seed_for_bench
 from onceflow_tools.stack import database_url_for, recreate_database
-from workflow_engine.store.db import make_engine
-from workflow_engine.store.instances import (
-    CreateResult,
-    Delivery,
-    create_instances,
-    create_instances_in,
-)
-from workflow_engine.store.listing import (
-    InstanceFilter,
-    count_matching,
-    explain_list,
-    list_page,
-)
-from workflow_engine.store.schema import available_migrations, migrate
+from workflow_engine.model import CreateResult, Delivery
+from workflow_engine.store import available_migrations, make_engine, migrate
+from workflow_engine.store.views import InstanceFilter, count_matching, explain_list, list_page
+from workflow_engine.store.writes import create_instances, create_instances_in
 
 _offsets = iter(range(1_000, 10**7))
 

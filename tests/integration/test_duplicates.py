@@ -7,8 +7,9 @@ import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import JobKind
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
-from workflow_engine.store.trace import job_trace
+from workflow_engine.model import Delivery
+from workflow_engine.store.views import describe_instance, job_trace
+from workflow_engine.store.writes import create_instances
 
 
 def d(job_id, offset, params=None, workflow="order-workflow", partition=0, request="req"):

@@ -14,9 +14,12 @@ from onceflow.envelope import JobEnvelope
 from onceflow_tools.processes import ProcessGroup, free_port
 from tests.conftest import settings_env
 from workflow_engine import NonRetryableError, RetryPolicy, current_step, workflow
+from workflow_engine.definitions import REGISTRY
 from workflow_engine.engine.runner import EngineRunner
-from workflow_engine.store import engines
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.model import Delivery
+from workflow_engine.store import views
+from workflow_engine.store.views import describe_instance
+from workflow_engine.store.writes import create_instances
 
 CALLS: dict[str, int] = {}
 
@@ -72,7 +75,7 @@ def status(db, job_id):
 def run_until(settings, db, done, timeout=30.0):
     async def main():
         runner = EngineRunner(
-            settings.model_copy(update={"engine_poll_interval_seconds": 0.1}), engine=db
+            settings.model_copy(update={"engine_poll_interval_seconds": 0.1}), REGISTRY, engine=db
         )
         task = asyncio.create_task(runner.run())
         deadline = time.monotonic() + timeout
@@ -175,7 +178,7 @@ def test_an_instance_of_a_workflow_the_engine_lacks_waits_for_an_engine_that_has
     create(db, "u2", "test-three-steps")
     run_until(settings, db, lambda: status(db, "u2") == "complete")
     assert status(db, "u1") == "queued"
-    stranded = engines.instances_without_engine(db, stale_seconds=60)
+    stranded = views.instances_without_engine(db, stale_seconds=60)
     assert [(s.workflow, s.version, s.count) for s in stranded] == [("no-such-workflow", None, 1)]
 
 

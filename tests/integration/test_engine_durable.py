@@ -17,11 +17,13 @@ import sqlalchemy as sa
 from onceflow.envelope import JobEnvelope
 from workflow_engine import RetryPolicy, current_step, workflow
 from workflow_engine.clock import FakeClock
+from workflow_engine.definitions import REGISTRY
 from workflow_engine.engine.runner import EngineRunner
 from workflow_engine.errors import EventTimeout
-from workflow_engine.store import control as ops
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
-from workflow_engine.store.maintenance import prune
+from workflow_engine.model import Delivery
+from workflow_engine.store import operations
+from workflow_engine.store.views import describe_instance
+from workflow_engine.store.writes import create_instances, prune
 
 RAN: list[str] = []
 
@@ -94,6 +96,7 @@ class Harness:
         self.clock = FakeClock(datetime.now(UTC) + timedelta(seconds=1))
         self.runner = EngineRunner(
             settings.model_copy(update={"engine_poll_interval_seconds": 0.05}),
+            REGISTRY,
             engine=db,
             clock=self.clock,
         )
@@ -174,17 +177,17 @@ def test_event_sent_while_waiting_wakes_the_instance(settings, db):
     create(db, "e1", "test-approval")
     with Harness(settings, db):
         wait_for(lambda: status(db, "e1") == "waiting", "waiting")
-        ops.send_event(db, "test-approval", "e1", "other-type", {"ignored": True})
+        operations.send_event(db, "test-approval", "e1", "other-type", {"ignored": True})
         time.sleep(0.3)
         assert status(db, "e1") == "waiting"  # not the type it waits for
-        ops.send_event(db, "test-approval", "e1", "approved", {"by": "ann"})
+        operations.send_event(db, "test-approval", "e1", "approved", {"by": "ann"})
         wait_for(lambda: status(db, "e1") == "complete", "complete")
     assert describe_instance(db, "e1").result == {"approved": True, "decision": {"by": "ann"}}
 
 
 def test_event_sent_before_the_wait_is_kept(settings, db):
     create(db, "e2", "test-approval")
-    ops.send_event(db, "test-approval", "e2", "approved", "early")
+    operations.send_event(db, "test-approval", "e2", "approved", "early")
     with Harness(settings, db):
         wait_for(lambda: status(db, "e2") == "complete", "complete")
     assert describe_instance(db, "e2").result == {"approved": True, "decision": "early"}
@@ -208,25 +211,25 @@ def test_pause_resume_terminate_restart(settings, db):
     with Harness(settings, db) as h:
         wait_for(lambda: status(db, "c1") == "sleeping", "c1 sleeping")
         wait_for(lambda: status(db, "c2") == "waiting", "c2 waiting")
-        assert ops.terminate(db, "test-approval", "c2").status == "terminated"
-        with pytest.raises(ops.ControlError, match="takes no more events"):
-            ops.send_event(db, "test-approval", "c2", "approved")
+        assert operations.terminate(db, "test-approval", "c2").status == "terminated"
+        with pytest.raises(operations.ControlError, match="takes no more events"):
+            operations.send_event(db, "test-approval", "c2", "approved")
 
-        assert ops.pause(db, "test-sleepy", "c1").status == "paused"
+        assert operations.pause(db, "test-sleepy", "c1").status == "paused"
         h.clock.advance(7200)
         time.sleep(0.3)
         assert status(db, "c1") == "paused"  # a paused sleeper does not wake
-        assert ops.resume(db, "test-sleepy", "c1").status == "queued"
+        assert operations.resume(db, "test-sleepy", "c1").status == "queued"
         wait_for(lambda: status(db, "c1") == "complete", "c1 complete")
 
-        assert ops.restart(db, "test-sleepy", "c1").status == "queued"
+        assert operations.restart(db, "test-sleepy", "c1").status == "queued"
         wait_for(lambda: status(db, "c1") == "sleeping", "c1 sleeping again")
         h.clock.advance(3601)
         wait_for(lambda: status(db, "c1") == "complete", "c1 complete again")
     assert RAN == ["c1:before", "c1:after", "c1:before", "c1:after"]
     assert describe_instance(db, "c1").restart_count == 1
-    with pytest.raises(ops.ControlError, match="no instance"):
-        ops.pause(db, "test-sleepy", "nope")
+    with pytest.raises(operations.ControlError, match="no instance"):
+        operations.pause(db, "test-sleepy", "nope")
 
 
 def test_control_of_a_running_instance_applies_at_the_next_step(settings, db):
@@ -240,15 +243,15 @@ def test_control_of_a_running_instance_applies_at_the_next_step(settings, db):
             ),
             "r1 mid-step",
         )
-        assert ops.pause(db, "test-slow-steps", "r1").requested == "pause"
-        assert ops.terminate(db, "test-slow-steps", "r2").requested == "terminate"
+        assert operations.pause(db, "test-slow-steps", "r1").requested == "pause"
+        assert operations.terminate(db, "test-slow-steps", "r2").requested == "terminate"
         wait_for(lambda: status(db, "r1") == "paused", "r1 paused")
         wait_for(lambda: status(db, "r2") == "terminated", "r2 terminated")
         steps = describe_instance(db, "r1").steps
         # the step in flight finished; the pause took effect before the next one
         assert 1 <= len(steps) < 3
         assert all(st.status == "complete" for st in steps)
-        ops.resume(db, "test-slow-steps", "r1")
+        operations.resume(db, "test-slow-steps", "r1")
         wait_for(lambda: status(db, "r1") == "complete", "r1 complete")
 
 

@@ -16,10 +16,11 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope
-from workflow_engine.store import claim as claims
-from workflow_engine.store import execution as store
+from workflow_engine.model import Delivery
 from workflow_engine.store.fragments import in_index_order
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.store.writes import claim as claims
+from workflow_engine.store.writes import create_instances
+from workflow_engine.store.writes import execution as store
 
 RUNNING = 600
 BATCH = 96
@@ -155,8 +156,8 @@ def test_the_flow_claim_reads_the_lanes_in_order_when_the_statistics_predate_a_b
     per lane (654 ms a claim at 20,000 queued over 50 keys, 25 ms analysed)."""
     from tests.integration import flow_workflows as wf
     from tests.integration.test_flow_control import create as create_flow
-    from workflow_engine.flow import flow_controls
-    from workflow_engine.store import flow as store_flow
+    from workflow_engine.definitions import REGISTRY
+    from workflow_engine.store.writes import flow as store_flow
 
     create_flow(db, wf.PER_KEY, [(f"quiet_{i}", {"customer": f"c{i % 50}"}) for i in range(100)])
     _analysed_with_nothing_runnable(db)
@@ -166,7 +167,7 @@ def test_the_flow_claim_reads_the_lanes_in_order_when_the_statistics_predate_a_b
             wf.PER_KEY,
             [(f"burst_{i:05d}", {"customer": f"c{i % 50}"}) for i in range(start, start + 1000)],
         )
-    flow = flow_controls()[wf.PER_KEY]
+    flow = REGISTRY.flows()[wf.PER_KEY]
     base = {
         "owner": "o",
         "lease": 30,
@@ -189,5 +190,5 @@ def test_the_flow_claim_reads_the_lanes_in_order_when_the_statistics_predate_a_b
     assert "Sort" not in plan, plan
     assert "onceflow_instances_runnable_idx" not in plan, plan
     # ... and a claim takes the oldest of the burst, two per customer (its limit).
-    claimed = claims.claim(db, "o", 32, 30, flows=flow_controls())
+    claimed = claims.claim(db, "o", 32, 30, flows=REGISTRY.flows())
     assert sorted(c.job_id for c in claimed) == [f"burst_{i:05d}" for i in range(32)]

@@ -24,6 +24,7 @@ import sqlalchemy as sa
 import workflow_engine.definitions
 from tests.integration.test_engine import create
 from workflow_engine import workflow
+from workflow_engine.definitions import REGISTRY
 from workflow_engine.engine.runner import EngineRunner
 
 HEALTHY = [f"healthy_{i}" for i in range(10)]
@@ -70,7 +71,7 @@ def _run_engine_until(settings, db, done, timeout: float) -> None:
 
     async def main() -> None:
         runner = EngineRunner(
-            settings.model_copy(update={"engine_poll_interval_seconds": 0.05}), engine=db
+            settings.model_copy(update={"engine_poll_interval_seconds": 0.05}), REGISTRY, engine=db
         )
         task = asyncio.create_task(runner.run())
         deadline = time.monotonic() + timeout

@@ -10,7 +10,8 @@ from fastapi.testclient import TestClient
 from onceflow.envelope import JobEnvelope
 from producers.api import create_app
 from tests.integration.test_admin_http import NoKafka
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.model import Delivery
+from workflow_engine.store.writes import create_instances
 
 
 @pytest.fixture

@@ -23,16 +23,15 @@ from onceflow_tools.processes import ProcessGroup, free_port
 from onceflow_tools.stack import Stack
 from tests.conftest import settings_env
 from tests.integration import flow_workflows as wf
+from workflow_engine.definitions import REGISTRY
 from workflow_engine.engine.runner import EngineRunner
-from workflow_engine.flow import flow_controls, lane_path
-from workflow_engine.store import claim as claims
-from workflow_engine.store import control as ops
-from workflow_engine.store import flow as store_flow
-from workflow_engine.store import waits
+from workflow_engine.model import Delivery
+from workflow_engine.store import operations, writes
 from workflow_engine.store.fragments import in_index_order
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
-from workflow_engine.store.trace import job_trace
-from workflow_engine.store.writes import Lease
+from workflow_engine.store.views import describe_instance, job_trace
+from workflow_engine.store.writes import Lease, create_instances
+from workflow_engine.store.writes import claim as claims
+from workflow_engine.store.writes import flow as store_flow
 
 _OFFSETS = itertools.count()
 MODULES = json.dumps(["onceflow_examples", "tests.integration.flow_workflows"])
@@ -48,7 +47,7 @@ def create(db, workflow, jobs, priority=3):
                 "t",
                 0,
                 next(_OFFSETS),
-                lane_path=lane_path(workflow),
+                lane_path=REGISTRY.lane_path(workflow),
             )
             for job_id, params in jobs
         ],
@@ -67,7 +66,7 @@ def scalar(db, sql, **params):
 
 def claim(db, limit):
     """One claim by this process, with every test workflow's flow control."""
-    return claims.claim(db, "test-owner", limit, 30, flows=flow_controls())
+    return claims.claim(db, "test-owner", limit, 30, flows=REGISTRY.flows())
 
 
 def run_until(settings, db, done, timeout=60.0, **overrides):
@@ -76,6 +75,7 @@ def run_until(settings, db, done, timeout=60.0, **overrides):
     async def main():
         runner = EngineRunner(
             settings.model_copy(update={"engine_poll_interval_seconds": 0.05, **overrides}),
+            REGISTRY,
             engine=db,
         )
         task = asyncio.create_task(runner.run())
@@ -313,7 +313,7 @@ def test_hold_while_waiting_keeps_the_slot_of_a_sleeping_instance(db):
     create(db, wf.HOLDING, [(f"hold_{i}", {"customer": "c1"}) for i in range(2)])
     first = claim(db, 10)
     assert len(first) == 1
-    waits.suspend(
+    writes.suspend(
         db, Lease("test-owner", 1), first[0].job_id, InstanceStatus.SLEEPING, None, delay=60
     )
     assert claim(db, 10) == []  # the sleeper holds the key's one slot
@@ -340,7 +340,7 @@ def test_a_restart_between_the_claims_two_statements_does_not_exceed_a_key(db, m
         rows = read_pool(conn, statement, params)
         if params["workflow"] != wf.HOLDING:  # the claim reads every flow workflow's pool
             return rows
-        assert ops.restart(db, wf.HOLDING, "due_sleeper").status == InstanceStatus.QUEUED
+        assert operations.restart(db, wf.HOLDING, "due_sleeper").status == InstanceStatus.QUEUED
         with db.begin() as other:  # as if the restart's transaction began before the claim's
             other.execute(
                 sa.text(
@@ -415,7 +415,7 @@ def test_the_claims_are_served_by_the_claim_order_indexes(db):
         )
         assert "Index Scan using onceflow_instances_claim_order_idx" in plan
         assert "Seq Scan on onceflow_instances" not in plan
-        flow = flow_controls()[wf.PER_KEY]
+        flow = REGISTRY.flows()[wf.PER_KEY]
         plan = "\n".join(
             row[0]
             for row in in_index_order(
@@ -463,7 +463,7 @@ def test_a_workflow_without_flow_control_is_claimed_with_or_without_a_lane(db):
         ("had_a_lane", "x"),
         ("no_lane", None),
     ]
-    got = claims.claim(db, "o", 10, 30, versions={wf.UNFAIR: "any"}, flows=flow_controls())
+    got = claims.claim(db, "o", 10, 30, versions={wf.UNFAIR: "any"}, flows=REGISTRY.flows())
     assert sorted(c.job_id for c in got) == ["had_a_lane", "no_lane"]
 
 

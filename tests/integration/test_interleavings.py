@@ -43,9 +43,10 @@ from tests.integration.interleavings import (
     wait_for,
 )
 from workflow_engine.clock import FakeClock
-from workflow_engine.store import claim as claims
-from workflow_engine.store import control
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.model import Delivery
+from workflow_engine.store import operations, writes
+from workflow_engine.store.views import describe_instance
+from workflow_engine.store.writes import create_instances
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = "j1"
@@ -143,7 +144,7 @@ class Cell:
             paused = failpoints.arm(point, "pause", job_id=job)
             self.engine()
             before_a.wait_reached()
-            assert control.pause(self.db, self.workflow, JOB).requested == "pause"
+            assert operations.pause(self.db, self.workflow, JOB).requested == "pause"
             before_a.release()
         self.driver.settle([JOB], until=paused.reached.is_set, events=True, resume=False)
         return paused
@@ -151,14 +152,14 @@ class Cell:
     def act(self, action: str) -> None:
         db, wfl = self.db, self.workflow
         if action == "event":
-            control.send_event(db, wfl, JOB, EVENT, ACTION_EVENT)
+            operations.send_event(db, wfl, JOB, EVENT, ACTION_EVENT)
         elif action == "pause":
-            control.pause(db, wfl, JOB)
+            operations.pause(db, wfl, JOB)
         elif action == "pause_resume":
-            control.pause(db, wfl, JOB)
-            control.resume(db, wfl, JOB)
+            operations.pause(db, wfl, JOB)
+            operations.resume(db, wfl, JOB)
         elif action in ("terminate", "restart"):
-            getattr(control, action)(db, wfl, JOB)
+            getattr(operations, action)(db, wfl, JOB)
         elif action == "second_engine":
             self._second_engine()
         elif action == "rescue":
@@ -172,7 +173,7 @@ class Cell:
         harness = EngineHarness(self.settings, self.db, self.clock, engine_lease_seconds=LEASE)
         claim = harness.runner._claim
 
-        async def counted(limit: int) -> list[claims.Claimed] | None:
+        async def counted(limit: int) -> list[writes.Claimed] | None:
             got = await claim(limit)
             self.second_rounds.append([c.job_id for c in got or ()])
             return got
@@ -193,7 +194,7 @@ def expire_and_rescue(db, job_id: str) -> None:
             "UPDATE onceflow_instances SET lease_expires_at = now() - interval '1 second'"
             f" WHERE job_id = '{job_id}' AND status = 'running'"
         )
-    rescued = claims.rescue_expired(db)
+    rescued = writes.rescue_expired(db)
     after = instance(db, job_id)
     assert job_id in rescued or after.status != "running" or after.claim_count > before
 

@@ -22,10 +22,9 @@ from tests.integration.interleavings import (
     wait_for,
 )
 from workflow_engine import workflow
-from workflow_engine.store import claim as claims
-from workflow_engine.store import execution as store
-from workflow_engine.store.instances import Delivery, create_instances
-from workflow_engine.store.writes import FinishInstance, FinishStep, StartStep
+from workflow_engine.model import Delivery
+from workflow_engine.store import writes
+from workflow_engine.store.writes import FinishInstance, FinishStep, StartStep, create_instances
 
 RAN = Executions()
 GATE = threading.Event()
@@ -57,30 +56,30 @@ def expire_and_rescue(db, job_id):
             "UPDATE onceflow_instances SET lease_expires_at = now() - interval '1 second'"
             f" WHERE job_id = '{job_id}'"
         )
-    assert claims.rescue_expired(db) == [job_id]
+    assert writes.rescue_expired(db) == [job_id]
 
 
 def test_an_older_claim_cannot_write_even_from_the_same_owner(db):
     create(db, "f1", "order-workflow")
-    [first] = claims.claim(db, "E", 1, 30)
-    [started] = store.write_batch(db, "E", [StartStep("f1", first.claim_count, 0, "a")])
+    [first] = writes.claim(db, "E", 1, 30)
+    [started] = writes.write_batch(db, "E", [StartStep("f1", first.claim_count, 0, "a")])
     expire_and_rescue(db, "f1")
-    [second] = claims.claim(db, "E", 1, 30)  # the same owner string, a newer claim
+    [second] = writes.claim(db, "E", 1, 30)  # the same owner string, a newer claim
     assert second.claim_count == first.claim_count + 1
     old = FinishStep("f1", first.claim_count, 0, 1, started.at, AttemptOutcome.COMPLETE, b"1")
-    [answer] = store.write_batch(db, "E", [old])
+    [answer] = writes.write_batch(db, "E", [old])
     assert type(answer).__name__ == "LeaseLost", answer
-    [answer] = store.write_batch(
+    [answer] = writes.write_batch(
         db, "E", [FinishInstance("f1", first.claim_count, InstanceStatus.COMPLETE, b"1")]
     )
     assert type(answer).__name__ == "LeaseLost", answer
-    assert claims.release(db, "E", [("f1", first.claim_count)]) == 0
+    assert writes.release(db, "E", [("f1", first.claim_count)]) == 0
     assert status(db, "f1") == "running"  # the newer claim still holds it
-    beat = store.write_batch(
+    beat = writes.write_batch(
         db, "E", [store_heartbeat(("f1", first.claim_count), ("f1", second.claim_count))]
     )
     assert beat == [frozenset({("f1", second.claim_count)})]
-    assert claims.release(db, "E", [("f1", second.claim_count)]) == 1
+    assert writes.release(db, "E", [("f1", second.claim_count)]) == 1
 
 
 def store_heartbeat(*held):

@@ -11,10 +11,10 @@ import sqlalchemy as sa
 from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import DeadLetterReason, InstanceStatus
 from onceflow_tools.benchsql import seed_for_bench
-from workflow_engine.store import control
-from workflow_engine.store.dead_letters import DeadLetterRow, record_dead_letters
-from workflow_engine.store.instances import Delivery, create_instances
-from workflow_engine.store.listing import (
+from workflow_engine.model import Delivery
+from workflow_engine.store import operations
+from workflow_engine.store.views import (
+    DeadLetterRow,
     InstanceFilter,
     InvalidFilter,
     count_matching,
@@ -22,6 +22,7 @@ from workflow_engine.store.listing import (
     list_page,
     overview,
 )
+from workflow_engine.store.writes import create_instances, record_dead_letters
 
 # --- the filter's text forms (no database) ------------------------------------------
 
@@ -135,7 +136,7 @@ def test_every_filter_narrows_the_list_and_the_count(db):
     # f_a1: resubmitted with other params (a mismatch); f_a2: the same params again.
     create_instances(db, [Delivery(JobEnvelope("f_a1", "approval-workflow", {"x": 1}), "t", 1, 1)])
     create_instances(db, [Delivery(JobEnvelope("f_a2", "approval-workflow", {}), "t", 1, 2)])
-    control.terminate(db, "approval-workflow", "f_a3")
+    operations.terminate(db, "approval-workflow", "f_a3")
     _set_created(db, "f_o1", datetime(2020, 1, 1, tzinfo=UTC))
 
     def ids(text):
@@ -181,7 +182,7 @@ def test_the_list_query_reads_an_index_not_the_whole_table(db):
 def test_overview_counts_per_workflow_status_and_minute(db):
     _create(db, ["o_1", "o_2"])
     _create(db, ["o_3"], workflow="order-workflow")
-    control.terminate(db, "order-workflow", "o_3")
+    operations.terminate(db, "order-workflow", "o_3")
     record_dead_letters(
         db,
         [

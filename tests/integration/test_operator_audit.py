@@ -22,11 +22,11 @@ from tests.acceptance.test_demo import run_cli
 from tests.conftest import settings_env
 from tests.integration.test_admin_http import NoKafka
 from tests.integration.test_console import CONTROL_KEY, READ_KEY, keyed  # noqa: F401
-from workflow_engine.store import bulk, control, operator_audit
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
-from workflow_engine.store.listing import InstanceFilter
-from workflow_engine.store.maintenance import prune
-from workflow_engine.store.operator_audit import Actor
+from workflow_engine.model import Delivery
+from workflow_engine.store import operations
+from workflow_engine.store.operations import Actor
+from workflow_engine.store.views import InstanceFilter, describe_instance
+from workflow_engine.store.writes import create_instances, prune
 
 READER = {"Authorization": f"Bearer {READ_KEY}"}
 OPERATOR = {"Authorization": f"Bearer {CONTROL_KEY}"}
@@ -153,7 +153,7 @@ def test_a_bulk_start_records_its_filter_and_operation_an_empty_filter_its_refus
 def test_the_audit_endpoint_filters_pages_and_answers_bad_input_with_the_error_body(api, db):
     for n in range(5):
         who = Actor.admin_api("alice" if n % 2 == 0 else "bob")
-        operator_audit.record(db, who, OperatorAction.PAUSE, job_id=f"aud_{n}", workflow=WF)
+        operations.record(db, who, OperatorAction.PAUSE, job_id=f"aud_{n}", workflow=WF)
     everything = api.get("/v1/admin/audit", headers=READER).json()
     assert [a["job_id"] for a in everything["actions"]] == [f"aud_{n}" for n in (4, 3, 2, 1, 0)]
     assert everything["next_cursor"] is None
@@ -209,12 +209,12 @@ def test_an_action_and_its_row_commit_together_or_not_at_all(db, refuse_ok_rows)
     deliver(db, "tx_1", "tx_2")
     who = Actor.cli("tester")
     with pytest.raises(sa.exc.DBAPIError, match="audit row refused"):
-        control.pause(db, WF, "tx_1", actor=who)
+        operations.pause(db, WF, "tx_1", actor=who)
     assert status(db, "tx_1") == InstanceStatus.QUEUED  # no action without its row
     with pytest.raises(sa.exc.DBAPIError, match="audit row refused"):
-        control.send_event(db, WF, "tx_1", "approved", {}, actor=who)
+        operations.send_event(db, WF, "tx_1", "approved", {}, actor=who)
     with pytest.raises(sa.exc.DBAPIError, match="audit row refused"):
-        bulk.start_bulk(db, "terminate", InstanceFilter(job_id_prefix="tx_"), actor=who)
+        operations.start_bulk(db, "terminate", InstanceFilter(job_id_prefix="tx_"), actor=who)
     with db.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM onceflow_events")).scalar() == 0
         assert conn.execute(sa.text("SELECT count(*) FROM onceflow_bulk_operations")).scalar() == 0
@@ -227,13 +227,13 @@ def test_an_action_and_its_row_commit_together_or_not_at_all(db, refuse_ok_rows)
     ]
     assert all("audit row refused" in r["detail"] for r in failed)
     # callers without an actor (the engine, tests) record nothing and are not hindered
-    assert control.pause(db, WF, "tx_2").status == InstanceStatus.PAUSED
+    assert operations.pause(db, WF, "tx_2").status == InstanceStatus.PAUSED
 
 
 def test_retention_deletes_rows_past_their_own_retention(db):
     who = Actor.console("ops")
-    old = operator_audit.record(db, who, OperatorAction.LOGIN)
-    new = operator_audit.record(db, who, OperatorAction.LOGOUT)
+    old = operations.record(db, who, OperatorAction.LOGIN)
+    new = operations.record(db, who, OperatorAction.LOGOUT)
     with db.begin() as conn:
         conn.execute(
             sa.text(

@@ -18,7 +18,10 @@ from tests.acceptance.test_demo import run_cli
 from tests.conftest import settings_env
 from tests.integration.test_admin_http import NoKafka
 from tests.integration.test_console import csrf_of
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.model import Delivery
+from workflow_engine.store import operations
+from workflow_engine.store.views import describe_instance
+from workflow_engine.store.writes import create_instances
 
 BAD_TYPES = ["not valid!", "x" * 201, "spaced type", "tab\there"]
 
@@ -60,11 +63,10 @@ def test_the_console_refuses_a_bulk_operation_with_an_empty_filter(settings, ins
 
 
 def test_the_empty_filter_is_refused_by_the_store_and_so_by_every_front_end(settings, instances):
-    from workflow_engine.store import bulk
-    from workflow_engine.store.listing import InstanceFilter
+    from workflow_engine.store.views import InstanceFilter
 
-    with pytest.raises(bulk.EmptyFilter, match="narrow it"):
-        bulk.start_bulk(instances, BulkAction.PAUSE, InstanceFilter.parse(" , "))
+    with pytest.raises(operations.EmptyFilter, match="narrow it"):
+        operations.start_bulk(instances, BulkAction.PAUSE, InstanceFilter.parse(" , "))
     with TestClient(ingest_app(settings, NoKafka())) as api:
         for body in ({"filter": ","}, {"filter": " ,", "dry_run": True}):
             refused = api.post("/v1/instances/bulk/pause", json=body)
@@ -92,10 +94,9 @@ def test_the_console_refuses_the_event_types_the_api_refuses(settings, instances
 
 def test_send_event_is_checked_by_one_rule_for_the_api_the_console_and_the_cli(settings, instances):
     from onceflow.instance_events import InvalidEvent
-    from workflow_engine.store import control
 
     with pytest.raises(InvalidEvent, match="use letters, digits"):
-        control.send_event(instances, "approval-workflow", "in_1", "not valid!")
+        operations.send_event(instances, "approval-workflow", "in_1", "not valid!")
     refusals = [
         ({"type": "not valid!"}, "type", "use letters, digits"),
         ({"type": "x" * 201}, "type", "at most 200"),

@@ -29,22 +29,23 @@ from tests.integration.test_partitioning import (
     _wait_for,
     _where,
 )
+from workflow_engine.model import Delivery
 from workflow_engine.store import partitions as parts
-from workflow_engine.store.instances import Delivery, create_instances
-from workflow_engine.store.maintenance import prune
+from workflow_engine.store import writes
+from workflow_engine.store.writes import create_instances, prune
 
 
 def _lapse(db: Engine) -> None:
     """Maintenance did not run for longer than its partitions ahead: yesterday's
     partition is the newest one, nothing covers now (rows for now go to default)."""
-    for parent in parts.PARTITIONED_TABLES:
+    for parent in writes.PARTITIONED_TABLES:
         _add_old_partition(db, parent, 1)
         with db.begin() as conn:
-            for p in parts.partitions(conn, parent):
+            for p in writes.partitions(conn, parent):
                 if p.upper > _now(db):  # test-made names from the catalog, no input
                     conn.execute(sa.text(f"ALTER TABLE {parent} DETACH PARTITION {p.name}"))
                     conn.execute(sa.text(f"DROP TABLE {p.name}"))
-    for parent in parts.PARTITIONED_TABLES:
+    for parent in writes.PARTITIONED_TABLES:
         assert _partitions(db, parent)[-1].upper <= _now(db)
 
 
@@ -115,19 +116,19 @@ def test_after_a_lapse_the_range_being_written_is_not_attached_and_the_round_goe
 
     assert pruned["instances"] == 1  # the rest of the round was done
     now = _now(db)
-    for parent in parts.PARTITIONED_TABLES:
+    for parent in writes.PARTITIONED_TABLES:
         found = _partitions(db, parent)
         ahead = [p for p in found if p.upper > now]
         assert ahead and now < ahead[0].lower <= now + timedelta(minutes=10), (parent, ahead)
         assert all(a.upper == b.lower for a, b in itertools.pairwise(ahead))
         assert ahead[-1].upper >= now + 3 * DAY
-        assert ahead[1].lower == parts.aligned(ahead[1].lower, DAY)  # back on day bounds
+        assert ahead[1].lower == writes.aligned(ahead[1].lower, DAY)  # back on day bounds
     assert _where_is(db, "today") == _where_is(db, "busy") == "onceflow_step_attempts_default"
 
     again = prune(db, WEEK, MONTH)
     assert again["partitions_created"] == 0
     # A row from the first new partition's start lands in it.
-    first_new = next(p for p in _partitions(db, parts.STEP_ATTEMPTS) if p.upper > now)
+    first_new = next(p for p in _partitions(db, writes.STEP_ATTEMPTS) if p.upper > now)
     create_instances(db, [Delivery(JobEnvelope("later", "order-workflow", {}), "t", 0, 4)])
     with db.begin() as conn:
         _attempt_in_flight(conn, "later", first_new.lower)
@@ -156,7 +157,7 @@ def test_a_partition_that_fails_to_attach_waits_for_the_next_round_alone(db, mon
     monkeypatch.setattr(parts, "LOCK_TIMEOUT", "20s")
     _instance_with_old_attempt(db, "gone", 1, "complete", finished_days_ago=19)
     create_instances(db, [Delivery(JobEnvelope("skewed", "order-workflow", {}), "t", 0, 2)])
-    attempts_end = _newest(db, parts.STEP_ATTEMPTS)
+    attempts_end = _newest(db, writes.STEP_ATTEMPTS)
     ahead_of_clock = attempts_end + timedelta(hours=1)  # in the range the round creates
     with db.connect() as writer, ThreadPoolExecutor(1) as pool:
         writer.execute(sa.text("SET lock_timeout = '20s'"))
@@ -171,14 +172,14 @@ def test_a_partition_that_fails_to_attach_waits_for_the_next_round_alone(db, mon
         pruned = first.result(timeout=60)
 
     assert pruned["instances"] == 1
-    assert _newest(db, parts.STEP_ATTEMPTS) == attempts_end  # left for the next round
-    assert _postponed(caplog) == [("creation", parts.STEP_ATTEMPTS, "rows_in_range", "23514")]
-    assert _newest(db, parts.DUPLICATE_DELIVERIES) >= _now(db) + 5 * DAY  # not held back
+    assert _newest(db, writes.STEP_ATTEMPTS) == attempts_end  # left for the next round
+    assert _postponed(caplog) == [("creation", writes.STEP_ATTEMPTS, "rows_in_range", "23514")]
+    assert _newest(db, writes.DUPLICATE_DELIVERIES) >= _now(db) + 5 * DAY  # not held back
     assert _where_is(db, "skewed") == "onceflow_step_attempts_default"
 
     second = prune(db, WEEK, MONTH, partitions_ahead=5)
     assert second["partitions_created"] >= 1
-    assert _newest(db, parts.STEP_ATTEMPTS) >= _now(db) + 5 * DAY
+    assert _newest(db, writes.STEP_ATTEMPTS) >= _now(db) + 5 * DAY
     assert _where_is(db, "skewed") != "onceflow_step_attempts_default"  # moved in
 
 
@@ -188,7 +189,7 @@ def test_a_retirement_cut_off_by_any_error_waits_for_the_next_round(db, monkeypa
     error out and the round stopped there; now the partition waits for the next round
     and the round goes on."""
     monkeypatch.setattr(parts, "LOCK_TIMEOUT", "20s")
-    old = _add_old_partition(db, parts.STEP_ATTEMPTS, 19.5)
+    old = _add_old_partition(db, writes.STEP_ATTEMPTS, 19.5)
     _instance_with_old_attempt(db, "gone", 1, "complete", finished_days_ago=19)
     _instance_with_old_attempt(db, "live", 2, "sleeping", finished_days_ago=None)
     with db.connect() as engine_tx, ThreadPoolExecutor(1) as pool:
@@ -213,7 +214,7 @@ def test_a_retirement_cut_off_by_any_error_waits_for_the_next_round(db, monkeypa
 
     assert _exists(db, old) and pruned["partitions_dropped"] == 0
     assert pruned["instances"] == 1  # the round went on past the cut-off retire
-    assert _postponed(caplog) == [("retirement", parts.STEP_ATTEMPTS, "cancelled", "57014")]
+    assert _postponed(caplog) == [("retirement", writes.STEP_ATTEMPTS, "cancelled", "57014")]
     retired = prune(db, WEEK, MONTH)
     assert retired["partitions_dropped"] == 1 and not _exists(db, old)
     assert _where(db, "SELECT job_id, error FROM onceflow_step_attempts") == [("live", "late")]

@@ -17,12 +17,19 @@ from sqlalchemy.engine import Engine, make_url
 
 from onceflow.envelope import JobEnvelope
 from onceflow_tools.stack import database_url_for, recreate_database
-from workflow_engine.store import control
+from workflow_engine.model import Delivery
+from workflow_engine.store import (
+    available_migrations,
+    constraint_of,
+    grant_app_role,
+    make_engine,
+    migrate,
+    sqlalchemy_url,
+    writes,
+)
 from workflow_engine.store import partitions as parts
-from workflow_engine.store.db import constraint_of, make_engine, sqlalchemy_url
-from workflow_engine.store.instances import Delivery, create_instances
-from workflow_engine.store.maintenance import prune
-from workflow_engine.store.schema import available_migrations, grant_app_role, migrate
+from workflow_engine.store.writes import create_instances, prune
+from workflow_engine.store.writes.requests import apply_restart
 
 DAY = timedelta(days=1)
 WEEK, MONTH = 7 * 86400, 30 * 86400
@@ -47,16 +54,16 @@ def _now(db: Engine) -> datetime:
         return conn.execute(sa.text("SELECT now()")).scalar_one()
 
 
-def _partitions(db: Engine, parent: str) -> list[parts.Partition]:
+def _partitions(db: Engine, parent: str) -> list[writes.Partition]:
     with db.connect() as conn, conn.begin():
-        return parts.partitions(conn, parent)
+        return writes.partitions(conn, parent)
 
 
 def _add_old_partition(db: Engine, parent: str, days_ago: float) -> str:
     """The daily partition holding the instant ``days_ago`` days back."""
-    lower = parts.aligned(_now(db) - days_ago * DAY, DAY)
+    lower = writes.aligned(_now(db) - days_ago * DAY, DAY)
     with db.connect() as conn, conn.begin():
-        name = parts.add_partition(conn, parent, lower, lower + DAY)
+        name = writes.add_partition(conn, parent, lower, lower + DAY)
     assert name
     return name
 
@@ -110,7 +117,7 @@ def _instance_with_old_attempt(
 def test_partitions_are_created_ahead_and_take_the_new_rows(db):
     pruned = prune(db, WEEK, MONTH, partitions_ahead=5)
     now = _now(db)
-    for parent in parts.PARTITIONED_TABLES:
+    for parent in writes.PARTITIONED_TABLES:
         found = _partitions(db, parent)
         assert found[-1].upper >= now + 5 * DAY, (parent, found[-1])
         # contiguous: no gap a row could fall into between now and the horizon
@@ -126,7 +133,7 @@ def test_partitions_are_created_ahead_and_take_the_new_rows(db):
 
 
 def test_retention_drops_expired_attempt_partitions_but_keeps_live_history(db):
-    old = _add_old_partition(db, parts.STEP_ATTEMPTS, 19.5)
+    old = _add_old_partition(db, writes.STEP_ATTEMPTS, 19.5)
     _instance_with_old_attempt(db, "gone", 1, "complete", finished_days_ago=19)
     _instance_with_old_attempt(db, "asleep", 2, "sleeping", finished_days_ago=None)
     _instance_with_old_attempt(db, "recent", 3, "complete", finished_days_ago=1)
@@ -209,16 +216,16 @@ def test_retiring_a_partition_neither_blocks_nor_loses_a_concurrent_checkpoint(d
     checkpoint below then waited on it while holding the parent the detach needs - a
     deadlock. Now the checkpoint goes through, and the kept row is the updated one."""
     monkeypatch.setattr(parts, "LOCK_TIMEOUT", "20s")  # the interleaving, not a timeout
-    old = _add_old_partition(db, parts.STEP_ATTEMPTS, 19.5)
+    old = _add_old_partition(db, writes.STEP_ATTEMPTS, 19.5)
     _instance_with_old_attempt(db, "live", 1, "sleeping", finished_days_ago=None)
     _instance_with_old_attempt(db, "gone", 2, "complete", finished_days_ago=19)
     _live_with_attempt_today(db, "today", 3)
-    today = parts.aligned(_now(db), DAY)
+    today = writes.aligned(_now(db), DAY)
     cutoff = _now(db) - WEEK * timedelta(seconds=1)
 
-    def retire() -> parts.Retired:
+    def retire() -> writes.Retired:
         with db.connect() as conn:
-            return parts.retire_expired(conn, parts.STEP_ATTEMPTS, cutoff)
+            return writes.retire_expired(conn, writes.STEP_ATTEMPTS, cutoff)
 
     with db.connect() as engine_tx, ThreadPoolExecutor(1) as pool:
         engine_tx.execute(sa.text("SET lock_timeout = '10s'"))  # a regression fails, not hangs
@@ -235,7 +242,7 @@ def test_retiring_a_partition_neither_blocks_nor_loses_a_concurrent_checkpoint(d
         engine_tx.commit()
         result = retired.result(timeout=60)
 
-    assert result == parts.Retired((old,), kept_rows=1, skipped=0)
+    assert result == writes.Retired((old,), kept_rows=1, skipped=0)
     assert not _exists(db, old)
     rows = _where(
         db,
@@ -251,7 +258,7 @@ def test_a_busy_partition_is_postponed_then_retired_with_its_live_rows(db, monke
     """An engine transaction holding the attempts table makes the detach time out: the
     round goes on without error, the next one retires the partition."""
     monkeypatch.setattr(parts, "LOCK_TIMEOUT", "200ms")
-    old = _add_old_partition(db, parts.STEP_ATTEMPTS, 19.5)
+    old = _add_old_partition(db, writes.STEP_ATTEMPTS, 19.5)
     _instance_with_old_attempt(db, "live", 1, "sleeping", finished_days_ago=None)
     with db.connect() as engine_tx:
         engine_tx.execute(sa.text(_FINISH_ATTEMPT), {"j": "live"})
@@ -275,15 +282,15 @@ def test_a_deadlock_postpones_retirement_instead_of_failing_the_round(db, monkey
     while holding the parent): whichever side PostgreSQL aborts, retention raises
     nothing and the partition is retired in this round or the next."""
     monkeypatch.setattr(parts, "LOCK_TIMEOUT", "20s")
-    old = _add_old_partition(db, parts.STEP_ATTEMPTS, 19.5)
+    old = _add_old_partition(db, writes.STEP_ATTEMPTS, 19.5)
     _instance_with_old_attempt(db, "live", 1, "sleeping", finished_days_ago=None)
     _live_with_attempt_today(db, "today", 2)
-    today = parts.aligned(_now(db), DAY)
+    today = writes.aligned(_now(db), DAY)
     cutoff = _now(db) - WEEK * timedelta(seconds=1)
 
-    def retire() -> parts.Retired:
+    def retire() -> writes.Retired:
         with db.connect() as conn:
-            return parts.retire_expired(conn, parts.STEP_ATTEMPTS, cutoff)
+            return writes.retire_expired(conn, writes.STEP_ATTEMPTS, cutoff)
 
     with db.connect() as other, ThreadPoolExecutor(1) as pool:
         other.execute(sa.text("SET lock_timeout = '20s'"))
@@ -300,7 +307,7 @@ def test_a_deadlock_postpones_retirement_instead_of_failing_the_round(db, monkey
         first = retired.result(timeout=60)
 
     assert first.skipped + len(first.dropped) == 1
-    second = parts.Retired() if first.dropped else retire()
+    second = writes.Retired() if first.dropped else retire()
     assert (first.dropped or second.dropped) == (old,)
     assert not _exists(db, old)
     assert _where(db, "SELECT job_id FROM onceflow_step_attempts ORDER BY 1") == [
@@ -313,13 +320,13 @@ def test_a_restart_forgets_the_attempts_too(db):
     _instance_with_old_attempt(db, "again", 1, "errored", finished_days_ago=1)
     with db.begin() as conn:
         conn.execute(sa.text("UPDATE onceflow_instances SET error = 'x' WHERE job_id = 'again'"))
-        control.apply_restart(conn, "again")
+        apply_restart(conn, "again")
     assert _where(db, "SELECT count(*) FROM onceflow_step_attempts") == [(0,)]
     assert _where(db, "SELECT status FROM onceflow_instances") == [("queued",)]
 
 
 def test_retention_drops_expired_duplicate_partitions_with_their_job_ids(db):
-    old = _add_old_partition(db, parts.DUPLICATE_DELIVERIES, 39.5)
+    old = _add_old_partition(db, writes.DUPLICATE_DELIVERIES, 39.5)
     for n, job_id in enumerate(("forgotten", "still-running")):
         create_instances(db, [Delivery(JobEnvelope(job_id, "order-workflow", {}), "t", 0, n)])
         create_instances(
@@ -351,7 +358,7 @@ def test_a_job_id_collides_across_time_ranges(db):
     """onceflow_jobs (the one-per-id registry) is not partitioned: a job id first seen
     40 days ago - its duplicate rows in a 40-day-old partition - still collapses a
     submission today, and a redelivered Kafka position still counts once."""
-    _add_old_partition(db, parts.DUPLICATE_DELIVERIES, 39.5)
+    _add_old_partition(db, writes.DUPLICATE_DELIVERIES, 39.5)
     first = create_instances(db, [Delivery(JobEnvelope("o1", "order-workflow", {}), "t", 0, 1)])
     again = Delivery(JobEnvelope("o1", "order-workflow", {}), "t", 0, 2)
     assert create_instances(db, [again]).duplicates == 1
@@ -391,11 +398,11 @@ def test_the_app_role_can_run_retention(db, db_url):
     url = make_url(sqlalchemy_url(db_url)).set(username=role, password=None)
     app = make_engine(url.render_as_string(hide_password=False), pool_size=1)
     try:
-        old = _add_old_partition(db, parts.STEP_ATTEMPTS, 19.5)
+        old = _add_old_partition(db, writes.STEP_ATTEMPTS, 19.5)
         assert prune(app, WEEK, MONTH, partitions_ahead=6)["partitions_created"] >= 1
         assert not _exists(db, old)
         with pytest.raises(sa.exc.ProgrammingError, match="must be owner"), app.begin() as c:
-            c.exec_driver_sql(f"DROP TABLE {_partitions(db, parts.STEP_ATTEMPTS)[-1].name}")
+            c.exec_driver_sql(f"DROP TABLE {_partitions(db, writes.STEP_ATTEMPTS)[-1].name}")
     finally:
         app.dispose()
         with db.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:

@@ -13,8 +13,10 @@ from onceflow.envelope import JobEnvelope
 from onceflow_tools.processes import ProcessGroup
 from tests.conftest import settings_env
 from tests.integration.test_versioning import all_in, start_engine, statuses, steps, wait_for
-from workflow_engine.store import control
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.model import Delivery
+from workflow_engine.store import operations
+from workflow_engine.store.views import describe_instance
+from workflow_engine.store.writes import create_instances
 
 NAME = "test-versioned-gather"  # registered by tests/integration/versioned_gather_*.py
 
@@ -47,7 +49,7 @@ def test_a_patch_in_a_shorter_branch_adds_no_step_to_an_instance_past_its_gather
         assert [s[0] for s in before] == ["pack", "pick", "label", "weigh", "approval"]
 
         start_engine(group, "engine-patched", "versioned_gather_patched")
-        control.send_event(db, NAME, old, "approved", {"by": "test"})
+        operations.send_event(db, NAME, old, "approved", {"by": "test"})
         create(db, [fresh], 10)
         # (on the old code the fresh one takes the patch and waits for its approval)
         wait_for(group, settled(db, old, {"complete", "errored"}), "the old one to finish")

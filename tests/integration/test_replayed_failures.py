@@ -21,7 +21,9 @@ from tests.integration.interleavings import (
     wait_for,
 )
 from workflow_engine import NonRetryableError, RetryPolicy, StepFailed, workflow
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.model import Delivery
+from workflow_engine.store.views import describe_instance
+from workflow_engine.store.writes import create_instances
 
 RAN = Executions()
 

@@ -7,9 +7,9 @@ import sqlalchemy as sa
 
 from tests.integration.test_children import Harness, q
 from tests.integration.test_engine_durable import create, status, wait_for
-from workflow_engine.store import control as ops
-from workflow_engine.store.instances import describe_instance
-from workflow_engine.store.maintenance import prune
+from workflow_engine.store import operations
+from workflow_engine.store.views import describe_instance
+from workflow_engine.store.writes import prune
 
 #: Retention that keeps nothing (no partitions touched: the interval is a day).
 NOW = {"instance_seconds": 0.0, "job_id_seconds": 0.0}
@@ -35,14 +35,14 @@ def test_retention_keeps_a_finished_child_until_its_live_parent_has_taken_it(set
         wait_for(lambda: status(db, child) == "waiting", "the child waiting for its event")
         wait_for(lambda: status(db, "rk") == "waiting", "the parent waiting for its child")
         # Paused, the parent does not collect the child when it finishes: the window.
-        ops.pause(db, "test-parent", "rk")
-        ops.send_event(db, "test-child", child, "release")
+        operations.pause(db, "test-parent", "rk")
+        operations.send_event(db, "test-child", child, "release")
         wait_for(lambda: status(db, child) == "complete", "the child complete")
         _age(db, child)
         pruned = prune(db, **NOW)
         assert status(db, child) == "complete", pruned  # kept: its parent is live
         assert pruned["instances"] == 0
-        ops.resume(db, "test-parent", "rk")
+        operations.resume(db, "test-parent", "rk")
         wait_for(lambda: status(db, "rk") in ("complete", "errored"), "the parent finished")
         view = describe_instance(db, "rk")
         assert (view.status, view.error) == ("complete", None)

@@ -14,8 +14,9 @@ from __future__ import annotations
 from onceflow.envelope import JobEnvelope
 from onceflow.redrive import DeadLetterRecord
 from onceflow.vocabulary import JobKind, TaskRunStatus
-from workflow_engine.store import redrives, task_runs
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.model import Delivery
+from workflow_engine.store import operations, writes
+from workflow_engine.store.writes import create_instances
 
 
 def _letter(offset: int, env: JobEnvelope, reason: str) -> DeadLetterRecord:
@@ -39,18 +40,18 @@ def test_a_keyless_letter_is_planned_by_the_job_id_its_value_names(settings, db)
     create_instances(db, [Delivery(failed, "jobs", 0, 0, kind=JobKind.TASK)])
     create_instances(db, [Delivery(done, "jobs", 0, 1)])
     dead = TaskRunStatus.DEAD_LETTERED
-    task_runs.record_attempt(db, "keyless_task", 3, dead, None, "mail server refused")
+    writes.record_attempt(db, "keyless_task", 3, dead, None, "mail server refused")
 
-    report = redrives.redrive_letters(
+    report = operations.redrive_letters(
         settings, db, [_letter(0, failed, "task_failed"), _letter(1, done, "database_refused")]
     )
 
     by_job = {o.job_id: o for o in report.outcomes}
     assert set(by_job) == {"keyless_task", "keyless_flow"}, report.outcomes
-    assert by_job["keyless_task"].verdict == redrives.Verdict.REDRIVEN
+    assert by_job["keyless_task"].verdict == operations.Verdict.REDRIVEN
     assert by_job["keyless_task"].what == "task 'send-welcome-email' attempt 4 queued"
     # reopened before its record went back: the worker's delivery runs attempt 4
-    state = task_runs.states(db, ["keyless_task"])["keyless_task"]
+    state = writes.states(db, ["keyless_task"])["keyless_task"]
     assert (state.status, state.attempts) == (TaskRunStatus.PENDING, 3)
-    assert by_job["keyless_flow"].verdict == redrives.Verdict.SKIPPED
+    assert by_job["keyless_flow"].verdict == operations.Verdict.SKIPPED
     assert "already has an instance" in by_job["keyless_flow"].what

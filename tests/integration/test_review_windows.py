@@ -24,7 +24,8 @@ from tests.integration.interleavings import (
     wait_for,
 )
 from workflow_engine import RetryPolicy, StepFailed, workflow
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.model import Delivery
+from workflow_engine.store.writes import create_instances
 
 RAN = Executions()
 GATE = threading.Event()

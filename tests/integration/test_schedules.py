@@ -23,9 +23,8 @@ from onceflow_tools.processes import ProcessGroup, free_port, onceflow_command
 from producers.models import ErrorBody
 from tests.conftest import settings_env
 from tests.integration.scheduled_workflow import NAME as TICKED
-from workflow_engine.store import control
-from workflow_engine.store import schedules as store
-from workflow_engine.store.schedules import ScheduleDef
+from workflow_engine.model import ScheduleDef
+from workflow_engine.store import operations, views, writes
 
 T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 
@@ -155,15 +154,15 @@ def _instances(db, prefix: str) -> list[str]:
 
 def test_catchup_policies_and_a_clock_jump_with_a_test_clock(db):
     for name, policy in (("skip", "skip"), ("once", "run-once"), ("all", "run-all")):
-        store.create_schedule(db, _define(name, CatchupPolicy(policy), max_catchup=5), now=T0)
+        operations.create_schedule(db, _define(name, CatchupPolicy(policy), max_catchup=5), now=T0)
     first = T0 + timedelta(minutes=5)
-    reports = store.fire_due(db, now=first + timedelta(seconds=1))
+    reports = writes.fire_due(db, now=first + timedelta(seconds=1))
     assert {r.schedule: [f.trigger for f in r.fired] for r in reports} == {
         n: [TickTrigger.ON_TIME] for n in ("skip", "once", "all")
     }
     # The engines were down for an hour: 12 ticks missed, the latest 90 s late.
     back = first + timedelta(hours=1, seconds=90)
-    store.fire_due(db, now=back)
+    writes.fire_due(db, now=back)
     assert _instances(db, "skip") == [tick_job_id("skip", first)]
     assert _instances(db, "once") == [
         tick_job_id("once", first),
@@ -172,22 +171,22 @@ def test_catchup_policies_and_a_clock_jump_with_a_test_clock(db):
     assert _instances(db, "all") == [tick_job_id("all", first)] + [
         tick_job_id("all", first + timedelta(minutes=m)) for m in (40, 45, 50, 55, 60)
     ]
-    views = {v.name: v for v in store.list_schedules(db)}
-    assert {n: (v.ticks_fired, v.ticks_skipped) for n, v in views.items()} == {
+    by_name = {v.name: v for v in views.list_schedules(db)}
+    assert {n: (v.ticks_fired, v.ticks_skipped) for n, v in by_name.items()} == {
         "skip": (1, 12),
         "once": (2, 11),
         "all": (6, 7),
     }
-    assert views["all"].next_fire_at == first + timedelta(hours=1, minutes=5)
+    assert by_name["all"].next_fire_at == first + timedelta(hours=1, minutes=5)
 
     # The clock jumps back: nothing is due again.
-    assert store.fire_due(db, now=first + timedelta(minutes=1)) == []
+    assert writes.fire_due(db, now=first + timedelta(minutes=1)) == []
     # A schedule's place is lost (restored from an old backup): the same ticks are
     # planned again, and the unique constraint collapses every one of them.
     before = _scalar(db, "SELECT count(*) FROM onceflow_instances")
     with db.begin() as conn:
         conn.execute(sa.text("UPDATE onceflow_schedules SET next_fire_at = :t"), {"t": first})
-    again = store.fire_due(db, now=back)
+    again = writes.fire_due(db, now=back)
     assert again and all(not f.created for r in again for f in r.fired)
     assert _scalar(db, "SELECT count(*) FROM onceflow_instances") == before
 
@@ -196,10 +195,10 @@ def test_overlap_policies_while_the_previous_tick_runs(db):
     every = TickSpec(every_seconds=60)
     for name in ("skip", "allow", "buffer"):
         policy = OverlapPolicy("buffer-one" if name == "buffer" else name)
-        store.create_schedule(db, _define(name, overlap=policy, spec=every), now=T0)
+        operations.create_schedule(db, _define(name, overlap=policy, spec=every), now=T0)
 
-    def fire_at(seconds: float) -> dict[str, store.TickReport]:
-        return {r.schedule: r for r in store.fire_due(db, now=T0 + timedelta(seconds=seconds))}
+    def fire_at(seconds: float) -> dict[str, writes.TickReport]:
+        return {r.schedule: r for r in writes.fire_due(db, now=T0 + timedelta(seconds=seconds))}
 
     def tick(n: int) -> datetime:
         return T0 + timedelta(minutes=n)
@@ -209,11 +208,11 @@ def test_overlap_policies_while_the_previous_tick_runs(db):
     assert second["skip"].fired == () and second["skip"].skipped[TickSkipReason.OVERLAP] == 1
     assert [f.tick_at for f in second["allow"].fired] == [tick(2)]
     assert second["buffer"].fired == ()
-    assert store.get_schedule(db, "buffer").buffered_tick_at == tick(2)
+    assert views.get_schedule(db, "buffer").buffered_tick_at == tick(2)
     third = fire_at(181)
     assert third["buffer"].skipped[TickSkipReason.OVERLAP] == 1  # one is buffered already
     for name in ("skip", "buffer"):
-        control.terminate(db, "noop-workflow", tick_job_id(name, tick(1)))
+        operations.terminate(db, "noop-workflow", tick_job_id(name, tick(1)))
     released = fire_at(182)  # not a tick: the buffered one starts as its predecessor ended
     assert [(f.tick_at, f.trigger) for f in released["buffer"].fired] == [
         (tick(2), TickTrigger.BUFFERED)
@@ -222,31 +221,31 @@ def test_overlap_policies_while_the_previous_tick_runs(db):
     assert _instances(db, "skip") == [tick_job_id("skip", tick(n)) for n in (1, 4)]
     assert _instances(db, "allow") == [tick_job_id("allow", tick(n)) for n in (1, 2, 3, 4)]
     assert _instances(db, "buffer") == [tick_job_id("buffer", tick(n)) for n in (1, 2)]
-    assert store.get_schedule(db, "buffer").buffered_tick_at == tick(4)
+    assert views.get_schedule(db, "buffer").buffered_tick_at == tick(4)
     # Resuming starts from the first tick after now: the tick buffered before the pause
     # is dropped, not fired at once.
-    store.pause_schedule(db, "buffer")
-    store.resume_schedule(db, "buffer", now=T0 + timedelta(seconds=250))
-    assert store.get_schedule(db, "buffer").buffered_tick_at is None
+    operations.pause_schedule(db, "buffer")
+    operations.resume_schedule(db, "buffer", now=T0 + timedelta(seconds=250))
+    assert views.get_schedule(db, "buffer").buffered_tick_at is None
 
 
 def test_declared_schedules_are_upserted_keeping_their_place(db):
     declared = _define("nightly")
-    assert store.upsert_declared(db, [declared], now=T0) == []
-    first = store.get_schedule(db, "nightly")
+    assert writes.upsert_declared(db, [declared], now=T0) == []
+    first = views.get_schedule(db, "nightly")
     assert first.declared and first.next_fire_at == T0 + timedelta(minutes=5)
-    store.pause_schedule(db, "nightly")
+    operations.pause_schedule(db, "nightly")
     # A restart an hour later keeps its place (missed ticks are caught up) and its pause.
-    store.upsert_declared(db, [declared], now=T0 + timedelta(hours=1))
-    kept = store.get_schedule(db, "nightly")
+    writes.upsert_declared(db, [declared], now=T0 + timedelta(hours=1))
+    kept = views.get_schedule(db, "nightly")
     assert (kept.next_fire_at, kept.paused) == (first.next_fire_at, True)
     changed = _define("nightly", spec=TickSpec(cron="0 * * * *"))
-    store.upsert_declared(db, [changed], now=T0 + timedelta(hours=1))
-    assert store.get_schedule(db, "nightly").next_fire_at == T0 + timedelta(hours=2)
+    writes.upsert_declared(db, [changed], now=T0 + timedelta(hours=1))
+    assert views.get_schedule(db, "nightly").next_fire_at == T0 + timedelta(hours=2)
     # A schedule made by the CLI or the API keeps its name from a declared one.
-    store.create_schedule(db, _define("manual"), now=T0)
-    assert store.upsert_declared(db, [_define("manual", spec=changed.spec)], now=T0) == ["manual"]
-    assert store.get_schedule(db, "manual").cron == "*/5 * * * *"
+    operations.create_schedule(db, _define("manual"), now=T0)
+    assert writes.upsert_declared(db, [_define("manual", spec=changed.spec)], now=T0) == ["manual"]
+    assert views.get_schedule(db, "manual").cron == "*/5 * * * *"
 
 
 def _cli(db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -364,10 +363,10 @@ def test_admin_api_over_http(settings, tmp_path):
 def test_the_audit_counts_tick_instances_as_started_inside_not_as_retention(db):
     """A tick has no record in the jobs topic; the audit must not put it with the
     instances whose records retention removed."""
-    from workflow_engine.store.audit import stored_job_ids
+    from workflow_engine.store.views import stored_job_ids
 
-    store.create_schedule(db, _define("audited"), now=T0)
-    store.fire_due(db, now=T0 + timedelta(minutes=5, seconds=1))
+    operations.create_schedule(db, _define("audited"), now=T0)
+    writes.fire_due(db, now=T0 + timedelta(minutes=5, seconds=1))
     ticks = set(_instances(db, "audited"))
     assert len(ticks) == 1
     stored = stored_job_ids(db)
@@ -378,11 +377,11 @@ def test_the_audit_counts_tick_instances_as_started_inside_not_as_retention(db):
 def test_an_engine_fires_only_the_schedules_of_workflows_it_has(db):
     """So a tick always records its definition version and no engine without the
     workflow (a fleet split by workflow modules) ever creates it."""
-    store.create_schedule(db, _define("split"), now=T0)
+    operations.create_schedule(db, _define("split"), now=T0)
     due = T0 + timedelta(minutes=5, seconds=1)
-    assert store.fire_due(db, now=due, versions={"another-workflow": "v1"}) == []
+    assert writes.fire_due(db, now=due, versions={"another-workflow": "v1"}) == []
     assert _instances(db, "split") == []
-    fired = store.fire_due(db, now=due, versions={"noop-workflow": "v7"})
+    fired = writes.fire_due(db, now=due, versions={"noop-workflow": "v7"})
     assert [r.schedule for r in fired] == ["split"]
     with db.connect() as conn:
         version = conn.execute(

@@ -15,12 +15,12 @@ from sqlalchemy.engine import Engine
 import onceflow_examples
 from onceflow_tools.schema_snapshot import SNAPSHOT, dump_schema
 from onceflow_tools.stack import database_url_for, recreate_database
-from workflow_engine.store.db import make_engine
-from workflow_engine.store.schema import (
+from workflow_engine.store import (
     PRODUCT,
     MigrationEdited,
     MigrationSet,
     available_migrations,
+    make_engine,
     migrate,
 )
 

@@ -25,8 +25,10 @@ from tests.integration.interleavings import (
     wait_for,
 )
 from workflow_engine import workflow
-from workflow_engine.store import control
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.model import Delivery
+from workflow_engine.store import operations
+from workflow_engine.store.views import describe_instance
+from workflow_engine.store.writes import create_instances
 
 #: The two boundaries between "the wait found no event" and "the suspend committed".
 WINDOW = ["engine.after_consume_event", "engine.before_suspend"]
@@ -95,7 +97,9 @@ def test_an_event_sent_while_the_run_decides_to_wait_wakes_it(settings, db, poin
     paused = failpoints.arm(point, "pause", job_id="ev1")
     with EngineHarness(settings, db):
         paused.wait_reached()
-        event_id = control.send_event(db, "test-await-approval", "ev1", "approved", {"by": "ann"})
+        event_id = operations.send_event(
+            db, "test-await-approval", "ev1", "approved", {"by": "ann"}
+        )
         paused.release()
         reaches(db, "ev1", "complete")
     assert describe_instance(db, "ev1").result == {"approved": True, "by": "ann"}
@@ -113,7 +117,7 @@ def test_an_event_in_the_window_of_a_timed_wait_arrives_before_the_timeout(
     paused = failpoints.arm(point, "pause", job_id="ev2")
     with EngineHarness(sample_settings, db):
         paused.wait_reached()
-        event_id = control.send_event(db, "approval-workflow", "ev2", "approved", {"by": "bo"})
+        event_id = operations.send_event(db, "approval-workflow", "ev2", "approved", {"by": "bo"})
         paused.release()
         reaches(db, "ev2", "complete")
     assert describe_instance(db, "ev2").result == {"approved": True, "by": "bo"}
@@ -132,7 +136,7 @@ def test_a_control_request_in_the_window_is_applied_not_waited_over(settings, db
     paused = failpoints.arm(point, "pause", job_id="ct1")
     with EngineHarness(settings, db):
         paused.wait_reached()
-        asked = getattr(control, action)(db, "test-await-approval", "ct1")
+        asked = getattr(operations, action)(db, "test-await-approval", "ct1")
         assert asked.requested == action  # running: asked of the engine
         paused.release()
         final = "paused" if action == "pause" else "terminated"
@@ -140,8 +144,8 @@ def test_a_control_request_in_the_window_is_applied_not_waited_over(settings, db
         requested = "SELECT requested_action FROM onceflow_instances WHERE job_id = 'ct1'"
         assert scalar(db, requested) is None
         if action == "pause":  # and it resumes into its wait, where the event finds it
-            control.resume(db, "test-await-approval", "ct1")
+            operations.resume(db, "test-await-approval", "ct1")
             reaches(db, "ct1", "waiting")
-            control.send_event(db, "test-await-approval", "ct1", "approved", {"by": "cy"})
+            operations.send_event(db, "test-await-approval", "ct1", "approved", {"by": "cy"})
             reaches(db, "ct1", "complete")
     assert check_history(db) == []

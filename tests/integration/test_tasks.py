@@ -79,8 +79,8 @@ def test_recording_an_attempt_twice_counts_it_once(db):
     """The worker runs ``record_attempt`` again when a connection drops with the
     commit's outcome unknown; the second run of the same attempt changes nothing."""
     from onceflow.vocabulary import JobKind, TaskRunStatus
-    from workflow_engine.store.instances import Delivery, create_instances
-    from workflow_engine.store.task_runs import RETRY, pending, record_attempt
+    from workflow_engine.model import Delivery
+    from workflow_engine.store.writes import RETRY, create_instances, pending, record_attempt
 
     task = JobEnvelope("once_1", "send-welcome-email", {"email": "x@example.org"})
     create_instances(db, [Delivery(task, "t", 0, 0, kind=JobKind.TASK)])

@@ -15,7 +15,8 @@ import console
 from onceflow.envelope import JobEnvelope
 from producers.api import create_app
 from producers.models import ErrorBody
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.model import Delivery
+from workflow_engine.store.writes import create_instances
 
 PLUS_20 = timezone(timedelta(hours=20))
 MINUS_18 = timezone(-timedelta(hours=18, minutes=30))

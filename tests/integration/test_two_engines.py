@@ -10,7 +10,8 @@ import sqlalchemy as sa
 from onceflow.envelope import JobEnvelope
 from onceflow_tools.processes import ProcessGroup, free_port
 from tests.conftest import settings_env
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.model import Delivery
+from workflow_engine.store.writes import create_instances
 
 
 @pytest.mark.timeout(180)

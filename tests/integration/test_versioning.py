@@ -18,8 +18,10 @@ import sqlalchemy as sa
 from onceflow.envelope import JobEnvelope
 from onceflow_tools.processes import ProcessGroup, free_port
 from tests.conftest import settings_env
-from workflow_engine.store import control
-from workflow_engine.store.instances import Delivery, create_instances, describe_instance
+from workflow_engine.model import Delivery
+from workflow_engine.store import operations
+from workflow_engine.store.views import describe_instance
+from workflow_engine.store.writes import create_instances
 
 NAME = "test-versioned"  # registered by the tests/integration/versioned_*.py modules
 _offsets = iter(range(10**6))
@@ -88,7 +90,7 @@ def start_engine(group: ProcessGroup, name: str, module: str) -> int:
 
 def approve(db, job_ids: list[str]) -> None:
     for job_id in job_ids:
-        control.send_event(db, NAME, job_id, "approved", {"by": "test"})
+        operations.send_event(db, NAME, job_id, "approved", {"by": "test"})
 
 
 def gauge(port: int, version: str) -> float | None:

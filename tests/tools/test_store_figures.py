@@ -1,7 +1,7 @@
 """The figures the demo and the chaos run prove the property with, on real PostgreSQL:
-``onceflow_tools.figures``, the store's ``workflow_engine.store.audit`` and the
-samples' own counts agree with the plain SQL the demo prints for anyone to re-check, on
-data that breaks the property on purpose."""
+``onceflow_tools.figures``, the store's ``workflow_engine.store.views`` (the audit's
+reads) and the samples' own counts agree with the plain SQL the demo prints for anyone
+to re-check, on data that breaks the property on purpose."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from onceflow_tools.figures import (
     latency,
 )
 from onceflow_tools.stack import Stack
-from workflow_engine.store.audit import stored_job_ids
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.model import Delivery
+from workflow_engine.store.views import stored_job_ids
+from workflow_engine.store.writes import create_instances
 
 
 def delivery(job_id, offset, params=None, kind=JobKind.WORKFLOW):

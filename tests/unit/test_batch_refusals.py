@@ -15,7 +15,7 @@ from onceflow.envelope import JobEnvelope
 from onceflow.settings import Settings
 from onceflow.vocabulary import DeadLetterReason
 from streams.batch import BatchHandler, StoppedRetrying
-from workflow_engine.store.instances import CreateResult, Delivery
+from workflow_engine.model import CreateResult, Delivery, Registry
 
 
 class _Orig(Exception):
@@ -36,7 +36,7 @@ def _unreachable() -> sa.exc.OperationalError:
 @pytest.fixture
 def handler(monkeypatch) -> BatchHandler:
     monkeypatch.setattr(streams.batch, "_backoff", lambda attempt: 0.01)
-    return BatchHandler(Settings(), engine=None, make_dlq_producer=lambda: None)  # type: ignore[arg-type]
+    return BatchHandler(Settings(), None, lambda: None, Registry())  # type: ignore[arg-type]
 
 
 def _delivery(job_id: str, offset: int) -> Delivery:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from onceflow.vocabulary import AttemptOutcome
-from workflow_engine.engine.batcher import WriteBatcher
+from workflow_engine.engine.batcher import BatcherConfig, WriteBatcher
 from workflow_engine.errors import NonDeterminismError
 from workflow_engine.store.writes import Answer, Chain, FinishStep, Heartbeat, StartStep, Write
 
@@ -122,7 +122,7 @@ def test_every_caller_gets_its_own_answer():
 
 def test_writes_queued_while_a_batch_commits_form_the_next_batch():
     store = FakeStore(hold=True)
-    batcher = WriteBatcher(store, writers=1)
+    batcher = WriteBatcher(store, BatcherConfig(writers=1))
 
     async def body() -> list[int]:
         first = asyncio.ensure_future(batcher.write(StartStep("first", 1, 0, "s")))
@@ -140,7 +140,7 @@ def test_writes_queued_while_a_batch_commits_form_the_next_batch():
 
 def test_max_batch_is_respected():
     store = FakeStore()
-    batcher = WriteBatcher(store, writers=1, max_batch=4)
+    batcher = WriteBatcher(store, BatcherConfig(writers=1, max_batch=4))
 
     async def body() -> list[None]:
         writes = [
@@ -198,7 +198,7 @@ def test_a_failed_chain_alone_in_its_batch_is_still_split():
 def test_a_heartbeat_batch_never_overlaps_another_batch():
     rng = random.Random(7)
     store = FakeStore(commit_time=lambda: rng.uniform(0, 0.003))
-    batcher = WriteBatcher(store, writers=3, max_batch=8)
+    batcher = WriteBatcher(store, BatcherConfig(writers=3, max_batch=8))
 
     async def instance(i: int) -> None:
         for position in range(5):
@@ -224,7 +224,7 @@ def test_a_heartbeat_batch_never_overlaps_another_batch():
 
 def test_a_heartbeat_left_behind_by_max_batch_is_taken_at_once():
     store = FakeStore(hold=True)
-    batcher = WriteBatcher(store, writers=1, max_batch=2)
+    batcher = WriteBatcher(store, BatcherConfig(writers=1, max_batch=2))
 
     async def body() -> None:
         first = asyncio.ensure_future(batcher.write(StartStep("x", 1, 0, "s")))
@@ -253,7 +253,7 @@ def _label(write: Write[Any]) -> str:
 
 def test_a_cancelled_caller_does_not_break_the_batch():
     store = FakeStore(hold=True)
-    batcher = WriteBatcher(store, writers=1)
+    batcher = WriteBatcher(store, BatcherConfig(writers=1))
 
     async def body() -> int:
         gone = asyncio.ensure_future(batcher.write(StartStep("gone", 1, 1, "s")))

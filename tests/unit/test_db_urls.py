@@ -6,7 +6,7 @@ import psycopg2
 import pytest
 import sqlalchemy as sa
 
-from workflow_engine.store.db import is_transient, libpq_dsn, make_engine, sqlalchemy_url
+from workflow_engine.store import is_transient, libpq_dsn, make_engine, sqlalchemy_url
 
 MULTI = "postgresql://postgres@10.0.0.1:5432,10.0.0.2:5433/onceflow?target_session_attrs=read-write"
 

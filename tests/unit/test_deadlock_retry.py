@@ -7,7 +7,7 @@ import psycopg2.errorcodes
 import pytest
 import sqlalchemy as sa
 
-from workflow_engine.store.db import retry_on_deadlock
+from workflow_engine.store import retry_on_deadlock
 
 
 class _Orig(Exception):

@@ -9,21 +9,21 @@ import psycopg2
 import pytest
 import sqlalchemy as sa
 
-from workflow_engine.store import db
-from workflow_engine.store.db import is_transient, retry_on_deadlock
+from workflow_engine import store
+from workflow_engine.store import is_transient, retry_on_deadlock
 
-# The names of the classes; the table below compares db.classify's answers to them (by
+# The names of the classes; the table below compares store.classify's answers to them (by
 # name, so that the table also runs, and fails, on code from before the classifier).
 T, RERUN, ROW = "transient", "retry_transaction", "row_at_fault"
 
 
 def classify(exc: BaseException) -> str | None:
-    answer = db.classify(exc)
+    answer = store.classify(exc)
     return None if answer is None else str(answer)
 
 
 def is_row_at_fault(exc: BaseException) -> bool:
-    return bool(db.is_row_at_fault(exc))
+    return bool(store.is_row_at_fault(exc))
 
 
 class _Diag:
@@ -106,7 +106,7 @@ def test_what_is_not_a_database_error_is_not_classified() -> None:
 
 def test_a_real_psycopg2_error_without_a_server_answer() -> None:
     exc = sa.exc.OperationalError("SELECT 1", {}, psycopg2.OperationalError("server closed"))
-    assert db.sqlstate(exc) is None
+    assert store.sqlstate(exc) is None
     assert classify(exc) == T
 
 
@@ -116,9 +116,11 @@ def test_refusal_is_one_short_line_with_the_sqlstate() -> None:
         {"params": "x" * 20_000},
         _Orig("54000", "index row requires 20016 bytes, maximum size is 8191"),
     )
-    assert db.refusal(exc) == "SQLSTATE 54000: index row requires 20016 bytes, maximum size is 8191"
-    assert len(db.refusal(_error(sa.exc.DataError, "22001"), max_chars=10)) == 10
-    assert db.refusal(ValueError("NUL\nsecond line")) == "ValueError: NUL"
+    assert (
+        store.refusal(exc) == "SQLSTATE 54000: index row requires 20016 bytes, maximum size is 8191"
+    )
+    assert len(store.refusal(_error(sa.exc.DataError, "22001"), max_chars=10)) == 10
+    assert store.refusal(ValueError("NUL\nsecond line")) == "ValueError: NUL"
 
 
 def test_a_serialization_failure_reruns_the_transaction_like_a_deadlock() -> None:
@@ -147,7 +149,7 @@ def test_constraint_of_names_the_violated_constraint_or_none():
     unnamed = _Orig("23505")
     unnamed.diag = _ConstraintDiag(None)
     error = sa.exc.IntegrityError("INSERT ...", {}, named)
-    assert db.constraint_of(error) == "onceflow_steps_name_key"
-    assert db.constraint_of(sa.exc.IntegrityError("INSERT ...", {}, unnamed)) is None
-    assert db.constraint_of(_error(sa.exc.OperationalError, "08006")) is None
-    assert db.constraint_of(ValueError("not the server's")) is None
+    assert store.constraint_of(error) == "onceflow_steps_name_key"
+    assert store.constraint_of(sa.exc.IntegrityError("INSERT ...", {}, unnamed)) is None
+    assert store.constraint_of(_error(sa.exc.OperationalError, "08006")) is None
+    assert store.constraint_of(ValueError("not the server's")) is None

@@ -20,6 +20,7 @@ from onceflow.vocabulary import DeadLetterReason
 from producers.api import create_app
 from producers.kafka import Ack
 from streams.records import RawRecord, classify
+from tests.unit.registries import registry_of
 
 REFUSED = [
     (b"1e-400", "too small for a 64-bit float and would be stored as 0.0"),
@@ -97,7 +98,7 @@ def _record(value: bytes) -> RawRecord:
 @pytest.mark.parametrize(("number", "why"), REFUSED)
 def test_the_worker_dead_letters_a_direct_record_with_such_a_number(number, why):
     value = b'{"job_id":"j1","workflow":"w","params":{"a":{"b":' + number + b"}}}"
-    deliveries, [dead] = classify([_record(value)], max_value_bytes=1 << 20)
+    deliveries, [dead] = classify([_record(value)], 1 << 20, registry_of({"w": "v1"}))
     assert deliveries == []
     assert (dead.reason, dead.job_id) == (DeadLetterReason.INVALID_PARAMS, "j1")
     assert dead.detail.startswith("params.a.b: ") and why in dead.detail
@@ -106,7 +107,7 @@ def test_the_worker_dead_letters_a_direct_record_with_such_a_number(number, why)
 @pytest.mark.parametrize(("number", "value"), KEPT)
 def test_the_worker_takes_a_direct_record_with_any_other_number(number, value):
     value_bytes = b'{"job_id":"j1","workflow":"w","params":{"a":' + number + b"}}"
-    [delivery], dead = classify([_record(value_bytes)], max_value_bytes=1 << 20)
+    [delivery], dead = classify([_record(value_bytes)], 1 << 20, registry_of({"w": "v1"}))
     assert dead == [] and delivery.envelope.params == {"a": value}
 
 

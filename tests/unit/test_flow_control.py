@@ -11,8 +11,8 @@ from onceflow.errors import InvalidEnvelope
 from onceflow.vocabulary import DeadLetterReason
 from producers.models import RequestError, parse_jobs
 from workflow_engine import RateLimit, workflow
-from workflow_engine.flow import declare, flow_controls, key_path, lane_path
-from workflow_engine.store.flow import FlowControl
+from workflow_engine.definitions import REGISTRY
+from workflow_engine.model import FlowControl, flow_control, key_path
 
 
 def test_a_key_is_a_dotted_path_on_params():
@@ -41,7 +41,7 @@ def test_the_decorator_records_the_flow_control_and_the_lane():
     async def flow(ctx, params):
         return None
 
-    got = flow_controls()["unit-flow"]
+    got = REGISTRY.flows()["unit-flow"]
     assert got == FlowControl(
         concurrency_key=("customer_id",),
         max_per_key=3,
@@ -50,7 +50,7 @@ def test_the_decorator_records_the_flow_control_and_the_lane():
         rate_key=("tenant",),
         fairness_key=("tenant",),
     )
-    assert lane_path("unit-flow") == ("tenant",)  # fairness key first
+    assert REGISTRY.lane_path("unit-flow") == ("tenant",)  # fairness key first
     assert got.spec()["rate_period"] == 2.0 and got.spec()["concurrency_key"] == ["customer_id"]
 
 
@@ -61,11 +61,19 @@ def test_the_lane_falls_back_to_the_concurrency_key_then_the_rate_key():
 
 
 def test_a_workflow_without_flow_control_declares_none():
-    declare("unit-plain")
-    assert "unit-plain" not in flow_controls()
-    assert lane_path("unit-plain") is None  # no lane: the plain claim takes it
-    declare("unit-capped", concurrency=2)
-    assert lane_path("unit-capped") == ()  # flow control without a key: the lane ''
+    @workflow("unit-plain")
+    async def plain(ctx, params):
+        return None
+
+    @workflow("unit-capped", concurrency=2)
+    async def capped(ctx, params):
+        return None
+
+    assert flow_control() is None
+    assert "unit-plain" not in REGISTRY.flows()
+    assert REGISTRY.lane_path("unit-plain") is None  # no lane: the plain claim takes it
+    assert REGISTRY.flows()["unit-capped"] == FlowControl(concurrency=2)
+    assert REGISTRY.lane_path("unit-capped") == ()  # flow control without a key: the lane ''
 
 
 @pytest.mark.parametrize(
@@ -82,7 +90,7 @@ def test_a_workflow_without_flow_control_declares_none():
 )
 def test_bad_declarations_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        declare("unit-bad", **kwargs)
+        flow_control(**kwargs)
 
 
 def test_the_envelope_carries_a_priority_and_leaves_out_the_default():

@@ -13,8 +13,8 @@ from tests.unit.test_replay import FakeRuntime, context, never, step
 from workflow_engine.definitions import ChildHandle
 from workflow_engine.engine.branches import Cursor, merge_waits
 from workflow_engine.errors import ChildWorkflowFailed, NonDeterminismError, Suspend
-from workflow_engine.store import children
-from workflow_engine.store.claim import RecordedStep
+from workflow_engine.model import RecordedStep
+from workflow_engine.store import writes
 from workflow_engine.store.writes import StartStep
 
 
@@ -189,23 +189,23 @@ def test_a_step_recorded_where_a_child_is_asked_for_is_non_determinism():
 @pytest.mark.parametrize("name", ["a__b", "_a", "a_", "a/b", "", "a b"])
 def test_child_names_that_could_make_two_children_share_an_id_are_refused(name):
     with pytest.raises(ValueError):
-        children.child_job_id("job_1", name)
+        writes.child_job_id("job_1", name)
 
 
 def test_child_ids_are_valid_job_ids_and_split_back_uniquely():
-    assert children.child_job_id("job_1", "charge-2") == "job_1__charge-2"
-    assert children.child_job_id("job_", "b") == "job___b"  # parent ending in '_'
-    assert children.child_job_id("job", "_b".lstrip("_")) != children.child_job_id("job_", "b")
+    assert writes.child_job_id("job_1", "charge-2") == "job_1__charge-2"
+    assert writes.child_job_id("job_", "b") == "job___b"  # parent ending in '_'
+    assert writes.child_job_id("job", "_b".lstrip("_")) != writes.child_job_id("job_", "b")
     with pytest.raises(ValueError, match="100 characters"):
-        children.child_job_id("p" * 95, "toolong")
+        writes.child_job_id("p" * 95, "toolong")
 
 
 def test_a_schedule_tick_may_start_children():
     """A tick's job id (``<schedule>@<instant>``) has ``@`` and ``:``, which client ids
     may not: its children's ids keep them (no client id can collide with one)."""
     tick = "nightly@2026-11-30T06:00:00Z"
-    assert children.child_job_id(tick, "c1") == f"{tick}__c1"
-    grandchild = children.child_job_id(f"{tick}__c1", "c2")
+    assert writes.child_job_id(tick, "c1") == f"{tick}__c1"
+    grandchild = writes.child_job_id(f"{tick}__c1", "c2")
     assert grandchild == f"{tick}__c1__c2"
     with pytest.raises(ValueError, match="200 characters"):
-        children.child_job_id("n" * 80 + "@2026-11-30T06:00:00Z", "x" * 100)
+        writes.child_job_id("n" * 80 + "@2026-11-30T06:00:00Z", "x" * 100)

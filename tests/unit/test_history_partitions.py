@@ -2,7 +2,7 @@
 
 from datetime import UTC, datetime, timedelta
 
-from workflow_engine.store.partitions import START_AHEAD, aligned, first_new_lower
+from workflow_engine.store.writes import START_AHEAD, aligned, first_new_lower
 
 DAY = timedelta(days=1)
 

@@ -11,7 +11,7 @@ from onceflow.vocabulary import StepKind, StepStatus
 from tests.unit.test_versions import MarkerRuntime, _ctx, done
 from workflow_engine.engine.context import WorkflowContext
 from workflow_engine.errors import WorkflowError
-from workflow_engine.store.claim import RecordedStep
+from workflow_engine.model import RecordedStep
 
 
 def running(position: int, name: str) -> RecordedStep:

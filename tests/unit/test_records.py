@@ -15,6 +15,7 @@ from onceflow.envelope import (
 from onceflow.vocabulary import DeadLetterReason
 from streams.dead_letters import dlq_message
 from streams.records import DeadLetter, RawRecord, classify, split_by_partition
+from tests.unit.registries import registry_of
 
 
 def _rec(partition, offset, env=None, value=None):
@@ -33,7 +34,7 @@ def test_classify_keeps_order_and_dead_letters_with_reason_codes():
         _rec(0, 3, a),
         _rec(1, 2, value=b"x" * 500),
     ]
-    deliveries, dead = classify(records, max_value_bytes=400)
+    deliveries, dead = classify(records, 400, registry_of({"w": "v1"}))
     assert [(d.envelope.job_id, d.offset) for d in deliveries] == [("a", 1), ("b", 1), ("a", 3)]
     assert [letter.record.offset for letter in dead] == [2, 2]
     assert dead[0].reason == DeadLetterReason.NOT_JSON
@@ -48,7 +49,7 @@ def test_classify_keeps_order_and_dead_letters_with_reason_codes():
 
 def test_an_unknown_type_is_a_code_too():
     env = JobEnvelope("a", "nobody-registers-this", {})
-    _, dead = classify([_rec(0, 1, env)], 10_000, kind_of=lambda name: None)
+    _, dead = classify([_rec(0, 1, env)], 10_000, registry_of())
     assert (dead[0].reason, dead[0].job_id) == (DeadLetterReason.UNKNOWN_TYPE, "a")
 
 
@@ -94,7 +95,7 @@ def test_at_the_smallest_budget_the_original_headers_and_key_go():
 
 def test_split_keeps_partitions_whole_and_bounded():
     records = [_rec(p, o, JobEnvelope(f"j{p}{o}", "w", {})) for p in range(5) for o in range(3)]
-    deliveries, _ = classify(records, 10_000)
+    deliveries, _ = classify(records, 10_000, registry_of({"w": "v1"}))
     chunks = split_by_partition(deliveries, groups=2)
     assert len(chunks) == 2
     for chunk in chunks:
@@ -108,7 +109,7 @@ def test_split_keeps_partitions_whole_and_bounded():
 
 def test_split_with_more_groups_than_partitions():
     records = [_rec(0, o, JobEnvelope(f"j{o}", "w", {})) for o in range(4)]
-    deliveries, _ = classify(records, 10_000)
+    deliveries, _ = classify(records, 10_000, registry_of({"w": "v1"}))
     assert len(split_by_partition(deliveries, groups=8)) == 1
     assert split_by_partition([], groups=4) == []
 

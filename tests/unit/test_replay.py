@@ -16,8 +16,8 @@ from workflow_engine.definitions import RetryPolicy
 from workflow_engine.engine.context import WorkflowContext
 from workflow_engine.engine.runtime import Runtime
 from workflow_engine.errors import NonDeterminismError, StepFailed, StepResultError, Suspend
+from workflow_engine.model import RecordedStep
 from workflow_engine.steps import current_step
-from workflow_engine.store.claim import RecordedStep
 from workflow_engine.store.writes import (
     Chain,
     FinishInstance,

@@ -15,7 +15,7 @@ from onceflow.vocabulary import AttemptOutcome, StepKind, StepStatus
 from tests.unit.test_replay import FakeRuntime, context, step
 from workflow_engine.definitions import RetryPolicy
 from workflow_engine.errors import NonRetryableError, StepFailed
-from workflow_engine.store.claim import RecordedStep
+from workflow_engine.model import RecordedStep
 from workflow_engine.store.writes import FinishStep
 
 

@@ -20,7 +20,7 @@ from onceflow.vocabulary import StepKind, StepStatus
 from tests.unit.test_replay import FakeRuntime, context, step
 from workflow_engine.engine.tracing import JobSpans
 from workflow_engine.errors import Suspend
-from workflow_engine.store.claim import RecordedStep
+from workflow_engine.model import RecordedStep
 
 _EXPORTER = InMemorySpanExporter()
 

@@ -16,11 +16,12 @@ import pytest
 from onceflow.envelope import KafkaHeaders
 from onceflow.vocabulary import StepKind, StepStatus
 from streams.records import RawRecord, classify
+from tests.unit.registries import registry_of
 from workflow_engine.clock import FakeClock
-from workflow_engine.definitions import registered_versions, workflow, workflow_version
+from workflow_engine.definitions import REGISTRY, registered_versions, workflow
 from workflow_engine.engine.context import WorkflowContext
 from workflow_engine.errors import NonDeterminismError
-from workflow_engine.store.claim import RecordedStep
+from workflow_engine.model import RecordedStep
 from workflow_engine.store.writes import Chain, Lease, Started, StartStep, Write
 from workflow_engine.versions import check_version, fingerprint
 
@@ -91,10 +92,10 @@ def test_explicit_and_fingerprinted_versions_are_registered():
     async def fingerprinted(ctx, params):
         return None
 
-    assert workflow_version("test-versions-explicit") == "2026-11-30"
-    assert workflow_version("test-versions-fingerprint") == fingerprint(fingerprinted)
+    assert REGISTRY.version("test-versions-explicit") == "2026-11-30"
+    assert REGISTRY.version("test-versions-fingerprint") == fingerprint(fingerprinted)
     assert registered_versions()["test-versions-explicit"] == "2026-11-30"
-    assert workflow_version("no-such-workflow") is None
+    assert REGISTRY.version("no-such-workflow") is None
     with pytest.raises(ValueError, match="printable"):
         check_version("")
     with pytest.raises(ValueError, match="printable"):
@@ -105,9 +106,9 @@ def test_the_worker_records_its_definition_version():
     rec = RawRecord(
         "jobs", 0, 1, b"j1", b'{"job_id": "j1", "workflow": "w", "params": {}}', KafkaHeaders()
     )
-    deliveries, dead = classify([rec], 1 << 20, lambda name: "workflow", lambda name: "v7")
+    deliveries, dead = classify([rec], 1 << 20, registry_of({"w": "v7"}))
     assert not dead and deliveries[0].version == "v7"
-    tasks, _ = classify([rec], 1 << 20, lambda name: "task", lambda name: "v7")
+    tasks, _ = classify([rec], 1 << 20, registry_of(tasks=["w"]))
     assert tasks[0].version is None
 
 

@@ -335,7 +335,8 @@ def ingest(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
 def _prefill(stack: Stack, jobs: int, workflow: str, prefix: str) -> None:
     """Create ``jobs`` queued instances directly (as the streams worker would)."""
     from onceflow.envelope import JobEnvelope
-    from workflow_engine.store.instances import Delivery, create_instances
+    from workflow_engine.model import Delivery
+    from workflow_engine.store.writes import create_instances
 
     assert stack.db is not None
     for start in range(0, jobs, 1000):
@@ -849,9 +850,7 @@ def console_list(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
     from datetime import UTC, datetime, timedelta
 
     from onceflow_tools.stack import database_url_for, recreate_database
-    from workflow_engine.store import listing
-    from workflow_engine.store.db import make_engine
-    from workflow_engine.store.schema import migrate
+    from workflow_engine.store import make_engine, migrate, views
 
     rows = jobs * 50
     name = f"onceflow_bench_console_{uuid.uuid4().hex[:6]}"
@@ -861,22 +860,22 @@ def console_list(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
         started = time.perf_counter()
         seed_for_bench(db, rows)
         seed_seconds = time.perf_counter() - started
-        everything = listing.InstanceFilter()
-        half = listing.list_page(
-            db, listing.InstanceFilter(created_to=datetime.now(UTC) - timedelta(days=15)), limit=1
+        everything = views.InstanceFilter()
+        half = views.list_page(
+            db, views.InstanceFilter(created_to=datetime.now(UTC) - timedelta(days=15)), limit=1
         ).rows
         deep = (
-            listing.encode_cursor("created", half[0].created_at, half[0].job_id) if half else None
+            views.encode_cursor("created", half[0].created_at, half[0].job_id) if half else None
         )
-        errored = listing.InstanceFilter(workflow="bench-wf-1", status=InstanceStatus.ERRORED)
+        errored = views.InstanceFilter(workflow="bench-wf-1", status=InstanceStatus.ERRORED)
         queries: list[tuple[str, Callable[[], object]]] = [
-            ("list first page", lambda: listing.list_page(db, everything)),
-            ("list deep page (middle)", lambda: listing.list_page(db, everything, cursor=deep)),
-            ("list first page, sort=updated", lambda: listing.list_page(db, everything, "updated")),
-            ("list workflow+status page", lambda: listing.list_page(db, errored)),
-            ("count all", lambda: listing.count_matching(db, everything)),
-            ("count all, cap 10000", lambda: listing.count_matching(db, everything, cap=10000)),
-            ("count workflow+status", lambda: listing.count_matching(db, errored)),
+            ("list first page", lambda: views.list_page(db, everything)),
+            ("list deep page (middle)", lambda: views.list_page(db, everything, cursor=deep)),
+            ("list first page, sort=updated", lambda: views.list_page(db, everything, "updated")),
+            ("list workflow+status page", lambda: views.list_page(db, errored)),
+            ("count all", lambda: views.count_matching(db, everything)),
+            ("count all, cap 10000", lambda: views.count_matching(db, everything, cap=10000)),
+            ("count workflow+status", lambda: views.count_matching(db, errored)),
         ]
         timings = []
         for label, query in queries:

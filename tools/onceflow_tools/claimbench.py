@@ -8,7 +8,7 @@ claims of 32 are timed
 so every claim meets the same backlog. Also printed: how many of the first batch are
 flow-controlled (claim order says the priority-1 ones come first, up to their limits).
 
-It uses only what every build's store offers (``claims.claim``, ``create_instances``),
+It uses only what every build's store offers (``writes.claim``, ``create_instances``),
 so the same file times the build before a change too: run it with that build's
 packages first on ``PYTHONPATH`` (BENCHMARKS.md, "One claim order").
 """
@@ -27,12 +27,10 @@ import sqlalchemy as sa
 from onceflow.envelope import JobEnvelope
 from onceflow_tools.stack import database_url_for, recreate_database
 from workflow_engine import workflow
-from workflow_engine.definitions import registered_versions
-from workflow_engine.flow import flow_controls, lane_path
-from workflow_engine.store import claim as claims
-from workflow_engine.store.db import make_engine
-from workflow_engine.store.instances import Delivery, create_instances
-from workflow_engine.store.schema import migrate
+from workflow_engine.definitions import REGISTRY, registered_versions
+from workflow_engine.model import Delivery
+from workflow_engine.store import make_engine, migrate, writes
+from workflow_engine.store.writes import create_instances
 
 PLAIN = "bench-claim-plain"
 LIMITED = "bench-claim-limited"
@@ -60,7 +58,9 @@ def _fill(engine: sa.Engine, jobs: int, limited: int) -> None:
                     f"{workflow_name}-{i}", workflow_name, params, priority=priority
                 )
                 batch.append(
-                    Delivery(envelope, "bench", 0, offset, lane_path=lane_path(workflow_name))
+                    Delivery(
+                        envelope, "bench", 0, offset, lane_path=REGISTRY.lane_path(workflow_name)
+                    )
                 )
                 offset += 1
             create_instances(engine, batch)
@@ -83,11 +83,11 @@ def measure(base_url: str, jobs: int, rounds: int, limited_share: float = 0.25) 
         limited = int(jobs * limited_share)
         _fill(engine, jobs, limited)
         versions = {w: v for w, v in registered_versions().items() if w in (PLAIN, LIMITED)}
-        flows = {w: f for w, f in flow_controls().items() if w == LIMITED}
+        flows = {w: f for w, f in REGISTRY.flows().items() if w == LIMITED}
         times, first_limited = [], None
         for n in range(rounds):
             started = time.perf_counter()
-            got = claims.claim(engine, "bench", 32, 30, None, None, versions, flows)
+            got = writes.claim(engine, "bench", 32, 30, versions=versions, flows=flows)
             times.append((time.perf_counter() - started) * 1000)
             if first_limited is None:
                 first_limited = sum(c.workflow == LIMITED for c in got)

@@ -36,7 +36,7 @@ from onceflow_tools.figures import (
 )
 from onceflow_tools.processes import onceflow_command
 from onceflow_tools.stack import Stack, topic_record_count
-from workflow_engine.store.instances import describe_instance
+from workflow_engine.store.views import describe_instance
 
 # Printed for the user to re-check by hand; the demo's own figures come from the store
 # (``_figures``), under the same names. tests/tools/test_demo_proof.py runs both.

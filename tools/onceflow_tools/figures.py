@@ -6,7 +6,7 @@ here (and the tests that prove the same), so these reads live with the tools, no
 the product's store: no process of the runtime asks them. Every function is one
 read-only round trip returning a frozen dataclass (or a plain number). The counts scan
 the tables: they are for proofs and benchmarks, not for the hot path (the engines'
-gauges use :func:`workflow_engine.store.maintenance.status_counts`).
+gauges use :func:`workflow_engine.store.writes.maintenance.status_counts`).
 """
 
 from __future__ import annotations

@@ -25,8 +25,9 @@ from onceflow_tools import flow_workflows
 from onceflow_tools.bench import _stack, _wait_for
 from onceflow_tools.figures import count_instances, run_span_seconds, submit_to_first_step_seconds
 from onceflow_tools.stack import Stack
-from workflow_engine.flow import lane_path
-from workflow_engine.store.instances import Delivery, create_instances
+from workflow_engine.definitions import REGISTRY
+from workflow_engine.model import Delivery
+from workflow_engine.store.writes import create_instances
 
 PLAIN = "noop-workflow"
 FLOW = flow_workflows.NAME
@@ -43,7 +44,7 @@ def _params(i: int) -> dict[str, Any]:
 def _fill(stack: Stack, workflow: str, ids: list[str], params: list[dict[str, Any]]) -> None:
     """Create queued instances as the streams worker would (priorities 1-5 mixed)."""
     assert stack.db is not None
-    lane = lane_path(workflow)
+    lane = REGISTRY.lane_path(workflow)
     for start in range(0, len(ids), 1000):
         create_instances(
             stack.db,

@@ -16,7 +16,7 @@ One run:
    attempts) and job ids; time it, read ``n_dead_tup`` / ``last_autovacuum``, then time
    the VACUUM that DELETE leaves owed;
 3. apply migration 0012 (timed: it rewrites both tables), ANALYZE; measure again;
-4. retention the new way (:func:`workflow_engine.store.maintenance.prune`): the next
+4. retention the new way (:func:`workflow_engine.store.writes.maintenance.prune`): the next
    day's partitions are dropped whole; time it and read the same statistics.
 
 Never point it at a real database: it creates ``onceflow_hist_<id>`` on the server of
@@ -41,11 +41,8 @@ from sqlalchemy.engine import Engine
 from onceflow.settings import Settings
 from onceflow_tools import benchsql
 from onceflow_tools.stack import drop_database, recreate_database
-from workflow_engine.store import claim as claims
-from workflow_engine.store import listing, maintenance, partitions, trace
-from workflow_engine.store.db import make_engine
-from workflow_engine.store.instances import describe_instance
-from workflow_engine.store.schema import available_migrations
+from workflow_engine.store import available_migrations, make_engine, views, writes
+from workflow_engine.store.views import describe_instance
 
 DAYS = 30
 SETTLE_SECONDS = 11.0
@@ -81,26 +78,26 @@ def _latencies(
     engine: Engine, job_ids: list[str], attempt: int, middle: int
 ) -> dict[str, dict[str, float]]:
     ids = iter(job_ids * 4)
-    everything = listing.InstanceFilter()
-    duplicated = listing.InstanceFilter(has_duplicates=True)
+    everything = views.InstanceFilter()
+    duplicated = views.InstanceFilter(has_duplicates=True)
     owner = f"bench-{attempt}"
     claimed: list[tuple[str, int]] = []
 
     def claim() -> None:
-        batch = claims.claim(engine, owner, 32, 30.0)
+        batch = writes.claim(engine, owner, 32, 30.0)
         claimed.extend((c.job_id, c.claim_count) for c in batch)
 
     out = {
         "claim 32": _timed(claim, 10),
         "describe": _timed(lambda: describe_instance(engine, next(ids)), len(job_ids)),
-        "job_trace": _timed(lambda: trace.job_trace(engine, next(ids)), len(job_ids)),
-        "console list, first page": _timed(lambda: listing.list_page(engine, everything), 10),
-        "console list, has duplicates": _timed(lambda: listing.list_page(engine, duplicated), 10),
+        "job_trace": _timed(lambda: views.job_trace(engine, next(ids)), len(job_ids)),
+        "console list, first page": _timed(lambda: views.list_page(engine, everything), 10),
+        "console list, has duplicates": _timed(lambda: views.list_page(engine, duplicated), 10),
         "console count, cap 10000": _timed(
-            lambda: listing.count_matching(engine, everything, cap=10000), 10
+            lambda: views.count_matching(engine, everything, cap=10000), 10
         ),
     }
-    claims.release(engine, owner, claimed)
+    writes.release(engine, owner, claimed)
 
     def insert_attempts() -> None:
         benchsql.insert_attempts(engine, attempt, middle + random.randrange(1000))
@@ -128,14 +125,14 @@ def _retention_before(engine: Engine, cutoff: datetime) -> dict[str, Any]:
 
 
 def _retention_after(engine: Engine, start: datetime, end: datetime) -> dict[str, Any]:
-    """The same day of retention with 0012: a :func:`maintenance.prune` round drops the
+    """The same day of retention with 0012: a :func:`writes.prune` round drops the
     attempt partitions ending by ``end`` (job-id retention set far out, so only the
     attempts move), then the instances of that day are deleted as the next round
     would (one partition interval later), cascading to their steps only."""
     now = benchsql.server_now(engine)
     attempts = benchsql.count_attempts_before(engine, end)
     t0 = time.perf_counter()
-    pruned = maintenance.prune(engine, (now - end).total_seconds(), 3650 * 86400.0)
+    pruned = writes.prune(engine, (now - end).total_seconds(), 3650 * 86400.0)
     drop_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
     instances = benchsql.delete_finished_instances(engine, end)
@@ -163,7 +160,7 @@ def history(database_url: str, rows: int) -> dict[str, Any]:
         # before 0012 runs.
         benchsql.add_later_columns(engine)
         day = timedelta(days=1)
-        start = partitions.aligned(datetime.now(UTC) - DAYS * day, day)
+        start = writes.aligned(datetime.now(UTC) - DAYS * day, day)
         click.echo(f"  … filling {rows} attempt rows into {name}", err=True)
         t0 = time.perf_counter()
         result["counts"] = benchsql.fill_history(engine, rows, start, QUEUED)

@@ -24,8 +24,7 @@ from sqlalchemy.engine import make_url
 import workflow_engine.store
 from onceflow.errors import OnceflowError
 from onceflow_tools.stack import database_url_for, recreate_database
-from workflow_engine.store.db import make_engine, sqlalchemy_url
-from workflow_engine.store.schema import PRODUCT, migrate
+from workflow_engine.store import PRODUCT, make_engine, migrate, sqlalchemy_url
 
 #: The committed snapshot, beside the migrator that it describes.
 SNAPSHOT = Path(workflow_engine.store.__file__).parent / "schema.sql"

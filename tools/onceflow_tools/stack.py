@@ -23,8 +23,7 @@ from onceflow.settings import Settings, settings_env
 from onceflow.topics import ensure_topics
 from onceflow_tools.processes import ProcessGroup, free_port
 from producers.client import IngestClient
-from workflow_engine.store.db import check_connection, make_engine, sqlalchemy_url
-from workflow_engine.store.schema import migrate
+from workflow_engine.store import check_connection, make_engine, migrate, sqlalchemy_url
 
 EXAMPLES = "onceflow_examples"
 

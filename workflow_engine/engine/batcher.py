@@ -4,7 +4,7 @@ Every in-flight instance of an engine sends its lease-guarded writes (``StartSte
 ``FinishStep``, ``FinishInstance``, and the engine's ``Heartbeat``; see
 :mod:`workflow_engine.store.writes`) here instead of committing each on its own. A
 single writer takes everything pending, applies it in one transaction (one multi-row
-statement per class of write, see :func:`workflow_engine.store.execution.write_batch`)
+statement per class of write, see :func:`workflow_engine.store.writes.execution.write_batch`)
 and only then wakes the instances whose writes it carried. Durability is unchanged —
 nobody proceeds before its checkpoint is committed — but a hundred instances pay for
 one commit and a handful of round trips instead of a hundred of each, and no engine
@@ -33,10 +33,17 @@ from typing import Any, Protocol, TypeVar, cast
 
 from sqlalchemy.engine import Engine
 
+from onceflow.service_config import require_positive
 from workflow_engine.engine.metrics import WRITE_BATCH_SIZE
-from workflow_engine.store import execution as store
-from workflow_engine.store.db import is_transient, refusal, sqlstate
-from workflow_engine.store.writes import Answer, Chain, Write
+from workflow_engine.store import is_transient, refusal, sqlstate
+from workflow_engine.store.writes import (
+    Answer,
+    Chain,
+    Write,
+    error_answer,
+    write_batch,
+    write_each,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -58,10 +65,10 @@ class PostgresWrites:
     owner: str
 
     async def apply_batch(self, writes: Sequence[Write[Any]]) -> list[Answer]:
-        return await asyncio.to_thread(store.write_batch, self.engine, self.owner, writes)
+        return await asyncio.to_thread(write_batch, self.engine, self.owner, writes)
 
     async def apply_each(self, writes: Sequence[Write[Any]]) -> list[Answer]:
-        return await asyncio.to_thread(store.write_each, self.engine, self.owner, writes)
+        return await asyncio.to_thread(write_each, self.engine, self.owner, writes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +77,22 @@ class _Pending:
     future: asyncio.Future[Any]
 
 
+@dataclass(frozen=True, slots=True)
+class BatcherConfig:
+    """At most ``writers`` batches in flight at once, each of at most ``max_batch``
+    writes (a heartbeat left behind joins the batch whatever its size)."""
+
+    writers: int = 3
+    max_batch: int = 1000
+
+    def __post_init__(self) -> None:
+        require_positive(self, "writers", "max_batch")
+
+
 class WriteBatcher:
-    def __init__(self, store: WriteStore, writers: int = 3, max_batch: int = 1000) -> None:
+    def __init__(self, store: WriteStore, config: BatcherConfig | None = None) -> None:
         self.store = store
-        self.writers = writers
-        self.max_batch = max_batch
+        self.config = config or BatcherConfig()
         self._pending: list[_Pending] = []
         self._ready = asyncio.Event()
         self._running: set[asyncio.Task[None]] = set()
@@ -88,7 +106,7 @@ class WriteBatcher:
 
     async def run(self) -> None:
         """The writer loop; runs until cancelled (after the runner has drained)."""
-        slots = asyncio.Semaphore(self.writers)
+        slots = asyncio.Semaphore(self.config.writers)
         while True:
             await self._ready.wait()
             self._ready.clear()
@@ -115,8 +133,8 @@ class WriteBatcher:
             slots.release()
 
     def _take(self) -> list[_Pending]:
-        batch = self._pending[: self.max_batch]
-        del self._pending[: self.max_batch]
+        batch = self._pending[: self.config.max_batch]
+        del self._pending[: self.config.max_batch]
         if self._has_exclusive(self._pending):
             # A heartbeat left behind would wait for the next round; take it now.
             batch += [p for p in self._pending if p.write.runs_alone]
@@ -148,14 +166,14 @@ class WriteBatcher:
         """Find the write that broke the batch; the others still go through. A chain
         alone in its batch is split too, so its checkpoint commits even when what follows
         it is refused; a single write gets the answer its error means for its instance
-        (a refused row fails that instance: ``store.error_answer``). If the database
+        (a refused row fails that instance: ``store.writes.error_answer``). If the database
         itself failed (an outage, a failover), every write gets the error: none is
         retried here, since the batch may have committed (see
         ``EngineRunner._give_back``)."""
         if is_transient(exc):
             return [exc] * len(writes)
         if len(writes) == 1 and not isinstance(writes[0], Chain):
-            return [store.error_answer(writes[0], exc)]
+            return [error_answer(writes[0], exc)]
         log.warning(
             "batch of %d writes failed (%s); applying them one by one",
             len(writes),

@@ -14,7 +14,7 @@ in; their checkpoint writes go one at a time per instance (the group-commit writ
 rule: an instance has at most one write pending), while their step code runs at once.
 
 Child workflows (``ctx.start_child`` / ``ctx.child_result``) are entries of kind
-``child`` in the history (:mod:`workflow_engine.store.children`): started once, and
+``child`` in the history (:mod:`workflow_engine.store.writes.children`): started once, and
 awaited without holding a worker.
 
 At-least-once steps: a step's side effect can happen more than once if the process
@@ -52,7 +52,6 @@ from workflow_engine.definitions import (
     ChildHandle,
     RetryPolicy,
     check_name,
-    workflow_version,
 )
 from workflow_engine.engine import branches, replay, tracing
 from workflow_engine.engine.metrics import INLINE_SLOW, STEP_DURATION, STEPS, STEPS_STARTED
@@ -68,11 +67,9 @@ from workflow_engine.errors import (
     StepFailed,
     Suspend,
 )
-from workflow_engine.flow import lane_path
+from workflow_engine.model import RecordedStep
 from workflow_engine.steps import StepInfo, _current_step, idempotency_key
-from workflow_engine.store import children, waits
-from workflow_engine.store import execution as store
-from workflow_engine.store.claim import RecordedStep
+from workflow_engine.store import writes
 from workflow_engine.store.writes import Chain, FinishInstance, FinishStep, Lease, StartStep, Write
 
 log = logging.getLogger(__name__)
@@ -271,7 +268,7 @@ class WorkflowContext:
         else:
             check_name("patch name", patch_id)  # a new marker: bounded before its index
             cursor.take()
-            await self._db(waits.record_marker, self.lease, self.job_id, position, patch_id)
+            await self._db(writes.record_marker, self.lease, self.job_id, position, patch_id)
             taken = True
         self._patches[patch_id] = taken
         return taken
@@ -327,7 +324,7 @@ class WorkflowContext:
             try:
                 with tracing.active(span):
                     value = await self._invoke(fn, args, kwargs, timeout, inline)
-                encoded = store.encode_result(value, self._rt.max_result_bytes)
+                encoded = writes.encode_result(value, self._rt.max_result_bytes)
             except NonRetryableError as exc:
                 tracing.end(span, exc)
                 await self._finish(
@@ -441,7 +438,7 @@ class WorkflowContext:
         if recorded is not None and recorded.status == StepStatus.COMPLETE:
             return
         wake, due = await self._db(
-            waits.begin_wait,
+            writes.begin_wait,
             self.lease,
             self.job_id,
             position,
@@ -454,7 +451,7 @@ class WorkflowContext:
         if not due:
             raise Suspend(InstanceStatus.SLEEPING, wake)
         await self._db(
-            waits.close_entry, self.lease, self.job_id, position, StepStatus.COMPLETE, b"null"
+            writes.close_entry, self.lease, self.job_id, position, StepStatus.COMPLETE, b"null"
         )
         if self.spans:
             self.spans.waited("sleep", name, position, tracing.sleep_start_ns(wake, delay))
@@ -478,7 +475,7 @@ class WorkflowContext:
         rt = self._rt
         reached_ns = time.time_ns()
         wake, due = await self._db(
-            waits.begin_wait,
+            writes.begin_wait,
             self.lease,
             self.job_id,
             position,
@@ -489,18 +486,18 @@ class WorkflowContext:
             None,
             type,
         )
-        found, payload = await self._db(waits.consume_event, self.lease, self.job_id, position)
+        found, payload = await self._db(writes.consume_event, self.lease, self.job_id, position)
         if found:
             if self.spans:
                 self.spans.waited("wait", name, position, reached_ns, event=type)
             return payload
         # "No event yet" is only what this transaction saw: one sent from here on is
-        # caught by the suspend's re-check under the row lock (waits.suspend).
+        # caught by the suspend's re-check under the row lock (writes.suspend).
         await failpoints.hit_async("engine.after_consume_event", self.job_id)
         if due:
             message = f"timed out waiting for event {type!r} ({name!r})"
             await self._db(
-                waits.close_entry,
+                writes.close_entry,
                 self.lease,
                 self.job_id,
                 position,
@@ -526,14 +523,14 @@ class WorkflowContext:
         once; ``child_result`` awaits it. ``on_parent_close``: when this instance is
         terminated, terminate the child too, or abandon it (let it run)."""
         policy = ParentClosePolicy(on_parent_close)
-        child_id = children.child_job_id(self.job_id, name)
+        child_id = writes.child_job_id(self.job_id, name)
         position, recorded = self._next(name, StepKind.CHILD)
         handle = ChildHandle(child_id, name, workflow, position)
         if recorded is not None:
             return handle
         child_params = params or {}
-        store.encode_result(child_params, self._rt.max_result_bytes)  # JSON, bounded
-        start = children.StartChild(
+        writes.encode_result(child_params, self._rt.max_result_bytes)  # JSON, bounded
+        start = writes.StartChild(
             self.job_id,
             position,
             name,
@@ -541,8 +538,8 @@ class WorkflowContext:
             workflow,
             child_params,
             policy,
-            workflow_version(workflow),
-            lane_path(workflow),
+            self._rt.registry.version(workflow),
+            self._rt.registry.lane_path(workflow),
         )
         created = await self._starts.submit(start)
         log.info(
@@ -567,21 +564,21 @@ class WorkflowContext:
                 return recorded.result
             if recorded.status == StepStatus.FAILED:
                 raise replay.replayed_failure(self.job_id, recorded)
-        outcome = await self._collects.submit(children.Awaited(handle.position, handle.job_id))
+        outcome = await self._collects.submit(writes.Awaited(handle.position, handle.job_id))
         if outcome is None:
             raise Suspend(InstanceStatus.WAITING, None)
         if outcome.status == StepStatus.FAILED:
             raise ChildWorkflowFailed(handle.job_id, outcome.child_status, outcome.error or "")
         return outcome.result
 
-    async def _start_children(self, starts: list[children.StartChild]) -> list[bool]:
-        return await self._db(children.start_children, self.lease, starts)
+    async def _start_children(self, starts: list[writes.StartChild]) -> list[bool]:
+        return await self._db(writes.start_children, self.lease, starts)
 
     async def _collect_children(
-        self, awaited: list[children.Awaited]
-    ) -> list[children.ChildOutcome | None]:
+        self, awaited: list[writes.Awaited]
+    ) -> list[writes.ChildOutcome | None]:
         await failpoints.hit_async("engine.before_children_collect", self.job_id)
-        return await self._db(children.collect, self.lease, self.job_id, awaited)
+        return await self._db(writes.collect, self.lease, self.job_id, awaited)
 
     async def gather(self, *awaitables: Awaitable[Any]) -> list[Any]:
         """Run branches concurrently; their results in order. Pass coroutines (``ctx``

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import psycopg2
 import psycopg2.extensions
 
-from workflow_engine.store.instances import RUNNABLE_CHANNEL
+from workflow_engine.store.writes import RUNNABLE_CHANNEL
 
 log = logging.getLogger(__name__)
 

@@ -12,28 +12,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
+from onceflow.service_config import require_positive
 from workflow_engine.engine.metrics import INSTANCES_WITHOUT_ENGINE, WORKFLOW_VERSION
 from workflow_engine.engine.services import Service
-from workflow_engine.store import engines
-from workflow_engine.store.instances import ENGINE_STALE_SECONDS
+from workflow_engine.store import views, writes
+from workflow_engine.store.views import ENGINE_STALE_SECONDS
 
 log = logging.getLogger(__name__)
 
 UNVERSIONED = "unversioned"
 
 
+@dataclass(frozen=True, slots=True)
+class PresenceConfig:
+    """The engine's row is refreshed, and the stranded instances counted, every
+    ``interval_seconds``."""
+
+    interval_seconds: float
+
+    def __post_init__(self) -> None:
+        require_positive(self, "interval_seconds")
+
+
 class Presence(Service):
     def __init__(
-        self, engine: Engine, engine_id: str, versions: dict[str, str], interval: float
+        self, engine: Engine, engine_id: str, versions: dict[str, str], config: PresenceConfig
     ) -> None:
         super().__init__()
         self.engine = engine
         self.engine_id = engine_id
         self.versions = dict(versions)
-        self.interval = interval
+        self.config = config
         self._reported: dict[tuple[str, str | None], int] = {}
 
     async def run(self) -> None:
@@ -42,17 +55,15 @@ class Presence(Service):
             WORKFLOW_VERSION.labels(workflow, version).set(1)
         while True:
             try:
-                await asyncio.to_thread(
-                    engines.announce, self.engine, self.engine_id, self.versions
-                )
+                await asyncio.to_thread(writes.announce, self.engine, self.engine_id, self.versions)
                 await self._count()
             except Exception:
                 log.exception("presence failed", extra={"event": "engine.presence_error"})
-            await asyncio.sleep(self.interval)
+            await asyncio.sleep(self.config.interval_seconds)
 
     async def _count(self) -> None:
         stranded = await asyncio.to_thread(
-            engines.instances_without_engine, self.engine, ENGINE_STALE_SECONDS
+            views.instances_without_engine, self.engine, ENGINE_STALE_SECONDS
         )
         INSTANCES_WITHOUT_ENGINE.clear()
         reported, self._reported = self._reported, {}
@@ -79,4 +90,4 @@ class Presence(Service):
     async def stop(self) -> None:
         await super().stop()
         with contextlib.suppress(Exception):
-            await asyncio.to_thread(engines.retire, self.engine, self.engine_id)
+            await asyncio.to_thread(writes.retire, self.engine, self.engine_id)

@@ -28,8 +28,8 @@ from workflow_engine.errors import (
     StepFailed,
     WorkflowError,
 )
-from workflow_engine.store import children
-from workflow_engine.store.claim import RecordedStep
+from workflow_engine.model import RecordedStep
+from workflow_engine.store import writes
 
 #: ``raised`` of a step's failure record: which of the two the workflow saw.
 STEP_FAILED = "StepFailed"
@@ -60,8 +60,8 @@ def replayed_failure(job_id: str, recorded: RecordedStep) -> WorkflowError:
     if recorded.kind == StepKind.EVENT:
         return EventTimeout(recorded.error or f"timed out waiting for event ({recorded.name!r})")
     if recorded.kind == StepKind.CHILD:
-        outcome = children.recorded_outcome(recorded.status, recorded.result, recorded.error)
-        child = children.child_job_id(job_id, recorded.name)
+        outcome = writes.recorded_outcome(recorded.status, recorded.result, recorded.error)
+        child = writes.child_job_id(job_id, recorded.name)
         return ChildWorkflowFailed(child, outcome.child_status, outcome.error or "")
     return _step_error(recorded)
 

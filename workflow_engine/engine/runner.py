@@ -38,17 +38,9 @@ from onceflow.logs import setup_logging
 from onceflow.settings import Settings
 from onceflow.vocabulary import ControlAction, InstanceStatus, Process
 from workflow_engine.clock import FakeClock, SystemClock
-from workflow_engine.definitions import (
-    RetryPolicy,
-    concurrency_limits,
-    declared_schedules,
-    get_workflow,
-    load_workflow_modules,
-    registered_versions,
-    runs_steps_inline,
-    workflow_version,
-)
+from workflow_engine.definitions import RetryPolicy, load_workflow_modules
 from workflow_engine.engine.batcher import PostgresWrites, WriteBatcher
+from workflow_engine.engine.configs import engine_configs
 from workflow_engine.engine.context import WorkflowContext
 from workflow_engine.engine.listener import Listener
 from workflow_engine.engine.metrics import (
@@ -71,17 +63,14 @@ from workflow_engine.engine.scheduler import Scheduler
 from workflow_engine.engine.services import LeaseKeeper, Maintenance, Rescuer, Run, Service
 from workflow_engine.engine.tracing import JobSpans
 from workflow_engine.errors import ControlRequested, LeaseLost, Suspend, WorkflowError
-from workflow_engine.flow import flow_controls
-from workflow_engine.store import claim as claims
-from workflow_engine.store import control as control_ops
-from workflow_engine.store import execution as store
-from workflow_engine.store import waits
-from workflow_engine.store.db import (
+from workflow_engine.model import Registry
+from workflow_engine.store import (
     check_connection,
     database_ready,
     is_transient,
     libpq_dsn,
     make_engine,
+    writes,
 )
 from workflow_engine.store.writes import FinishInstance, Lease, Write
 
@@ -96,11 +85,15 @@ class EngineRunner:
     def __init__(
         self,
         settings: Settings,
+        registry: Registry,
         engine: Engine | None = None,
         default_retry: RetryPolicy | None = None,
         clock: SystemClock | FakeClock | None = None,
     ) -> None:
         self.settings = settings
+        #: The workflows this engine runs (and claims: their versions, flow control).
+        self.registry = registry
+        self.configs = engine_configs(settings)  # the services' configs, checked here
         # Connections: the group-commit writers, the claim loop, the rescuer and
         # maintenance, and the rare single writes (sleeps, waits) — not one per instance.
         self.engine = engine or make_engine(
@@ -112,7 +105,7 @@ class EngineRunner:
         self.max_result_bytes = settings.step_result_max_bytes
         #: The runs in flight by job id, each with the claim it runs under: a run that
         #: ends removes only its own entry (``_run_instance``), and the claim skips
-        #: these ids (``claims.claim``'s ``inflight``).
+        #: these ids (``writes.claim``'s ``inflight``).
         self._inflight: dict[str, Run] = {}
         #: The runs that ended (cancelled) while their sync step code still runs in a
         #: thread, by ``(job_id, claim)``: done once that code has returned.
@@ -120,7 +113,7 @@ class EngineRunner:
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
-        self.batcher = WriteBatcher(PostgresWrites(self.engine, self.owner))
+        self.batcher = WriteBatcher(PostgresWrites(self.engine, self.owner), self.configs.batcher)
         self._traced = tracing.enabled()
 
     async def write(self, write: Write[T]) -> T:
@@ -161,21 +154,19 @@ class EngineRunner:
             log.info("engine stopped", extra={"event": "engine.stopped", "engine_id": self.owner})
 
     def _services(self) -> list[Service]:
-        s = self.settings
+        c = self.configs
         return [
-            LeaseKeeper(self.batcher, self._inflight, s.engine_lease_seconds),
-            Rescuer(self.engine, s.engine_lease_seconds),
-            Maintenance(
+            LeaseKeeper(self.batcher, self._inflight, c.lease_keeper),
+            Rescuer(self.engine, c.rescuer),
+            Maintenance(self.engine, c.maintenance),
+            Presence(self.engine, self.owner, self.registry.versions(), c.presence),
+            Scheduler(
                 self.engine,
-                s.maintenance_interval_seconds,
-                s.retention_instances_seconds,
-                s.retention_job_ids_seconds,
-                s.retention_partition_seconds,
-                s.retention_partitions_ahead,
-                s.retention_operator_actions_seconds,
+                self.clock,
+                c.scheduler,
+                self.registry.schedules(),
+                self.registry.versions(),
             ),
-            Presence(self.engine, self.owner, registered_versions(), s.engine_lease_seconds / 3),
-            Scheduler(self.engine, self.clock, declared_schedules(), registered_versions()),
         ]
 
     def stop(self) -> None:
@@ -203,19 +194,18 @@ class EngineRunner:
             if len(claimed) < want:
                 await self._wait_wake(await self._idle_wait())
 
-    async def _claim(self, limit: int) -> list[claims.Claimed] | None:
+    async def _claim(self, limit: int) -> list[writes.Claimed] | None:
         """Claim up to ``limit`` instances; ``None`` if the claim failed."""
         started = time.perf_counter()
         try:
             claimed = await self.db(
-                claims.claim,
+                writes.claim,
                 self.owner,
                 limit,
                 self.settings.engine_lease_seconds,
                 self.clock.db_now(),
-                concurrency_limits(),
-                registered_versions(),
-                flow_controls(),
+                self.registry.versions(),
+                self.registry.flows(),
                 tuple(self._inflight),
             )
             await failpoints.hit_async("engine.after_claim")
@@ -230,7 +220,7 @@ class EngineRunner:
         """Sleep until the next timer falls due, a notification, or the poll interval."""
         poll = self.settings.engine_poll_interval_seconds
         try:
-            due = await self.db(claims.seconds_until_next_due, self.clock.db_now())
+            due = await self.db(writes.seconds_until_next_due, self.clock.db_now())
         except Exception:
             return poll
         if due is None or due <= 0:
@@ -259,7 +249,7 @@ class EngineRunner:
         await self._step_code_returned(unfinished)
         if unfinished:
             await failpoints.hit_async("engine.before_release")
-            released = await self.db(claims.release, self.owner, unfinished)
+            released = await self.db(writes.release, self.owner, unfinished)
             log.info(
                 "released unfinished instances",
                 extra={"event": "engine.released", "count": released},
@@ -284,7 +274,7 @@ class EngineRunner:
 
     # --- one instance ----------------------------------------------------------------
 
-    async def _run_instance(self, inst: claims.Claimed) -> None:
+    async def _run_instance(self, inst: writes.Claimed) -> None:
         job = inst.job_id
         ctx = self._context(inst)
         try:
@@ -311,7 +301,7 @@ class EngineRunner:
             else:
                 self._forget(inst)
 
-    async def _fail_crashed(self, inst: claims.Claimed, exc: Exception) -> None:
+    async def _fail_crashed(self, inst: writes.Claimed, exc: Exception) -> None:
         """A run that failed outside the workflow's code for a reason that is not the
         database's outage (settling it raised): error the instance, so it is not left
         ``running`` to be rescued and crash again on every lease, forever (found in
@@ -329,7 +319,7 @@ class EngineRunner:
             return
         FINISHED.labels(inst.workflow, InstanceStatus.ERRORED).inc()
 
-    def _forget(self, inst: claims.Claimed) -> None:
+    def _forget(self, inst: writes.Claimed) -> None:
         """The run of ``inst``'s claim is over: free its slot (a newer run's is kept)."""
         self._lingering.pop((inst.job_id, inst.claim_count), None)
         run = self._inflight.get(inst.job_id)
@@ -337,10 +327,12 @@ class EngineRunner:
             del self._inflight[inst.job_id]
         INFLIGHT.set(len(self._inflight))
         self._slot_free.set()
-        if inst.workflow in flow_controls() or inst.workflow in concurrency_limits():
+        definition = self.registry.workflow(inst.workflow)
+        if definition is not None and definition.flow is not None:
             self._wake.set()  # it freed a limited slot: an instance it held may go
 
-    def _context(self, inst: claims.Claimed) -> WorkflowContext:
+    def _context(self, inst: writes.Claimed) -> WorkflowContext:
+        definition = self.registry.workflow(inst.workflow)
         ctx = WorkflowContext(
             self,
             Lease(self.owner, inst.claim_count),
@@ -348,18 +340,19 @@ class EngineRunner:
             inst.workflow,
             inst.history,
             version=inst.version,
-            engine_version=workflow_version(inst.workflow),
-            inline_steps=runs_steps_inline(inst.workflow),
+            engine_version=definition.version if definition else None,
+            inline_steps=definition.inline_steps if definition else False,
         )
         if self._traced:
             ctx.spans = JobSpans.of(inst.traceparent, inst.job_id, inst.workflow, inst.claim_count)
         return ctx
 
-    async def _execute(self, inst: claims.Claimed, ctx: WorkflowContext) -> Outcome:
+    async def _execute(self, inst: writes.Claimed, ctx: WorkflowContext) -> Outcome:
         """Run the workflow function (from the top: replay) and say how it ended."""
-        fn = get_workflow(inst.workflow)
-        if fn is None:
+        definition = self.registry.workflow(inst.workflow)
+        if definition is None:
             return Failed(f"unknown workflow {inst.workflow!r}")
+        fn = definition.fn
         log.info(
             "instance running",
             extra={
@@ -371,7 +364,7 @@ class EngineRunner:
         )
         try:
             value = await fn(ctx, inst.params)
-            return Completed(store.encode_result(value, self.max_result_bytes))
+            return Completed(writes.encode_result(value, self.max_result_bytes))
         except Suspend as wait:
             wake_at = cast("datetime | None", wait.wake_at)
             return Suspended(InstanceStatus(wait.status), wake_at, wait.delay)
@@ -396,7 +389,7 @@ class EngineRunner:
         delay = 0.1
         while not self._stopping.is_set():
             try:
-                given = await self.db(claims.release, self.owner, [(job_id, claim)])
+                given = await self.db(writes.release, self.owner, [(job_id, claim)])
             except Exception as exc:
                 if not is_transient(exc):
                     return
@@ -409,7 +402,7 @@ class EngineRunner:
             await asyncio.sleep(delay)
             delay = min(2 * delay, 2.0)
 
-    async def _settle(self, inst: claims.Claimed, outcome: Outcome, ctx: WorkflowContext) -> None:
+    async def _settle(self, inst: writes.Claimed, outcome: Outcome, ctx: WorkflowContext) -> None:
         """Record how a run ended. The last step's checkpoint, if the run still holds
         it, commits with the finish, or before a suspension or a control action."""
         match outcome:
@@ -428,11 +421,11 @@ class EngineRunner:
                     "%s", reason, extra={"event": "engine.lease_lost", "job_id": inst.job_id}
                 )
 
-    async def _suspend(self, inst: claims.Claimed, wait: Suspended) -> None:
+    async def _suspend(self, inst: writes.Claimed, wait: Suspended) -> None:
         await failpoints.hit_async("engine.before_suspend", inst.job_id)
         try:
             runnable = await self.db(
-                waits.suspend,
+                writes.suspend,
                 Lease(self.owner, inst.claim_count),
                 inst.job_id,
                 wait.status,
@@ -457,15 +450,15 @@ class EngineRunner:
             },
         )
 
-    async def _apply_control(self, inst: claims.Claimed, seen: ControlAction) -> None:
+    async def _apply_control(self, inst: writes.Claimed, seen: ControlAction) -> None:
         """Apply the request the run stopped for (``seen``), or what replaced it."""
         await failpoints.hit_async("engine.before_control_apply", inst.job_id)
         new_status, action = await self.db(
-            control_ops.apply_requested, Lease(self.owner, inst.claim_count), inst.job_id
+            writes.apply_requested, Lease(self.owner, inst.claim_count), inst.job_id
         )
         if new_status == InstanceStatus.TERMINATED:
             FINISHED.labels(inst.workflow, new_status).inc()
-        if action is None and new_status != control_ops.LOST:
+        if action is None and new_status != writes.LOST:
             log.info(
                 "operator %s withdrawn; instance re-queued",
                 seen,
@@ -484,7 +477,7 @@ class EngineRunner:
 
     async def _finish(
         self,
-        inst: claims.Claimed,
+        inst: writes.Claimed,
         ctx: WorkflowContext,
         status: InstanceStatus,
         result: bytes | None = None,
@@ -516,8 +509,9 @@ class EngineRunner:
 def run_engine(settings: Settings) -> None:
     setup_logging(settings.log_level, settings.log_format, "engine")
     tracing.setup(settings, Process.ENGINE)
-    names = load_workflow_modules(settings.workflow_modules)
-    runner = EngineRunner(settings)
+    registry = load_workflow_modules(settings.workflow_modules)
+    names = registry.workflow_names()
+    runner = EngineRunner(settings, registry)
     check_connection(runner.engine)
     serve_metrics_and_health(
         settings.engine_metrics_port, lambda: {"postgres": database_ready(settings.database_url)}
@@ -538,5 +532,5 @@ async def _main(runner: EngineRunner, concurrency: int) -> None:
     await runner.run()
 
 
-def _ids(inst: claims.Claimed) -> tuple[str, str, int]:
+def _ids(inst: writes.Claimed) -> tuple[str, str, int]:
     return inst.job_id, inst.workflow, inst.claim_count

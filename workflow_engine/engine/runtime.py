@@ -15,6 +15,7 @@ from typing import Concatenate, ParamSpec, Protocol, TypeVar
 from sqlalchemy.engine import Engine
 
 from workflow_engine.definitions import RetryPolicy
+from workflow_engine.model import Registry
 from workflow_engine.store.writes import Write
 
 T = TypeVar("T")
@@ -35,6 +36,11 @@ class Runtime(Protocol):
 
     @property
     def clock(self) -> Clock: ...
+
+    @property
+    def registry(self) -> Registry:
+        """The workflows this engine has (a child's version and fairness lane)."""
+        ...
 
     @property
     def default_retry(self) -> RetryPolicy | None:

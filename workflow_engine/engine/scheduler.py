@@ -1,7 +1,7 @@
 """The scheduler: an engine service that fires due schedule ticks.
 
 Every engine runs one; none is elected. Each pass hands the due schedules to
-:func:`workflow_engine.store.schedules.fire_due`, which takes them in batches with
+:func:`workflow_engine.store.writes.ticks.fire_due`, which takes them in batches with
 ``FOR UPDATE SKIP LOCKED`` and creates each tick's instance through the one create path,
 whose unique constraint makes a tick's job id (``<schedule>@<UTC instant>``) start at
 most one instance whichever engine gets there, after any crash or clock jump. Missed
@@ -16,10 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
 from onceflow import failpoints
+from onceflow.errors import ConfigurationError
+from onceflow.service_config import require_positive
 from onceflow.ticks import DEFAULT_GRACE_SECONDS
 from onceflow.vocabulary import TickSkipReason, TickTrigger
 from workflow_engine.clock import FakeClock, SystemClock
@@ -30,8 +33,9 @@ from workflow_engine.engine.metrics import (
     SCHEDULE_TICKS_SKIPPED,
 )
 from workflow_engine.engine.services import Service
-from workflow_engine.store import schedules as store
-from workflow_engine.store.schedules import ScheduleDef, TickReport
+from workflow_engine.model import ScheduleDef
+from workflow_engine.store import views, writes
+from workflow_engine.store.writes import TickReport
 
 log = logging.getLogger(__name__)
 #: The next-fire gauges are refreshed every this many passes (the first included).
@@ -40,26 +44,40 @@ GAUGE_EVERY_PASSES = 5
 MIN_PAUSE_SECONDS = 0.01
 
 
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Due ticks are looked for at least every ``interval_seconds``; a tick up to
+    ``grace_seconds`` late still fires as on time (:func:`onceflow.ticks.plan`)."""
+
+    interval_seconds: float = 1.0
+    grace_seconds: float = DEFAULT_GRACE_SECONDS
+
+    def __post_init__(self) -> None:
+        require_positive(self, "interval_seconds")
+        if not self.grace_seconds >= 0:
+            raise ConfigurationError(
+                f"SchedulerConfig.grace_seconds must be zero or more, not {self.grace_seconds!r}"
+            )
+
+
 class Scheduler(Service):
     """Upserts the declared schedules, then fires due ticks as they fall due (checking
-    at least every ``interval`` seconds)."""
+    at least every ``config.interval_seconds``)."""
 
     def __init__(
         self,
         engine: Engine,
         clock: SystemClock | FakeClock,
+        config: SchedulerConfig,
         declared: Sequence[ScheduleDef] = (),
         versions: Mapping[str, str] | None = None,
-        interval: float = 1.0,
-        grace_seconds: float = DEFAULT_GRACE_SECONDS,
     ) -> None:
         super().__init__()
         self.engine = engine
         self.clock = clock
+        self.config = config
         self.declared = tuple(declared)
         self.versions = dict(versions or {})
-        self.interval = interval
-        self.grace_seconds = grace_seconds
         self._passes = 0
 
     async def run(self) -> None:
@@ -73,22 +91,23 @@ class Scheduler(Service):
                 pause = await self._until_next()
             except Exception:
                 log.exception("scheduler pass failed", extra={"event": "schedule.error"})
-                pause = self.interval
+                pause = self.config.interval_seconds
             await asyncio.sleep(pause)
 
     async def _until_next(self) -> float:
         """Sleep until the next tick is due (a tick fires within milliseconds, not up to
-        a whole interval late), at most ``interval`` (schedules made meanwhile)."""
+        a whole interval late), at most the interval (schedules made meanwhile)."""
         due = await asyncio.to_thread(
-            store.seconds_until_next_fire, self.engine, self.clock.db_now()
+            writes.seconds_until_next_fire, self.engine, self.clock.db_now()
         )
+        interval = self.config.interval_seconds
         if due is None:
-            return self.interval
-        return min(self.interval, max(MIN_PAUSE_SECONDS, due))
+            return interval
+        return min(interval, max(MIN_PAUSE_SECONDS, due))
 
     async def _upsert_declared(self) -> None:
         taken = await asyncio.to_thread(
-            store.upsert_declared, self.engine, self.declared, self.clock.db_now()
+            writes.upsert_declared, self.engine, self.declared, self.clock.db_now()
         )
         for name in taken:
             log.warning(
@@ -103,10 +122,10 @@ class Scheduler(Service):
         # operator delete) the same schedule before fire_due locks it.
         await failpoints.hit_async("engine.before_tick_fire")
         reports = await asyncio.to_thread(
-            store.fire_due,
+            writes.fire_due,
             self.engine,
             self.clock.db_now(),
-            self.grace_seconds,
+            self.config.grace_seconds,
             versions=self.versions,
         )
         for report in reports:
@@ -146,7 +165,7 @@ class Scheduler(Service):
         self._passes += 1
         if self._passes % GAUGE_EVERY_PASSES != 1:
             return
-        times = await asyncio.to_thread(store.next_fire_times, self.engine)
+        times = await asyncio.to_thread(views.next_fire_times, self.engine)
         SCHEDULE_NEXT_FIRE.clear()
         for name, next_fire in times.items():
             # Counters start at 0 for every schedule, so rate() and increase() see a

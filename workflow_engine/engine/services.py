@@ -7,7 +7,11 @@ the model: a rescuer, a cleaner, each its own small class).
   died), so another engine resumes them from their last checkpoint.
 * :class:`Maintenance` — retention, and the gauges that need a query.
 
-Each has ``start()`` (a task on the running loop) and ``stop()`` (cancel, and wait).
+Each has ``start()`` (a task on the running loop) and ``stop()`` (cancel, and wait),
+and takes a frozen config defined next to it (:class:`LeaseKeeperConfig`,
+:class:`RescuerConfig`, :class:`MaintenanceConfig`) that refuses bad values when built
+(:mod:`onceflow.service_config`); :func:`workflow_engine.engine.configs.engine_configs`
+builds them from the settings.
 """
 
 from __future__ import annotations
@@ -17,11 +21,14 @@ import contextlib
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 from sqlalchemy.engine import Engine
 
 from onceflow import failpoints
+from onceflow.errors import ConfigurationError
+from onceflow.service_config import require_positive
 from workflow_engine.engine.batcher import WriteBatcher
 from workflow_engine.engine.metrics import (
     INSTANCES_BY_STATUS,
@@ -29,8 +36,7 @@ from workflow_engine.engine.metrics import (
     RESCUED,
     RUNNABLE_BACKLOG,
 )
-from workflow_engine.store import claim as claims
-from workflow_engine.store import maintenance
+from workflow_engine.store import writes
 from workflow_engine.store.writes import Heartbeat
 
 log = logging.getLogger(__name__)
@@ -65,25 +71,44 @@ class Run(NamedTuple):
     task: asyncio.Task[None]
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseKeeperConfig:
+    """Each heartbeat extends the leases to ``lease_seconds`` from now; one is sent
+    every ``heartbeat_seconds``, which must be shorter than the lease, or leases would
+    expire between heartbeats and the rescuer take every run from a live engine."""
+
+    lease_seconds: float
+    heartbeat_seconds: float
+
+    def __post_init__(self) -> None:
+        require_positive(self, "lease_seconds", "heartbeat_seconds")
+        if self.heartbeat_seconds >= self.lease_seconds:
+            raise ConfigurationError(
+                f"LeaseKeeperConfig.heartbeat_seconds ({self.heartbeat_seconds!r}) must be"
+                f" shorter than lease_seconds ({self.lease_seconds!r}): the leases would"
+                " expire between two heartbeats"
+            )
+
+
 class LeaseKeeper(Service):
     def __init__(
         self,
         batcher: WriteBatcher,
         inflight: Mapping[str, Run],
-        lease_seconds: float,
+        config: LeaseKeeperConfig,
     ) -> None:
         super().__init__()
         self.batcher = batcher
         self.inflight = inflight
-        self.lease_seconds = lease_seconds
+        self.config = config
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(self.lease_seconds / 3)
+            await asyncio.sleep(self.config.heartbeat_seconds)
             held = tuple((job_id, run.claim) for job_id, run in self.inflight.items())
             await failpoints.hit_async("engine.before_heartbeat")
             try:
-                kept = await self.batcher.write(Heartbeat(held, self.lease_seconds))
+                kept = await self.batcher.write(Heartbeat(held, self.config.lease_seconds))
             except Exception:
                 log.exception("heartbeat failed", extra={"event": "engine.heartbeat_error"})
                 continue
@@ -102,17 +127,27 @@ class LeaseKeeper(Service):
             task.cancel()
 
 
+@dataclass(frozen=True, slots=True)
+class RescuerConfig:
+    """A rescue pass runs every ``interval_seconds``."""
+
+    interval_seconds: float
+
+    def __post_init__(self) -> None:
+        require_positive(self, "interval_seconds")
+
+
 class Rescuer(Service):
-    def __init__(self, engine: Engine, lease_seconds: float) -> None:
+    def __init__(self, engine: Engine, config: RescuerConfig) -> None:
         super().__init__()
         self.engine = engine
-        self.interval = max(1.0, lease_seconds / 2)
+        self.config = config
 
     async def run(self) -> None:
         while True:
             try:
                 await failpoints.hit_async("engine.before_rescue")
-                rescued = await asyncio.to_thread(claims.rescue_expired, self.engine)
+                rescued = await asyncio.to_thread(writes.rescue_expired, self.engine)
             except Exception:
                 log.exception("rescue failed", extra={"event": "engine.rescue_error"})
                 rescued = []
@@ -122,28 +157,33 @@ class Rescuer(Service):
                     "expired lease re-queued",
                     extra={"event": "engine.lease_rescued", "job_id": job_id},
                 )
-            await asyncio.sleep(self.interval)
+            await asyncio.sleep(self.config.interval_seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceConfig:
+    """A round every ``interval_seconds``; the retentions and partitioning that
+    :func:`workflow_engine.store.writes.prune` applies (its arguments' meaning).
+    Every field must be above zero."""
+
+    interval_seconds: float
+    retention_instances_seconds: float
+    retention_job_ids_seconds: float
+    partition_seconds: float = writes.DAY
+    partitions_ahead: int = 3
+    retention_operator_actions_seconds: float = writes.OPERATOR_ACTIONS_RETENTION
+
+    def __post_init__(self) -> None:
+        require_positive(self, *(field.name for field in fields(self)))
 
 
 class Maintenance(Service):
     """Retention and the gauges that need a query; one engine at a time prunes."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        interval: float,
-        retention_instances_seconds: float,
-        retention_job_ids_seconds: float,
-        partition_seconds: float = maintenance.DAY,
-        partitions_ahead: int = 3,
-        retention_operator_actions_seconds: float = maintenance.OPERATOR_ACTIONS_RETENTION,
-    ) -> None:
+    def __init__(self, engine: Engine, config: MaintenanceConfig) -> None:
         super().__init__()
         self.engine = engine
-        self.interval = interval
-        self.retention = (retention_instances_seconds, retention_job_ids_seconds)
-        self.partitions = (partition_seconds, partitions_ahead)
-        self.operator_actions_retention = retention_operator_actions_seconds
+        self.config = config
 
     async def run(self) -> None:
         while True:
@@ -152,24 +192,27 @@ class Maintenance(Service):
                 await self._count()
             except Exception:
                 log.exception("maintenance failed", extra={"event": "engine.maintenance_error"})
-            await asyncio.sleep(self.interval)
+            await asyncio.sleep(self.config.interval_seconds)
 
     async def _prune(self) -> None:
         # Where a test holds a round while another engine's round, or a parent
         # collecting a child, goes on (docs/architecture.md, "Interleavings").
         await failpoints.hit_async("engine.before_partition_maintenance")
+        c = self.config
         pruned = await asyncio.to_thread(
-            maintenance.prune,
+            writes.prune,
             self.engine,
-            *self.retention,
-            *self.partitions,
-            self.operator_actions_retention,
+            instance_seconds=c.retention_instances_seconds,
+            job_id_seconds=c.retention_job_ids_seconds,
+            partition_seconds=c.partition_seconds,
+            partitions_ahead=c.partitions_ahead,
+            operator_action_seconds=c.retention_operator_actions_seconds,
         )
         for kind, count in pruned.items():
             PRUNED.labels(kind).inc(count)
 
     async def _count(self) -> None:
-        counts = await asyncio.to_thread(maintenance.status_counts, self.engine)
+        counts = await asyncio.to_thread(writes.status_counts, self.engine)
         INSTANCES_BY_STATUS.clear()
         for (workflow, status), n in counts.by_workflow_status.items():
             INSTANCES_BY_STATUS.labels(workflow, status).set(n)

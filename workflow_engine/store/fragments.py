@@ -1,11 +1,12 @@
-"""SQL text shared by the claims (:mod:`~workflow_engine.store.claim`, the
-flow-controlled :mod:`~workflow_engine.store.flow`) and the lease-guarded writes."""
+"""SQL text shared by the claims (:mod:`~workflow_engine.store.writes.claim`, the
+flow-controlled :mod:`~workflow_engine.store.writes.flow`) and the lease-guarded writes."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from onceflow.vocabulary import RUNNABLE_STATUSES, TERMINAL_STATUSES, InstanceStatus
 
@@ -90,3 +91,11 @@ def in_index_order(
     rows = list(conn.execute(statement, params))
     conn.exec_driver_sql("SET LOCAL enable_sort TO DEFAULT")
     return rows
+
+
+RUNNABLE_CHANNEL = "onceflow_runnable"
+
+
+def notify_runnable(conn: Connection) -> None:
+    """Wake the engines (delivered when the caller's transaction commits)."""
+    conn.execute(sa.text("SELECT pg_notify(:c, '')"), {"c": RUNNABLE_CHANNEL})

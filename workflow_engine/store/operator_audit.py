@@ -1,10 +1,11 @@
 """The audit trail of operator actions: who did what, to which instance, and how it went.
 
-Every front end (the admin API, the console, the CLI) hands the store functions that
-act an :class:`Actor` (``actor=`` on :mod:`~workflow_engine.store.control`'s pause,
-resume, terminate, restart and send_event, :func:`~workflow_engine.store.bulk.start_bulk`,
-:func:`~workflow_engine.store.redrives.redrive_letters`); the engine and the tests leave
-it out and nothing is recorded. Each recorded action is one row of
+Every front end (the admin API, the console, the CLI) hands the store functions that act
+an :class:`Actor` (``actor=`` on :mod:`~workflow_engine.store.operations`' pause,
+resume, terminate, restart and send_event,
+:func:`~workflow_engine.store.operations.bulk.start_bulk`,
+:func:`~workflow_engine.store.operations.redrives.redrive_letters`); the engine and the
+tests leave it out and nothing is recorded. Each recorded action is one row of
 ``onceflow_operator_actions`` (migration 0016) and one JSON log line
 (``event="operator.<action>"``, with ``actor``, ``front_end``, ``job_id``, ``result``).
 
@@ -371,7 +372,7 @@ def list_actions(
 
 
 def delete_older_than(conn: Connection, before: datetime) -> int:
-    """Retention (:func:`workflow_engine.store.maintenance.prune`): rows older than
+    """Retention (:func:`workflow_engine.store.writes.maintenance.prune`): rows older than
     ``before``, in ``conn``'s transaction; how many."""
     return conn.execute(
         sa.text("DELETE FROM onceflow_operator_actions WHERE at < :before"), {"before": before}

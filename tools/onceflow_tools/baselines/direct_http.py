@@ -32,7 +32,7 @@ from starlette.concurrency import run_in_threadpool
 
 from onceflow.ids import new_job_id
 from producers.models import JobIn, RequestError, parse_jobs
-from workflow_engine.store.db import sqlalchemy_url
+from workflow_engine.store import sqlalchemy_url
 
 MAX_BATCH = 1000
 MAX_PARAMS_BYTES = 65536

@@ -31,8 +31,9 @@ from onceflow import failpoints
 from onceflow.vocabulary import TERMINAL_STATUSES
 from onceflow_tools.interleavings.history import rows
 from workflow_engine.clock import FakeClock
+from workflow_engine.definitions import REGISTRY
 from workflow_engine.engine.runner import EngineRunner
-from workflow_engine.store import control
+from workflow_engine.store import operations
 
 
 class FlowingClock(FakeClock):
@@ -60,6 +61,7 @@ class EngineHarness:
         self.clock = clock or FakeClock(datetime.now(UTC) + timedelta(seconds=1))
         self.runner = EngineRunner(
             settings.model_copy(update={"engine_poll_interval_seconds": 0.05, **update}),
+            REGISTRY,
             engine=db,
             clock=self.clock,
         )
@@ -189,12 +191,12 @@ class Driver:
             self.advanced += step
         for r in live:
             if r.status == "paused" and resume:
-                with contextlib.suppress(control.ControlError):
-                    control.resume(self.db, r.workflow, r.job_id)
+                with contextlib.suppress(operations.ControlError):
+                    operations.resume(self.db, r.workflow, r.job_id)
                 self.resumed.add(r.job_id)
             elif r.status == "waiting" and r.awaits and r.events == 0 and events:
-                with contextlib.suppress(control.ControlError):
-                    control.send_event(self.db, r.workflow, r.job_id, r.awaits, self.payload)
+                with contextlib.suppress(operations.ControlError):
+                    operations.send_event(self.db, r.workflow, r.job_id, r.awaits, self.payload)
                 self.events_sent.add(r.job_id)
 
     def describe(self, live: list[Any] | None = None) -> str:

@@ -49,11 +49,9 @@ from onceflow_tools.interleavings.harness import Driver, EngineHarness, FlowingC
 from onceflow_tools.interleavings.history import check_history, scalar
 from onceflow_tools.interleavings.workflows import COMPLETING, EVENT, EXECUTIONS
 from onceflow_tools.stack import database_url_for
-from workflow_engine.store import claim as claims
-from workflow_engine.store import control
-from workflow_engine.store.db import make_engine
-from workflow_engine.store.instances import Delivery, create_instances
-from workflow_engine.store.schema import migrate
+from workflow_engine.model import Delivery
+from workflow_engine.store import make_engine, migrate, operations, writes
+from workflow_engine.store.writes import create_instances
 
 #: Short leases, so that an expiry, a rescue and a killed engine's leases come within a run.
 LEASE = 3.0
@@ -174,13 +172,13 @@ class InterleavingMachine(RuleBasedStateMachine):
 
     @rule(job=jobs)
     def send_event(self, job: str) -> None:
-        with contextlib.suppress(control.ControlError):
-            control.send_event(self.db, self._workflow(job), job, EVENT, {"by": "machine"})
+        with contextlib.suppress(operations.ControlError):
+            operations.send_event(self.db, self._workflow(job), job, EVENT, {"by": "machine"})
 
     @rule(job=jobs, action=st.sampled_from(CONTROL_ACTIONS))
     def operate(self, job: str, action: str) -> None:
-        operation: Callable[..., Any] = getattr(control, action)
-        with contextlib.suppress(control.ControlError):
+        operation: Callable[..., Any] = getattr(operations, action)
+        with contextlib.suppress(operations.ControlError):
             operation(self.db, self._workflow(job), job)
 
     @rule(job=jobs)
@@ -195,7 +193,7 @@ class InterleavingMachine(RuleBasedStateMachine):
                 ),
                 {"j": job},
             )
-        claims.rescue_expired(self.db)
+        writes.rescue_expired(self.db)
 
     @rule(point=st.sampled_from(HOLD_POINTS), job=jobs)
     def hold(self, point: tuple[str, bool], job: str) -> None:

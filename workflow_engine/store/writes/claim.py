@@ -3,7 +3,7 @@
 :func:`claim` leases a batch of runnable instances in one transaction: for the workflows
 without flow control, a pick in claim order (SKIP LOCKED) and the lease of what it
 picked; then, under its advisory lock, each flow-controlled workflow's claim
-(:mod:`workflow_engine.store.flow`); and the histories of all of them in one query.
+(:mod:`workflow_engine.store.writes.flow`); and the histories of all of them in one query.
 :func:`rescue_expired` re-queues the instances of a dead engine; :func:`release` gives
 back those a stopping engine will not finish.
 """
@@ -20,11 +20,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from onceflow.vocabulary import InstanceStatus, StepKind, StepStatus
-from workflow_engine.store.flow import HAVE_VERSION, FlowControl, claim_flow
+from workflow_engine.model import FlowControl, RecordedStep
 from workflow_engine.store.fragments import NOW as _NOW
 from workflow_engine.store.fragments import RUNNABLE as _RUNNABLE
-from workflow_engine.store.fragments import held, in_index_order, mark_running
-from workflow_engine.store.instances import notify_runnable
+from workflow_engine.store.fragments import held, in_index_order, mark_running, notify_runnable
+from workflow_engine.store.writes.flow import HAVE_VERSION, claim_flow
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,18 +39,6 @@ class Claimed:
     #: The job's W3C trace context (``onceflow_jobs.traceparent``): the parent of its spans.
     traceparent: str | None = None
     version: str | None = None  # the definition version it was created with
-
-
-@dataclass(frozen=True, slots=True)
-class RecordedStep:
-    position: int
-    name: str
-    status: StepStatus
-    attempts: int
-    result: Any
-    kind: StepKind = StepKind.STEP
-    wake_at: datetime | None = None
-    error: str | None = None
 
 
 _HAVE_VERSION = HAVE_VERSION
@@ -137,7 +125,6 @@ def claim(
     limit: int,
     lease_seconds: float,
     now: datetime | None = None,
-    limits: dict[str, int] | None = None,
     versions: dict[str, str] | None = None,
     flows: dict[str, FlowControl] | None = None,
     inflight: Collection[str] = (),
@@ -147,8 +134,8 @@ def claim(
     any engine that has their workflow. Higher priority first, aged by time waited
     (``onceflow_claim_order``), in one order across plain and flow-controlled workflows.
 
-    Workflows with flow control (``limits``: a concurrency limit; ``flows``: per-key
-    limits, rate limits, fairness, :mod:`workflow_engine.store.flow`) are claimed under
+    Workflows with flow control (``flows``: a concurrency limit, per-key limits, rate
+    limits, fairness, :mod:`workflow_engine.store.writes.flow`) are claimed under
     a per-workflow advisory lock held to commit, so that engines claiming at the same
     time cannot exceed a limit. Sleeping and waiting instances do not count toward a
     limit unless ``hold_while_waiting`` says so.
@@ -156,8 +143,7 @@ def claim(
     ``inflight``: the ids this engine still runs; none of them is claimed again, even
     if a rescue re-queued it (``fragments.mark_running``).
     """
-    controlled = {w: FlowControl(concurrency=cap) for w, cap in (limits or {}).items()}
-    controlled.update(flows or {})
+    controlled = flows or {}
     any_workflow = versions is None
     versions = versions or {}
     params = {

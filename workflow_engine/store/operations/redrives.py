@@ -36,8 +36,9 @@ from onceflow.errors import InvalidEnvelope
 from onceflow.redrive import DeadLetterRecord, redrive
 from onceflow.settings import Settings
 from onceflow.vocabulary import ActionResult, OperatorAction, TaskRunStatus
-from workflow_engine.store import operator_audit, task_runs
+from workflow_engine.store import operator_audit
 from workflow_engine.store.operator_audit import Actor
+from workflow_engine.store.writes import task_runs
 
 
 class Verdict(StrEnum):

@@ -11,7 +11,7 @@ order, with no timer: every transaction that finishes a child locks its parent's
 and then, in a later statement (a fresh snapshot), wakes the parent if it is waiting
 for that child (:func:`wake_parents`); a parent that suspends re-checks its awaited
 children after it has locked its row (:func:`awaited_child_finished`, in
-:func:`workflow_engine.store.waits.suspend`). Whichever of the two takes the parent's
+:func:`workflow_engine.store.writes.waits.suspend`). Whichever of the two takes the parent's
 row first, the second sees the first's commit.
 """
 
@@ -44,10 +44,9 @@ from workflow_engine.errors import (
     NonDeterminismError,
     NonRetryableError,
 )
+from workflow_engine.store.commands import Lease
 from workflow_engine.store.db import constraint_of
-from workflow_engine.store.fragments import TERMINAL, held
-from workflow_engine.store.instances import notify_runnable
-from workflow_engine.store.writes import Lease
+from workflow_engine.store.fragments import TERMINAL, held, notify_runnable
 
 #: ``<parent job id>__<name>``. A name has no ``__`` and does not start or end with
 #: ``_``, so the last ``__`` followed by a non-underscore splits any child id back into
@@ -343,7 +342,7 @@ _LOCK_PARENTS = sa.text(
 
 def awaited_child_finished(parent: str) -> str:
     """SQL: "a child that the instance ``parent`` (its job id column) awaits has
-    finished". The suspend's re-check (:func:`workflow_engine.store.waits.suspend`),
+    finished". The suspend's re-check (:func:`workflow_engine.store.writes.waits.suspend`),
     evaluated after the suspend has locked the parent's row."""
     return f"""EXISTS (
     SELECT 1 FROM onceflow_steps s JOIN onceflow_instances c ON c.job_id = s.child_job_id

@@ -4,7 +4,7 @@ One thread, one loop. It runs the operations this process starts (:meth:`BulkRun
 submit` wakes it at once) and every ``running`` operation whose lease nobody holds: one
 cut off by a process that was killed, crashed or stopped between batches (SIGTERM), or
 by a CLI run interrupted. It looks for those every ``poll_seconds``, and resumes each
-after its last committed batch (:mod:`workflow_engine.store.bulk`). Runners in several
+after its last committed batch (:mod:`workflow_engine.store.operations.bulk`). Runners in several
 processes share the work through the lease: one runs an operation at a time, and one
 that dies hands it over by dying (the lease is its connection's advisory lock).
 
@@ -25,10 +25,10 @@ import threading
 from sqlalchemy.engine import Engine
 
 from onceflow.vocabulary import BulkAction
-from workflow_engine.store import bulk
 from workflow_engine.store.db import is_transient
-from workflow_engine.store.listing import InstanceFilter
+from workflow_engine.store.operations import bulk
 from workflow_engine.store.operator_audit import Actor
+from workflow_engine.store.views.listing import InstanceFilter
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class BulkRunner:
     def submit(
         self, action: BulkAction, f: InstanceFilter, *, actor: Actor | None = None
     ) -> bulk.BulkOperation:
-        """Record an operation (:func:`~workflow_engine.store.bulk.start_bulk`, which
+        """Record an operation (:func:`~workflow_engine.store.operations.bulk.start_bulk`, which
         refuses an empty filter and records the ``actor``'s start in the audit trail)
         and have the loop run it now."""
         op = bulk.start_bulk(self.engine, action, f, actor=actor)

@@ -3,8 +3,8 @@
 The checkpoint writes (step started, step checkpoint, instance finished, heartbeat;
 :mod:`workflow_engine.store.writes`) of many instances are applied by
 :func:`write_batch` in one transaction, one multi-row statement per class of write.
-Claiming is :mod:`workflow_engine.store.claim`; the rare one-round-trip writes (sleeps,
-event waits, markers, suspension) are :mod:`workflow_engine.store.waits`.
+Claiming is :mod:`workflow_engine.store.writes.claim`; the rare one-round-trip writes (sleeps,
+event waits, markers, suspension) are :mod:`workflow_engine.store.writes.waits`.
 
 All writes on behalf of a running instance are guarded by its lease: they lock the
 instance row (``FOR SHARE``) and check ``lease_owner`` and ``claim_count`` (the
@@ -36,11 +36,7 @@ from workflow_engine.errors import (
     NonDeterminismError,
     StepResultError,
 )
-from workflow_engine.store import children
-from workflow_engine.store.db import constraint_of, is_row_at_fault, refusal, retry_on_deadlock
-from workflow_engine.store.fragments import held
-from workflow_engine.store.fragments import json_text as _json_text
-from workflow_engine.store.writes import (
+from workflow_engine.store.commands import (
     Answer,
     Chain,
     FinishInstance,
@@ -50,6 +46,10 @@ from workflow_engine.store.writes import (
     StartStep,
     Write,
 )
+from workflow_engine.store.db import constraint_of, is_row_at_fault, refusal, retry_on_deadlock
+from workflow_engine.store.fragments import held
+from workflow_engine.store.fragments import json_text as _json_text
+from workflow_engine.store.writes import children
 
 # --- lease-guarded writes, batched -------------------------------------------------
 #

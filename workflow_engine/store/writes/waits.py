@@ -2,7 +2,7 @@
 event waits (:func:`begin_wait`, :func:`close_entry`, :func:`consume_event`), markers
 (:func:`record_marker`, patches), and suspension (:func:`suspend`).
 
-Like the batched checkpoints (:mod:`workflow_engine.store.execution`), each locks the
+Like the batched checkpoints (:mod:`workflow_engine.store.writes.execution`), each locks the
 instance row and checks ``lease_owner``, so an engine whose lease was taken over writes
 nothing.
 """
@@ -18,14 +18,13 @@ from sqlalchemy.exc import IntegrityError
 
 from onceflow.vocabulary import InstanceStatus, StepKind, StepStatus
 from workflow_engine.errors import ControlRequested, LeaseLost, NonDeterminismError
-from workflow_engine.store import children
+from workflow_engine.store.commands import Lease
 from workflow_engine.store.db import constraint_of
 from workflow_engine.store.fragments import LEASE_CTE as _LEASE_CTE
 from workflow_engine.store.fragments import NOW as _NOW
-from workflow_engine.store.fragments import RUNNABLE, held
+from workflow_engine.store.fragments import RUNNABLE, held, notify_runnable
 from workflow_engine.store.fragments import json_text as _json_text
-from workflow_engine.store.instances import notify_runnable
-from workflow_engine.store.writes import Lease
+from workflow_engine.store.writes import children
 
 
 def _write_leased(engine: Engine, sql: sa.TextClause, params: dict[str, Any], lost: str) -> None:

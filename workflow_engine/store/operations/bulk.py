@@ -13,16 +13,16 @@ last committed batch.
 Who runs an operation is a lease: a session-level advisory lock on the operation's id
 (:func:`leased`), held by the connection that runs its batches. A process that dies
 (SIGKILL, a crash, a stop between batches) loses the lock with its connection, and any
-:class:`workflow_engine.store.bulk_runner.BulkRunner` (the console's, the admin API's)
+:class:`workflow_engine.store.operations.bulk_runner.BulkRunner` (the console's, the admin API's)
 finds the operation still ``running`` and unleased (:func:`unleased`) and resumes it.
 The lock holds no transaction open between batches.
 
-Each instance goes through the per-instance rules of :mod:`workflow_engine.store.control`:
-one an engine is running gets a ``requested_action`` (the engine applies it at its next
-step boundary), the others change at once. An instance the action does not apply to
-(resume of one that is not paused, terminate of a finished one, one deleted since the
-snapshot) is counted as ``skipped``, not as an error.
-"""
+Each instance goes through the per-instance rules of
+:func:`workflow_engine.store.writes.requests.transition`: one an engine is running gets
+a ``requested_action`` (the engine applies it at its next step boundary), the others
+change at once. An instance the action does not apply to (resume of one that is not
+paused, terminate of a finished one, one deleted since the snapshot) is counted as
+``skipped``, not as an error."""
 
 from __future__ import annotations
 
@@ -45,11 +45,12 @@ from onceflow.vocabulary import (
     InstanceStatus,
     OperatorAction,
 )
-from workflow_engine.store import control, operator_audit
+from workflow_engine.store import operator_audit
 from workflow_engine.store.db import is_transient, retry_on_deadlock
-from workflow_engine.store.instances import notify_runnable
-from workflow_engine.store.listing import InstanceFilter, InvalidFilter, where_clause
+from workflow_engine.store.fragments import notify_runnable
 from workflow_engine.store.operator_audit import Actor
+from workflow_engine.store.views.listing import InstanceFilter, InvalidFilter, where_clause
+from workflow_engine.store.writes.requests import transition
 
 log = logging.getLogger(__name__)
 
@@ -431,9 +432,7 @@ def _apply(conn: Connection, action: BulkAction, job_ids: list[str]) -> tuple[in
     wake = False
     for row in rows:
         requested = ControlAction(row.requested_action) if row.requested_action else None
-        outcome = control.transition(
-            conn, row.job_id, action, InstanceStatus(row.status), requested
-        )
+        outcome = transition(conn, row.job_id, action, InstanceStatus(row.status), requested)
         if outcome.changed and outcome.refused is None:
             done += 1
             wake = wake or outcome.runnable

@@ -2,7 +2,7 @@
 
 A write crosses two seams: the engine queues it to its group-commit writer
 (:mod:`workflow_engine.engine.batcher`), and the store applies a batch of them
-(:func:`workflow_engine.store.execution.write_batch`), grouped by class, one multi-row
+(:func:`workflow_engine.store.writes.execution.write_batch`), grouped by class, one multi-row
 statement per class. ``Write[T]`` names the answer a write gets once committed, so
 ``await batcher.write(StartStep(...))`` is a :class:`Started` to the type checker too. A write
 that cannot apply answers with the exception its instance should raise instead

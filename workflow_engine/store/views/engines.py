@@ -2,7 +2,7 @@
 
 Every engine announces itself (``{workflow: version}``) every third of a lease and
 removes its row on a clean stop; a row not refreshed for
-:data:`~workflow_engine.store.instances.ENGINE_STALE_SECONDS` is an engine that died.
+:data:`ENGINE_STALE_SECONDS` is an engine that died.
 From it: which instances no live engine can run (a gauge, ``instances describe``).
 """
 
@@ -10,27 +10,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from onceflow.vocabulary import RUNNABLE_STATUSES
-from workflow_engine.store.instances import ENGINE_HAS
 
-#: Rows of engines gone this long are deleted by the next announcement.
-FORGET_AFTER_SECONDS = 24 * 3600.0
+#: How long an engine may go unseen before it counts as gone (its heartbeat runs every
+#: third of a lease; the default lease is 30 s).
+ENGINE_STALE_SECONDS = 60.0
 
-_ANNOUNCE = sa.text(
-    """
-INSERT INTO onceflow_engines AS e (engine_id, workflows)
-VALUES (:engine_id, CAST(:workflows AS jsonb))
-ON CONFLICT ON CONSTRAINT onceflow_engines_pkey
-    DO UPDATE SET workflows = EXCLUDED.workflows, last_seen_at = now()
-"""
+
+#: Engine ``e`` can run instance ``i``: it has the instance's version of its workflow
+#: (an instance without a version: any version of it).
+ENGINE_HAS = (
+    "(CASE WHEN i.version IS NULL THEN e.workflows ? i.workflow"
+    " ELSE e.workflows ->> i.workflow = i.version END)"
 )
-_FORGET = sa.text(
-    "DELETE FROM onceflow_engines WHERE last_seen_at < now() - make_interval(secs => :forget)"
-)
+
 
 _RUNNABLE = ", ".join(f"'{s}'" for s in sorted(RUNNABLE_STATUSES))
 # "Runnable" is what the claim would take now: a runnable status *and* due. A sleeper
@@ -68,21 +64,6 @@ class Stranded:
     version: str | None
     count: int
     later: int = 0
-
-
-def announce(engine: Engine, engine_id: str, workflows: dict[str, str]) -> None:
-    """Record (or refresh) this engine and the versions it has."""
-    with engine.begin() as conn:
-        conn.execute(_FORGET, {"forget": FORGET_AFTER_SECONDS})
-        conn.execute(
-            _ANNOUNCE, {"engine_id": engine_id, "workflows": orjson.dumps(workflows).decode()}
-        )
-
-
-def retire(engine: Engine, engine_id: str) -> None:
-    """Remove this engine's row (clean shutdown)."""
-    with engine.begin() as conn:
-        conn.execute(sa.text("DELETE FROM onceflow_engines WHERE engine_id = :e"), {"e": engine_id})
 
 
 def live_engines(engine: Engine, stale_seconds: float) -> list[LiveEngine]:

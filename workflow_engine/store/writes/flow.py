@@ -1,7 +1,7 @@
 """The flow-controlled claim: per-key concurrency, rate limits, priority and fairness.
 
 A workflow that declares flow control is claimed by :func:`claim_flow`, under the
-per-workflow advisory lock :func:`~workflow_engine.store.claim.claim` takes (tried,
+per-workflow advisory lock :func:`~workflow_engine.store.writes.claim.claim` takes (tried,
 in the plain claim's statements, before these), in two statements with
 ``FOR UPDATE SKIP LOCKED``: step 1 (the pool) is read by one, planned with sorts priced
 out so that it can only probe ``onceflow_instances_lane_idx`` in order whatever the
@@ -33,65 +33,18 @@ is computed from ``params`` in the statement; the stored lane only serves the lo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import sqlalchemy as sa
 
 from onceflow.vocabulary import InstanceStatus
+from workflow_engine.model import FlowControl
 from workflow_engine.store.fragments import NOW as _NOW
 from workflow_engine.store.fragments import RUNNABLE as _RUNNABLE
 from workflow_engine.store.fragments import in_index_order, mark_running
 
 _ORDER = "onceflow_claim_order(run_after, priority)"
-
-#: Key paths: the keys under ``params`` (``params.customer.id`` -> ``("customer", "id")``);
-#: a number selects an array element. The value is compared as text (``#>>``).
-KeyPath = tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class FlowControl:
-    """What the engine enforces when it claims one workflow's instances."""
-
-    concurrency: int | None = None  # running instances of the workflow, all keys
-    concurrency_key: KeyPath | None = None
-    max_per_key: int = 1
-    hold_while_waiting: bool = False  # sleeping/waiting instances keep their slot
-    rate_limit: int | None = None  # instance starts per period per rate key
-    rate_period: float = 1.0  # seconds
-    rate_key: KeyPath | None = None  # None: one bucket for the whole workflow
-    fairness_key: KeyPath | None = None
-
-    @property
-    def lane(self) -> KeyPath | None:
-        """The key an instance's ``flow_lane`` is taken from when it is created."""
-        return self.fairness_key or self.concurrency_key or self.rate_key
-
-    @property
-    def limit_keys(self) -> list[KeyPath]:
-        """The keys that hold instances back: the concurrency key, the rate key."""
-        rate = self.rate_key if self.rate_limit is not None else None
-        return [key for key in (self.concurrency_key, rate) if key is not None]
-
-    def spec(self) -> dict[str, Any]:
-        """As stored in ``onceflow_flow_controls`` (read by ``onceflow_hold_reason``)."""
-        doc: dict[str, Any] = {}
-        if self.concurrency is not None:
-            doc["concurrency"] = self.concurrency
-        if self.concurrency_key is not None:
-            doc["concurrency_key"] = list(self.concurrency_key)
-            doc["max_per_key"] = self.max_per_key
-            doc["hold_while_waiting"] = self.hold_while_waiting
-        if self.rate_limit is not None:
-            doc["rate_limit"] = self.rate_limit
-            doc["rate_period"] = self.rate_period
-            doc["rate_key"] = list(self.rate_key) if self.rate_key is not None else None
-        if self.fairness_key is not None:
-            doc["fairness_key"] = list(self.fairness_key)
-        return doc
-
 
 #: Only the definition versions this engine has. An instance with no recorded version
 #: (created before versioning) is claimed only by an engine that has its workflow: one
@@ -115,7 +68,7 @@ _CANDIDATE = f"""
       {HAVE_VERSION}
 """
 
-# A flow-controlled claim is two statements, as the plain claim is (store/claim.py): the
+# A flow-controlled claim is two statements, as the plain claim is (store/writes/claim.py): the
 # read of the lanes' heads (the pool), planned with sorts priced out, so that the walk
 # over the lanes and every per-lane read are ordered probes of
 # onceflow_instances_lane_idx whatever the statistics say (on statistics from before a

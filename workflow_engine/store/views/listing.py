@@ -236,7 +236,7 @@ _MISMATCHED = {True: "i.duplicated AND i.mismatched", False: "NOT i.mismatched"}
 def where_clause(f: InstanceFilter) -> tuple[str, dict[str, Any]]:
     """The SQL condition on ``onceflow_instances i`` for ``f`` and its bind parameters.
 
-    Used by the lists here and by :mod:`workflow_engine.store.bulk`; ``TRUE`` for the
+    Used by the lists here and by :mod:`workflow_engine.store.operations.bulk`; ``TRUE`` for the
     empty filter. Only the set fields appear, so each shape of filter gets its own plan.
     """
     terms: list[str] = []
@@ -455,3 +455,61 @@ def overview(engine: Engine, minutes: int = 15) -> Overview:
         finished_per_minute=[(r.minute, int(r.n)) for r in finished],
         dead_letters_by_reason={r.reason: int(r.n) for r in dead},
     )
+
+
+@dataclass(frozen=True)
+class InstanceBrief:
+    job_id: str
+    workflow: str
+    status: InstanceStatus
+    created_at: datetime
+    finished_at: datetime | None
+    version: str | None = None
+
+
+def list_instances(
+    engine: Engine,
+    workflow: str | None = None,
+    status: InstanceStatus | None = None,
+    created_since: datetime | None = None,
+    id_prefix: str | None = None,
+    limit: int = 100,
+    version: str | None = None,
+) -> list[InstanceBrief]:
+    sql = sa.text(
+        "SELECT job_id, workflow, status, created_at, finished_at, version"
+        " FROM onceflow_instances"
+        " WHERE (CAST(:w AS text) IS NULL OR workflow = :w)"
+        " AND (CAST(:v AS text) IS NULL OR version = :v)"
+        " AND (CAST(:s AS text) IS NULL OR status = :s)"
+        " AND (CAST(:since AS timestamptz) IS NULL OR created_at >= :since)"
+        " AND (CAST(:prefix AS text) IS NULL OR job_id LIKE :pattern)"
+        " ORDER BY created_at DESC, job_id LIMIT :limit"
+    )
+    pattern = None
+    if id_prefix is not None:
+        pattern = id_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sql,
+            {
+                "w": workflow,
+                "s": str(status) if status is not None else None,
+                "since": created_since,
+                "prefix": id_prefix,
+                "pattern": pattern,
+                "limit": limit,
+                "v": version,
+            },
+        )
+        return [
+            InstanceBrief(
+                r.job_id,
+                r.workflow,
+                InstanceStatus(r.status),
+                r.created_at,
+                r.finished_at,
+                r.version,
+            )
+            for r in rows
+        ]

@@ -1,0 +1,53 @@
+"""The engine's service configs, built from the settings in one place.
+
+:func:`engine_configs` is the only place the engine's services' settings are read: the
+services take their own frozen configs (each defined, and validated, next to its
+service; :mod:`onceflow.service_config`), never :class:`~onceflow.settings.Settings`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onceflow.settings import Settings
+from workflow_engine.engine.batcher import BatcherConfig
+from workflow_engine.engine.presence import PresenceConfig
+from workflow_engine.engine.scheduler import SchedulerConfig
+from workflow_engine.engine.services import LeaseKeeperConfig, MaintenanceConfig, RescuerConfig
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfigs:
+    """One config per service of an engine process."""
+
+    lease_keeper: LeaseKeeperConfig
+    rescuer: RescuerConfig
+    maintenance: MaintenanceConfig
+    presence: PresenceConfig
+    scheduler: SchedulerConfig
+    batcher: BatcherConfig
+
+
+def engine_configs(settings: Settings) -> EngineConfigs:
+    """Every service's config from ``settings`` (a bad value raises
+    :class:`~onceflow.errors.ConfigurationError` naming the config and the field)."""
+    s = settings
+    lease = s.engine_lease_seconds
+    return EngineConfigs(
+        # A heartbeat every third of a lease: two can fail before a lease expires.
+        lease_keeper=LeaseKeeperConfig(lease_seconds=lease, heartbeat_seconds=lease / 3),
+        # Twice per lease, but not more than once a second (short test leases).
+        rescuer=RescuerConfig(interval_seconds=max(1.0, lease / 2)),
+        maintenance=MaintenanceConfig(
+            interval_seconds=s.maintenance_interval_seconds,
+            retention_instances_seconds=s.retention_instances_seconds,
+            retention_job_ids_seconds=s.retention_job_ids_seconds,
+            partition_seconds=s.retention_partition_seconds,
+            partitions_ahead=s.retention_partitions_ahead,
+            retention_operator_actions_seconds=s.retention_operator_actions_seconds,
+        ),
+        # As often as the heartbeat, so the engine's row is as fresh as its leases.
+        presence=PresenceConfig(interval_seconds=lease / 3),
+        scheduler=SchedulerConfig(),
+        batcher=BatcherConfig(),
+    )

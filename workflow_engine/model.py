@@ -1,0 +1,347 @@
+"""The domain model: what a workflow, a task, a schedule and a delivery are.
+
+Plain frozen values, no SQL and no I/O: the definitions fill a :class:`Registry` of
+them, the processes are handed that registry (the engine runner, the worker's batch
+handler, ingest), and the store takes and returns these types. The store imports this
+module; nothing here imports the store (a contract in ``pyproject.toml`` says so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from onceflow.envelope import JobEnvelope
+from onceflow.errors import OnceflowError
+from onceflow.ticks import TickSpec, check_name
+from onceflow.vocabulary import (
+    CatchupPolicy,
+    JobKind,
+    Origin,
+    OverlapPolicy,
+    StepKind,
+    StepStatus,
+)
+
+# --- flow control ---------------------------------------------------------------------
+
+#: Key paths: the keys under ``params`` (``params.customer.id`` -> ``("customer", "id")``);
+#: a number selects an array element. The value is compared as text (``#>>``).
+KeyPath = tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FlowControl:
+    """What the engine enforces when it claims one workflow's instances: its
+    concurrency limit, per-key limits, rate limit and fairness (README, "Flow control").
+    The one place a workflow's concurrency limit lives."""
+
+    concurrency: int | None = None  # running instances of the workflow, all keys
+    concurrency_key: KeyPath | None = None
+    max_per_key: int = 1
+    hold_while_waiting: bool = False  # sleeping/waiting instances keep their slot
+    rate_limit: int | None = None  # instance starts per period per rate key
+    rate_period: float = 1.0  # seconds
+    rate_key: KeyPath | None = None  # None: one bucket for the whole workflow
+    fairness_key: KeyPath | None = None
+
+    @property
+    def lane(self) -> KeyPath | None:
+        """The key an instance's ``flow_lane`` is taken from when it is created."""
+        return self.fairness_key or self.concurrency_key or self.rate_key
+
+    @property
+    def limit_keys(self) -> list[KeyPath]:
+        """The keys that hold instances back: the concurrency key, the rate key."""
+        rate = self.rate_key if self.rate_limit is not None else None
+        return [key for key in (self.concurrency_key, rate) if key is not None]
+
+    def spec(self) -> dict[str, Any]:
+        """As stored in ``onceflow_flow_controls`` (read by ``onceflow_hold_reason``)."""
+        doc: dict[str, Any] = {}
+        if self.concurrency is not None:
+            doc["concurrency"] = self.concurrency
+        if self.concurrency_key is not None:
+            doc["concurrency_key"] = list(self.concurrency_key)
+            doc["max_per_key"] = self.max_per_key
+            doc["hold_while_waiting"] = self.hold_while_waiting
+        if self.rate_limit is not None:
+            doc["rate_limit"] = self.rate_limit
+            doc["rate_period"] = self.rate_period
+            doc["rate_key"] = list(self.rate_key) if self.rate_key is not None else None
+        if self.fairness_key is not None:
+            doc["fairness_key"] = list(self.fairness_key)
+        return doc
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """At most ``limit`` instance starts per ``period`` per value of ``key`` (a dotted
+    path on params; None: one budget for the whole workflow). A start is an instance's
+    first claim (again after a restart); resuming after a sleep, an event or a crash is
+    not a start. Instances over the limit wait, queued; none is dropped. The window
+    slides: no interval of ``period`` holds more than ``limit`` starts."""
+
+    limit: int
+    period: timedelta | float = timedelta(seconds=1)
+    key: str | None = None
+
+    @property
+    def seconds(self) -> float:
+        period = self.period
+        return period.total_seconds() if isinstance(period, timedelta) else float(period)
+
+
+def key_path(expression: str) -> KeyPath:
+    """``"params.customer.id"`` -> ``("customer", "id")``. A key is a dotted path on the
+    job's params (a number selects an array element); its value is compared as text,
+    and a missing key is one key of its own (null)."""
+    parts = expression.split(".")
+    if len(parts) < 2 or parts[0] != "params" or not all(parts[1:]):
+        raise ValueError(f"a key is a dotted path on params, like 'params.tenant': {expression!r}")
+    return tuple(parts[1:])
+
+
+def flow_control(
+    concurrency: int | None = None,
+    concurrency_key: str | None = None,
+    max_per_key: int | None = None,
+    hold_while_waiting: bool = False,
+    rate_limit: RateLimit | None = None,
+    fairness_key: str | None = None,
+) -> FlowControl | None:
+    """The flow control ``@workflow``'s arguments declare, checked (ValueError); None
+    when they declare none."""
+    if concurrency is not None and concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    if (max_per_key is not None or hold_while_waiting) and concurrency_key is None:
+        raise ValueError("max_per_key and hold_while_waiting need a concurrency_key")
+    per_key = 1 if max_per_key is None else max_per_key
+    if per_key < 1:
+        raise ValueError("max_per_key must be at least 1")
+    if rate_limit is not None and (rate_limit.limit < 1 or rate_limit.seconds <= 0):
+        raise ValueError("a rate limit needs limit >= 1 and a positive period")
+    flow = FlowControl(
+        concurrency=concurrency,
+        concurrency_key=key_path(concurrency_key) if concurrency_key else None,
+        max_per_key=per_key,
+        hold_while_waiting=hold_while_waiting,
+        rate_limit=rate_limit.limit if rate_limit else None,
+        rate_period=rate_limit.seconds if rate_limit else 1.0,
+        rate_key=key_path(rate_limit.key) if rate_limit and rate_limit.key else None,
+        fairness_key=key_path(fairness_key) if fairness_key else None,
+    )
+    return None if flow == FlowControl() else flow
+
+
+# --- schedules ------------------------------------------------------------------------
+
+
+class ScheduleError(OnceflowError):
+    """A schedule operation that cannot be done."""
+
+
+@dataclass(frozen=True)
+class ScheduleDef:
+    """A schedule as declared (``@workflow(schedule=...)``) or created (CLI, API)."""
+
+    name: str
+    workflow: str
+    spec: TickSpec
+    params: Mapping[str, Any] = field(default_factory=dict)
+    catchup: CatchupPolicy = CatchupPolicy.RUN_ONCE
+    overlap: OverlapPolicy = OverlapPolicy.SKIP
+    max_catchup: int = 100
+
+    def __post_init__(self) -> None:
+        check_name(self.name)
+        if not 1 <= self.max_catchup <= 1000:
+            raise ScheduleError("max_catchup must be between 1 and 1000")
+        try:  # plain strings ("run-all") are welcome; unknown words fail here, early
+            object.__setattr__(self, "catchup", CatchupPolicy(self.catchup))
+            object.__setattr__(self, "overlap", OverlapPolicy(self.overlap))
+        except ValueError as exc:
+            raise ScheduleError(str(exc)) from None
+
+
+# --- what the create path takes and answers ---------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One consumed Kafka record carrying a valid job envelope."""
+
+    envelope: JobEnvelope
+    topic: str
+    partition: int
+    offset: int
+    kind: JobKind = JobKind.WORKFLOW  # or TASK: a single-step job run by the streams worker
+    enqueued_at: datetime | None = None  # the Kafka record's timestamp
+    # The workflow definition's version in the creating process (the streams worker
+    # loads the same workflow modules as the engines); the instance keeps it for life.
+    version: str | None = None
+    # Provenance when not the envelope's own (http/kafka): a schedule's tick.
+    origin: Origin | None = None
+    # The params key whose value becomes the instance's fairness lane (flow control:
+    # Registry.lane_path); () for flow control without a key (lane ''); None: no flow
+    # control (no lane).
+    lane_path: KeyPath | None = None
+
+
+@dataclass(slots=True)
+class CreateResult:
+    """What one batch did. Every delivery is exactly one of: ``created`` (or
+    ``tasks_created``), a new ``duplicates`` row, or ``already_recorded`` (its Kafka
+    position already has a row: a redelivery seen before, nothing written)."""
+
+    created: int = 0
+    duplicates: int = 0  # new duplicate rows (redeliveries + resubmissions)
+    mismatches: int = 0  # new duplicate rows whose params differ from the winner's
+    redeliveries: int = 0  # new duplicate rows that are the same Kafka record again
+    created_ids: list[str] = field(default_factory=list)
+    duplicate_ids: list[str] = field(default_factory=list)
+    mismatch_ids: list[str] = field(default_factory=list)
+    tasks_created: int = 0
+    # New duplicate rows whose workflow (or task) type differs from the winner's.
+    workflow_mismatches: int = 0
+    workflow_mismatch_ids: list[str] = field(default_factory=list)
+    # Deliveries whose Kafka position was already recorded (as the creating record's
+    # redelivery or as a duplicate): a redelivery again, which never counts twice.
+    already_recorded: int = 0
+
+    def add(self, other: CreateResult) -> None:
+        self.created += other.created
+        self.tasks_created += other.tasks_created
+        self.duplicates += other.duplicates
+        self.mismatches += other.mismatches
+        self.redeliveries += other.redeliveries
+        self.created_ids += other.created_ids
+        self.duplicate_ids += other.duplicate_ids
+        self.mismatch_ids += other.mismatch_ids
+        self.workflow_mismatches += other.workflow_mismatches
+        self.workflow_mismatch_ids += other.workflow_mismatch_ids
+        self.already_recorded += other.already_recorded
+
+
+# --- history --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedStep:
+    """One entry of an instance's history, as replay reads it."""
+
+    position: int
+    name: str
+    status: StepStatus
+    attempts: int
+    result: Any
+    kind: StepKind = StepKind.STEP
+    wake_at: datetime | None = None
+    error: str | None = None
+
+
+# --- definitions and their registry ---------------------------------------------------
+
+#: A workflow function: ``async def f(ctx, params)`` (``ctx``: ``definitions.Context``).
+WorkflowFn = Callable[[Any, dict[str, Any]], Awaitable[Any]]
+TaskFn = Callable[[dict[str, Any]], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowDef:
+    """One workflow, as ``@workflow`` declared it."""
+
+    fn: WorkflowFn
+    name: str
+    version: str  # the version new instances are created with
+    inline_steps: bool = False  # its sync steps run on the event loop by default
+    flow: FlowControl | None = None  # None: no flow control (the plain claim takes it)
+    schedule: ScheduleDef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDef:
+    """One single-step job type, as ``@task`` declared it (run by the streams worker)."""
+
+    name: str
+    fn: TaskFn
+    max_retries: int = 3
+    delay: float = 1.0
+
+
+class Registry:
+    """The workflows and tasks a process can run, each name once.
+
+    Filled by the decorators (``definitions.REGISTRY``) and handed explicitly to the
+    engine runner, the worker's batch handler and ingest, which read everything they
+    need of a definition here: its version, flow control, lane, schedule, function.
+    """
+
+    def __init__(self) -> None:
+        self._workflows: dict[str, WorkflowDef] = {}
+        self._tasks: dict[str, TaskDef] = {}
+
+    def add_workflow(self, definition: WorkflowDef) -> None:
+        existing = self._workflows.get(definition.name)
+        if (existing is not None and existing.fn is not definition.fn) or (
+            definition.name in self._tasks
+        ):
+            raise ValueError(f"{definition.name!r} is registered twice")
+        self._workflows[definition.name] = definition
+
+    def add_task(self, definition: TaskDef) -> None:
+        existing = self._tasks.get(definition.name)
+        if definition.name in self._workflows or (
+            existing is not None and existing.fn is not definition.fn
+        ):
+            raise ValueError(f"{definition.name!r} is registered twice")
+        self._tasks[definition.name] = definition
+
+    def workflow(self, name: str) -> WorkflowDef | None:
+        return self._workflows.get(name)
+
+    def task(self, name: str) -> TaskDef | None:
+        return self._tasks.get(name)
+
+    def kind_of(self, name: str) -> JobKind | None:
+        """What a submitted type name is: a task, a workflow, or None (not registered)."""
+        if name in self._tasks:
+            return JobKind.TASK
+        if name in self._workflows:
+            return JobKind.WORKFLOW
+        return None
+
+    def workflow_names(self) -> list[str]:
+        return sorted(self._workflows)
+
+    def task_names(self) -> list[str]:
+        return sorted(self._tasks)
+
+    def version(self, name: str) -> str | None:
+        """The version new instances of ``name`` are created with (None: not registered)."""
+        definition = self._workflows.get(name)
+        return None if definition is None else definition.version
+
+    def versions(self) -> dict[str, str]:
+        """The version of every registered workflow: what this process can run."""
+        return {name: d.version for name, d in self._workflows.items()}
+
+    def flows(self) -> dict[str, FlowControl]:
+        """Every flow-controlled workflow's flow control (the engine's claim takes it)."""
+        return {name: d.flow for name, d in self._workflows.items() if d.flow is not None}
+
+    def lane_path(self, name: str) -> KeyPath | None:
+        """The key new instances of ``name`` store as their fairness lane: ``()`` for a
+        workflow with flow control but no key (its lane is ''), None without flow
+        control (no lane: the plain claim takes it)."""
+        definition = self._workflows.get(name)
+        if definition is None or definition.flow is None:
+            return None
+        return definition.flow.lane or ()
+
+    def schedules(self) -> list[ScheduleDef]:
+        """The schedules the registered workflows declare (engines upsert them)."""
+        declared = [d.schedule for d in self._workflows.values() if d.schedule is not None]
+        return sorted(declared, key=lambda s: s.name)

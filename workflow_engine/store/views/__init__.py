@@ -1,0 +1,122 @@
+"""What is read: one instance described, the one list API, a job's trace and status,
+counts for the console and the audit, schedules, dead letters, live engines, the operator
+audit trail.
+"""
+
+from __future__ import annotations
+
+from workflow_engine.store.operator_audit import (
+    ActionFilter,
+    ActionPage,
+    InvalidAuditFilter,
+    list_actions,
+)
+from workflow_engine.store.schedule_rows import (
+    ScheduleNotFound,
+    ScheduleView,
+)
+from workflow_engine.store.views.audit import (
+    StoredJobIds,
+    stored_job_ids,
+    workflow_mismatch_job_ids,
+)
+from workflow_engine.store.views.describe import (
+    InstanceView,
+    StepView,
+    describe_instance,
+    job_status,
+)
+from workflow_engine.store.views.engines import (
+    ENGINE_STALE_SECONDS,
+    LiveEngine,
+    Stranded,
+    instances_without_engine,
+    live_engines,
+)
+from workflow_engine.store.views.listing import (
+    MAX_LIMIT,
+    SORTS,
+    InstanceBrief,
+    InstanceFilter,
+    InstanceRow,
+    InvalidFilter,
+    Overview,
+    Page,
+    as_utc,
+    count_matching,
+    decode_cursor,
+    encode_cursor,
+    explain_list,
+    list_instances,
+    list_page,
+    overview,
+    where_clause,
+)
+from workflow_engine.store.views.schedules import (
+    TickView,
+    get_schedule,
+    list_schedules,
+    next_fire_times,
+    tick_of,
+)
+from workflow_engine.store.views.trace import (
+    TraceEvent,
+    job_trace,
+)
+from workflow_engine.store.writes.dead_letters import (
+    DeadLetterRow,
+    DeadLetterView,
+    dead_letter_counts,
+    dead_letter_sources,
+    dead_letters_for,
+)
+
+__all__ = [
+    "ENGINE_STALE_SECONDS",
+    "MAX_LIMIT",
+    "SORTS",
+    "ActionFilter",
+    "ActionPage",
+    "DeadLetterRow",
+    "DeadLetterView",
+    "InstanceBrief",
+    "InstanceFilter",
+    "InstanceRow",
+    "InstanceView",
+    "InvalidAuditFilter",
+    "InvalidFilter",
+    "LiveEngine",
+    "Overview",
+    "Page",
+    "ScheduleNotFound",
+    "ScheduleView",
+    "StepView",
+    "StoredJobIds",
+    "Stranded",
+    "TickView",
+    "TraceEvent",
+    "as_utc",
+    "count_matching",
+    "dead_letter_counts",
+    "dead_letter_sources",
+    "dead_letters_for",
+    "decode_cursor",
+    "describe_instance",
+    "encode_cursor",
+    "explain_list",
+    "get_schedule",
+    "instances_without_engine",
+    "job_status",
+    "job_trace",
+    "list_actions",
+    "list_instances",
+    "list_page",
+    "list_schedules",
+    "live_engines",
+    "next_fire_times",
+    "overview",
+    "stored_job_ids",
+    "tick_of",
+    "where_clause",
+    "workflow_mismatch_job_ids",
+]

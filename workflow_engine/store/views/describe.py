@@ -1,0 +1,191 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from onceflow.vocabulary import (
+    InstanceStatus,
+    JobKind,
+    Origin,
+    StepKind,
+    StepStatus,
+)
+from workflow_engine.store.fragments import TERMINAL
+from workflow_engine.store.views.engines import ENGINE_HAS, ENGINE_STALE_SECONDS
+
+
+@dataclass(frozen=True)
+class StepView:
+    position: int
+    name: str
+    status: StepStatus
+    attempts: int
+    error: str | None
+    started_at: datetime
+    finished_at: datetime | None
+    kind: StepKind = StepKind.STEP
+    wake_at: datetime | None = None
+    event_type: str | None = None
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    job_id: str
+    workflow: str
+    status: InstanceStatus
+    params: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: str | None
+    result: Any
+    request_id: str | None
+    submitted_at: datetime | None
+    source: str
+    duplicates: int
+    redeliveries: int
+    mismatches: int
+    restart_count: int
+    steps: list[StepView]
+    workflow_mismatches: int = 0  # duplicates that named another workflow (or task) type
+    origin: str = "http"  # "http": through ingest; "kafka": produced straight to the topic
+    dead_letters: int = 0  # records of this id that were dead-lettered
+    version: str | None = None  # the definition version it was created with
+    # Whether a live engine has that version (None once the instance is final).
+    engine_available: bool | None = None
+    priority: int = 3  # 1 (claimed first) .. 5
+    # Why a runnable instance is not running yet (flow control; None: not runnable).
+    held_because: str | None = None
+    # The tree (ctx.start_child): this instance's parent, if a child, and its children.
+    parent_job_id: str | None = None
+    parent_close_policy: str | None = None
+    children: list[Any] = field(default_factory=list)  # store.children.ChildView
+
+    @property
+    def waiting_for_engine(self) -> str | None:
+        """Why it cannot run, when no live engine has its version."""
+        if self.engine_available is not False:
+            return None
+        return (
+            f"waiting for an engine with version {self.version or '(any)'}"
+            f" of workflow {self.workflow!r}: no live engine has it"
+        )
+
+    @property
+    def provenance(self) -> str:
+        if self.origin == Origin.KAFKA:
+            return "produced directly to Kafka"
+        if self.origin == Origin.SCHEDULE:
+            return "a schedule's tick"
+        if self.origin == Origin.CHILD:
+            return f"child of {self.parent_job_id or '(pruned parent)'}"
+        return f"HTTP request {self.request_id or '-'}"
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = {k: v for k, v in self.__dict__.items() if k != "steps"}
+        doc["steps"] = [s.__dict__ for s in self.steps]
+        doc["children"] = [asdict(c) for c in self.children]
+        doc["provenance"] = self.provenance
+        return doc
+
+
+_DESCRIBE_SQL = sa.text(
+    f"""
+SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
+       i.finished_at, i.error, i.result, j.request_id, j.submitted_at,
+       j.source_topic || '/' || j.source_partition || '@' || j.source_offset AS source,
+       dd.duplicates, dd.redeliveries, dd.mismatches,
+       i.restart_count,
+       dd.workflow_mismatches,
+       j.origin,
+       (SELECT count(*) FROM onceflow_dead_letters dl
+         WHERE dl.job_id = i.job_id) AS dead_letters,
+       i.version,
+       CASE WHEN i.status IN ({TERMINAL}) THEN NULL ELSE EXISTS (
+           SELECT 1 FROM onceflow_engines e
+           WHERE e.last_seen_at > now() - make_interval(secs => :stale)
+             AND {ENGINE_HAS}) END AS engine_available,
+       i.priority, onceflow_hold_reason(i.job_id) AS held_because,
+       i.parent_job_id, i.parent_close_policy
+FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
+-- One pass over the job id's duplicate rows, in its one partition (job_received_at,
+-- migration 0012): planning a partitioned table costs per partition and per reference.
+LEFT JOIN LATERAL (
+    SELECT count(*) AS duplicates,
+           count(*) FILTER (WHERE d.redelivery) AS redeliveries,
+           count(*) FILTER (WHERE NOT d.params_match) AS mismatches,
+           count(*) FILTER (WHERE d.workflow_match IS FALSE) AS workflow_mismatches
+    FROM onceflow_duplicate_deliveries d
+    WHERE d.job_id = i.job_id AND d.job_received_at = j.received_at
+) dd ON true
+WHERE i.job_id = :job_id
+"""
+)
+
+
+def describe_instance(engine: Engine, job_id: str) -> InstanceView | None:
+    with engine.connect() as conn:
+        row = conn.execute(
+            _DESCRIBE_SQL, {"job_id": job_id, "stale": ENGINE_STALE_SECONDS}
+        ).one_or_none()
+        if row is None:
+            return None
+        steps = [
+            StepView(
+                r.position,
+                r.name,
+                StepStatus(r.status),
+                r.attempts,
+                r.error,
+                r.started_at,
+                r.finished_at,
+                StepKind(r.kind),
+                r.wake_at,
+                r.event_type,
+            )
+            for r in conn.execute(_STEPS_SQL, {"job_id": job_id})
+        ]
+        # Imported here: the children module uses this one's notify_runnable.
+        from workflow_engine.store.writes.children import list_children
+
+        children = list_children(conn, job_id)
+    fields = dict(row._mapping)
+    fields["status"] = InstanceStatus(fields["status"])
+    return InstanceView(**fields, steps=steps, children=children)
+
+
+def job_status(engine: Engine, job_id: str) -> dict[str, Any] | None:
+    """A job's state, whatever it became: a workflow instance or a plain task run."""
+    view = describe_instance(engine, job_id)
+    if view is not None:
+        return {"kind": JobKind.WORKFLOW, **view.to_dict()}
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.text(
+                "SELECT t.job_id, t.task, t.status, t.attempts, t.error, t.created_at,"
+                " t.finished_at, j.request_id, j.submitted_at,"
+                " (SELECT count(*) FROM onceflow_duplicate_deliveries d"
+                "   WHERE d.job_id = t.job_id) AS duplicates"
+                " FROM onceflow_task_runs t JOIN onceflow_jobs j USING (job_id)"
+                " WHERE t.job_id = :j"
+            ),
+            {"j": job_id},
+        ).one_or_none()
+    if row is None:
+        return None
+    return {"kind": JobKind.TASK, **dict(row._mapping)}
+
+
+_STEPS_SQL = sa.text(
+    """
+SELECT position, name, status, attempts, error, started_at, finished_at, kind, wake_at,
+       event_type
+FROM onceflow_steps WHERE job_id = :job_id ORDER BY position
+"""
+)

@@ -1,0 +1,71 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from onceflow.vocabulary import (
+    TickTrigger,
+)
+from workflow_engine.store.schedule_rows import (
+    COLUMNS,
+    FROM,
+    ScheduleNotFound,
+    ScheduleView,
+    schedule_view,
+)
+
+
+@dataclass(frozen=True)
+class TickView:
+    """Which schedule and tick created a job (``onceflow instances describe``)."""
+
+    schedule: str
+    tick_at: datetime
+    trigger: TickTrigger
+    fired_at: datetime
+    lateness_seconds: float
+
+
+def list_schedules(engine: Engine) -> list[ScheduleView]:
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text(f"SELECT {COLUMNS}{FROM} ORDER BY s.name"))
+        return [schedule_view(r) for r in rows]
+
+
+def next_fire_times(engine: Engine) -> dict[str, datetime | None]:
+    """Each schedule's next fire time (None while paused): the scheduler's gauge."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT name, paused, next_fire_at FROM onceflow_schedules"))
+        return {r.name: None if r.paused else r.next_fire_at for r in rows}
+
+
+def get_schedule(engine: Engine, name: str) -> ScheduleView:
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.text(f"SELECT {COLUMNS}{FROM} WHERE s.name = :n"), {"n": name}
+        ).one_or_none()
+    if row is None:
+        raise ScheduleNotFound(f"no schedule named {name!r}")
+    return schedule_view(row)
+
+
+def tick_of(engine: Engine, job_id: str) -> TickView | None:
+    """Which schedule and tick created this job, if a schedule did."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.text(
+                "SELECT schedule, tick_at, trigger, fired_at, lateness_seconds"
+                " FROM onceflow_schedule_ticks WHERE job_id = :j"
+            ),
+            {"j": job_id},
+        ).one_or_none()
+    if row is None:
+        return None
+    return TickView(
+        row.schedule, row.tick_at, TickTrigger(row.trigger), row.fired_at, row.lateness_seconds
+    )

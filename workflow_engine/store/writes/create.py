@@ -1,0 +1,234 @@
+"""Creating and reading workflow instances: the API other packages use.
+
+``create_instances`` is the equivalent of ``env.ORDER_WORKFLOW.create({id, params})``
+for a whole batch of Kafka deliveries, in one statement and one round trip:
+
+* the first delivery of a job id inserts its ``onceflow_jobs`` row (the named unique
+  constraint ``onceflow_jobs_job_id_key``) and its queued instance;
+* every other delivery - a Kafka redelivery or a client resubmission, in this batch
+  or any earlier one - is a no-op for the instance and becomes one audit row in
+  ``onceflow_duplicate_deliveries``, flagged when its params differ from the winner's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from onceflow.envelope import params_digest
+from onceflow.vocabulary import (
+    JobKind,
+)
+from workflow_engine.model import CreateResult, Delivery
+from workflow_engine.store.fragments import RUNNABLE_CHANNEL
+
+# Duplicate rows are idempotent per Kafka position: the named unique constraint
+# onceflow_duplicate_deliveries_position_key turns a record redelivered again (the
+# worker died between the database commit and the offset commit, twice) into a no-op.
+# A delivery is a redelivery when its position is the creating record's; one whose
+# position already has a duplicate row is skipped before the insert (``known``) and
+# by the constraint (a concurrent batch), so it never counts twice.
+_CREATE_SQL = sa.text(
+    """
+WITH input AS (
+    SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
+        ord integer, job_id text, kind text, workflow text, params jsonb, params_digest text,
+        request_id text, submitted_at timestamptz, traceparent text, origin text,
+        topic text, part integer, off bigint, enqueued_at timestamptz, version text,
+        priority smallint, lane_path text[])
+),
+firsts AS (
+    SELECT DISTINCT ON (job_id) * FROM input ORDER BY job_id, ord
+),
+upsert AS (
+    INSERT INTO onceflow_jobs AS j (
+        job_id, kind, type_name, params_digest, request_id, submitted_at, traceparent,
+        origin, source_topic, source_partition, source_offset, enqueued_at)
+    SELECT job_id, kind, workflow, params_digest, request_id, submitted_at,
+           traceparent, origin, topic, part, off, enqueued_at
+    FROM firsts
+    ORDER BY job_id
+    ON CONFLICT ON CONSTRAINT onceflow_jobs_job_id_key
+        DO UPDATE SET last_seen_at = now()
+    RETURNING j.job_id, j.params_digest AS winner_digest, j.type_name AS winner_type,
+              j.source_topic, j.source_partition, j.source_offset, (j.xmax = 0) AS inserted,
+              j.received_at AS job_received_at
+),
+known AS (
+    SELECT DISTINCT d.source_topic, d.source_partition, d.source_offset
+    FROM onceflow_duplicate_deliveries d
+    JOIN input i ON (d.source_topic, d.source_partition, d.source_offset)
+                    = (i.topic, i.part, i.off)
+),
+candidates AS (
+    SELECT DISTINCT ON (i.topic, i.part, i.off) i.*, u.winner_digest, u.winner_type,
+           u.job_received_at,
+           (i.topic, i.part, i.off)
+             = (u.source_topic, u.source_partition, u.source_offset) AS redelivery
+    FROM input i
+    JOIN upsert u USING (job_id)
+    JOIN firsts f USING (job_id)
+    WHERE NOT (u.inserted AND i.ord = f.ord)
+      AND NOT EXISTS (
+          SELECT 1 FROM known k
+          WHERE (k.source_topic, k.source_partition, k.source_offset) = (i.topic, i.part, i.off))
+    ORDER BY i.topic, i.part, i.off, i.ord
+),
+dups AS (
+    INSERT INTO onceflow_duplicate_deliveries (
+        job_id, source_topic, source_partition, source_offset, params_digest, params_match,
+        workflow, workflow_match, redelivery, request_id, submitted_at, enqueued_at,
+        job_received_at)
+    SELECT c.job_id, c.topic, c.part, c.off, c.params_digest,
+           c.params_digest = c.winner_digest, c.workflow, c.workflow = c.winner_type,
+           c.redelivery, c.request_id, c.submitted_at, c.enqueued_at, c.job_received_at
+    FROM candidates c
+    ORDER BY c.topic, c.part, c.off
+    ON CONFLICT ON CONSTRAINT onceflow_duplicate_deliveries_position_key DO NOTHING
+    RETURNING job_id, params_match, workflow_match, redelivery
+),
+inst AS (
+    INSERT INTO onceflow_instances (job_id, workflow, params, version, priority, flow_lane)
+    SELECT f.job_id, f.workflow, f.params, f.version, f.priority,
+           -- bounded (migration 0014): the lane index takes any key's value
+           onceflow_flow_lane(f.params, f.lane_path)
+    FROM firsts f JOIN upsert u USING (job_id)
+    WHERE u.inserted AND f.kind = :workflow_kind
+    RETURNING job_id
+),
+task_runs AS (
+    INSERT INTO onceflow_task_runs (job_id, task, params)
+    SELECT f.job_id, f.workflow, f.params
+    FROM firsts f JOIN upsert u USING (job_id)
+    WHERE u.inserted AND f.kind = :task_kind
+    RETURNING job_id
+),
+notified AS (
+    SELECT pg_notify(:channel, '') FROM (SELECT 1 FROM inst LIMIT 1) AS any_created
+)
+SELECT 'created' AS kind, job_id, true AS params_match, true AS workflow_match,
+       false AS redelivery FROM inst
+UNION ALL
+SELECT 'task', job_id, true, true, false FROM task_runs
+UNION ALL
+SELECT 'duplicate', job_id, params_match, workflow_match, redelivery FROM dups
+UNION ALL
+SELECT 'notify', NULL, true, true, false FROM notified
+"""
+)
+
+
+def _row(ord_: int, d: Delivery) -> dict[str, Any]:
+    env = d.envelope
+    return {
+        "ord": ord_,
+        "job_id": env.job_id,
+        "kind": d.kind,
+        "workflow": env.workflow,
+        "params": env.params,
+        "params_digest": params_digest(env.params),
+        "request_id": env.request_id or None,
+        "submitted_at": env.submitted_at.isoformat(),
+        "traceparent": env.traceparent or None,
+        "origin": str(d.origin or env.origin),
+        "topic": d.topic,
+        "part": d.partition,
+        "off": d.offset,
+        "enqueued_at": d.enqueued_at.isoformat() if d.enqueued_at else None,
+        "version": d.version,
+        "priority": env.priority,
+        "lane_path": d.lane_path,
+    }
+
+
+# The instances' duplicate flags (migration 0015: what the list's has_duplicates and
+# payload_mismatch filters read), set for the job ids that got a duplicate row. Its own
+# statement, after _CREATE_SQL: a statement's snapshot is taken when it starts, and an
+# instance another worker committed while _CREATE_SQL waited on the job id's registry
+# row (keyless records of one id on two partitions) is visible only to a later one; the
+# instances created in this batch are too. Only the rows that change are locked, in job
+# id order (LockRows sits above the sort), so two workers flagging the same ids cannot
+# deadlock; a deadlock with an engine's write batch re-runs the transaction (40P01).
+_FLAG_DUPLICATED_SQL = sa.text(
+    """
+WITH flags AS (
+    SELECT job_id, bool_or(mismatch) AS mismatch
+    FROM unnest(CAST(:job_ids AS text[]), CAST(:mismatches AS boolean[])) AS f(job_id, mismatch)
+    GROUP BY job_id
+),
+locked AS (
+    SELECT i.job_id, f.mismatch FROM onceflow_instances i JOIN flags f USING (job_id)
+    WHERE NOT i.duplicated OR (f.mismatch AND NOT i.mismatched)
+    ORDER BY i.job_id
+    FOR UPDATE OF i
+)
+UPDATE onceflow_instances i
+SET duplicated = true, mismatched = i.mismatched OR l.mismatch
+FROM locked l WHERE i.job_id = l.job_id
+"""
+)
+
+
+def _flag_duplicated(conn: Connection, flags: dict[str, bool]) -> None:
+    """Mark the instances of ``flags``' job ids duplicated (and mismatched where True)."""
+    if flags:
+        conn.execute(
+            _FLAG_DUPLICATED_SQL,
+            {"job_ids": list(flags), "mismatches": list(flags.values())},
+        )
+
+
+def create_instances_in(conn: Connection, deliveries: Sequence[Delivery]) -> CreateResult:
+    """Create instances for a batch of deliveries inside the caller's transaction.
+
+    Deliveries must be in consumption order: within the batch, the earliest delivery
+    of a job id is the one that can win.
+    """
+    result = CreateResult()
+    if not deliveries:
+        return result
+    rows = orjson.dumps([_row(i, d) for i, d in enumerate(deliveries)]).decode()
+    flags: dict[str, bool] = {}  # job id -> a duplicate of it mismatched
+    for kind, job_id, params_match, workflow_match, redelivery in conn.execute(
+        _CREATE_SQL,
+        {
+            "rows": rows,
+            "channel": RUNNABLE_CHANNEL,
+            "workflow_kind": str(JobKind.WORKFLOW),
+            "task_kind": str(JobKind.TASK),
+        },
+    ):
+        if kind == "created":
+            result.created += 1
+            result.created_ids.append(job_id)
+        elif kind == "task":
+            result.tasks_created += 1
+            result.created_ids.append(job_id)
+        elif kind == "duplicate":
+            result.duplicates += 1
+            result.duplicate_ids.append(job_id)
+            mismatch = not params_match or workflow_match is False
+            flags[job_id] = flags.get(job_id, False) or mismatch
+            if redelivery:
+                result.redeliveries += 1
+            if not params_match:
+                result.mismatches += 1
+                result.mismatch_ids.append(job_id)
+            if not workflow_match:
+                result.workflow_mismatches += 1
+                result.workflow_mismatch_ids.append(job_id)
+    _flag_duplicated(conn, flags)
+    result.already_recorded = (
+        len(deliveries) - result.created - result.tasks_created - result.duplicates
+    )
+    return result
+
+
+def create_instances(engine: Engine, deliveries: Sequence[Delivery]) -> CreateResult:
+    """Create instances for a batch of deliveries in one transaction (one statement)."""
+    with engine.begin() as conn:
+        return create_instances_in(conn, deliveries)

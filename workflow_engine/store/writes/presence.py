@@ -1,0 +1,40 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+#: Rows of engines gone this long are deleted by the next announcement.
+FORGET_AFTER_SECONDS = 24 * 3600.0
+
+
+_ANNOUNCE = sa.text(
+    """
+INSERT INTO onceflow_engines AS e (engine_id, workflows)
+VALUES (:engine_id, CAST(:workflows AS jsonb))
+ON CONFLICT ON CONSTRAINT onceflow_engines_pkey
+    DO UPDATE SET workflows = EXCLUDED.workflows, last_seen_at = now()
+"""
+)
+
+
+_FORGET = sa.text(
+    "DELETE FROM onceflow_engines WHERE last_seen_at < now() - make_interval(secs => :forget)"
+)
+
+
+def announce(engine: Engine, engine_id: str, workflows: dict[str, str]) -> None:
+    """Record (or refresh) this engine and the versions it has."""
+    with engine.begin() as conn:
+        conn.execute(_FORGET, {"forget": FORGET_AFTER_SECONDS})
+        conn.execute(
+            _ANNOUNCE, {"engine_id": engine_id, "workflows": orjson.dumps(workflows).decode()}
+        )
+
+
+def retire(engine: Engine, engine_id: str) -> None:
+    """Remove this engine's row (clean shutdown)."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM onceflow_engines WHERE engine_id = :e"), {"e": engine_id})

@@ -1,0 +1,208 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from onceflow.vocabulary import (
+    TERMINAL_STATUSES,
+    BulkAction,
+    ControlAction,
+    InstanceStatus,
+    ParentClosePolicy,
+)
+from workflow_engine.store.commands import Lease
+from workflow_engine.store.db import retry_on_deadlock
+from workflow_engine.store.fragments import held as lease_held
+from workflow_engine.store.fragments import notify_runnable as _notify
+from workflow_engine.store.writes import children
+
+#: What :func:`apply_requested` answers when this engine no longer holds the instance.
+LOST = "lost"
+
+
+def _request(conn: Connection, job_id: str, action: ControlAction | None) -> None:
+    conn.execute(
+        sa.text(
+            "UPDATE onceflow_instances SET requested_action = :a, updated_at = now()"
+            " WHERE job_id = :j"
+        ),
+        {"a": action, "j": job_id},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """What one operator action did to one locked instance."""
+
+    status: InstanceStatus  # the status it has now
+    requested: ControlAction | None = None  # asked of the engine running it
+    changed: bool = True  # False: it was already so (pausing a paused instance)
+    runnable: bool = False  # it became claimable: wake the engines
+    refused: str | None = None  # why the action does not apply to it
+
+
+def transition(
+    conn: Connection,
+    job_id: str,
+    action: BulkAction,
+    status: InstanceStatus,
+    requested: ControlAction | None,
+) -> Transition:
+    """The one set of rules for pause, resume, terminate and restart, applied to an
+    instance already locked ``FOR UPDATE``. The single operations below raise on a
+    refusal; :mod:`workflow_engine.store.operations.bulk` counts it as skipped."""
+    running = status == InstanceStatus.RUNNING
+    if action == BulkAction.RESUME:
+        if running and requested == ControlAction.PAUSE:
+            _request(conn, job_id, None)
+            return Transition(status)
+        if status != InstanceStatus.PAUSED:
+            return Transition(status, changed=False, refused=f"{job_id} is {status}, not paused")
+        # Queued at once: replay re-suspends a sleep or wait that is not over yet.
+        conn.execute(
+            sa.text(
+                "UPDATE onceflow_instances SET status = :queued, run_after = now(),"
+                " updated_at = now() WHERE job_id = :j"
+            ),
+            {"j": job_id, "queued": str(InstanceStatus.QUEUED)},
+        )
+        return Transition(InstanceStatus.QUEUED, runnable=True)
+    if action != BulkAction.RESTART and status in TERMINAL_STATUSES:
+        refusal = (
+            f"{job_id} is {status}; only a live instance can be paused"
+            if action == BulkAction.PAUSE
+            else f"{job_id} is already {status}"
+        )
+        return Transition(status, changed=False, refused=refusal)
+    if action == BulkAction.PAUSE and status == InstanceStatus.PAUSED:
+        return Transition(status, changed=False)
+    if running:
+        asked = ControlAction(str(action))
+        _request(conn, job_id, asked)
+        return Transition(status, asked)
+    if action == BulkAction.PAUSE:
+        apply_pause(conn, job_id)
+        return Transition(InstanceStatus.PAUSED)
+    if action == BulkAction.TERMINATE:
+        apply_terminate(conn, job_id)
+        return Transition(InstanceStatus.TERMINATED)
+    apply_restart(conn, job_id)
+    return Transition(InstanceStatus.QUEUED, runnable=True)
+
+
+def apply_terminate(conn: Connection, job_id: str) -> None:
+    """Terminate an instance no engine runs; close its children by their policy; wake
+    its parent if it awaits it (the parent's ``child_result`` raises)."""
+    parent = conn.execute(
+        sa.text(
+            "UPDATE onceflow_instances SET status = :terminated, finished_at = now(),"
+            " updated_at = now(), lease_owner = NULL, lease_expires_at = NULL,"
+            " requested_action = NULL, error = 'terminated by operator' WHERE job_id = :j"
+            " RETURNING parent_job_id"
+        ),
+        {"j": job_id, "terminated": str(InstanceStatus.TERMINATED)},
+    ).scalar()
+    close_children(conn, job_id)
+    if parent is not None:
+        children.wake_parents(conn, [(parent, job_id)])
+
+
+def close_children(conn: Connection, job_id: str) -> int:
+    """Parent close policy: terminate the live children of a terminated parent started
+    with ``on_parent_close="terminate"`` (by the same rules as an operator's terminate:
+    a running child is asked, and its engine applies it at its next step boundary, which
+    closes its own children in turn); ``"abandon"`` children are left to run."""
+    rows = conn.execute(
+        sa.text(
+            "SELECT job_id, status, requested_action FROM onceflow_instances"
+            " WHERE parent_job_id = :j AND parent_close_policy = :policy"
+            " AND status <> ALL(:final) ORDER BY job_id FOR UPDATE"
+        ),
+        {
+            "j": job_id,
+            "policy": str(ParentClosePolicy.TERMINATE),
+            "final": sorted(TERMINAL_STATUSES),
+        },
+    ).all()
+    for child, status, requested in rows:
+        asked = ControlAction(requested) if requested else None
+        transition(conn, child, BulkAction.TERMINATE, InstanceStatus(status), asked)
+    return len(rows)
+
+
+def apply_restart(conn: Connection, job_id: str) -> None:
+    """Forget the history and queue the instance to run from its first step."""
+    # Attempts first, explicitly: no foreign key cascades into the partitioned
+    # attempts table (migration 0012), and the restarted steps count attempts from 1.
+    conn.execute(sa.text("DELETE FROM onceflow_step_attempts WHERE job_id = :j"), {"j": job_id})
+    conn.execute(sa.text("DELETE FROM onceflow_steps WHERE job_id = :j"), {"j": job_id})
+    conn.execute(
+        sa.text("DELETE FROM onceflow_events WHERE job_id = :j AND consumed_at IS NOT NULL"),
+        {"j": job_id},
+    )
+    conn.execute(
+        sa.text(
+            "UPDATE onceflow_instances SET status = :queued, run_after = now(), started_at = NULL,"
+            " finished_at = NULL, result = NULL, error = NULL, lease_owner = NULL,"
+            " lease_expires_at = NULL, requested_action = NULL, restart_count = restart_count + 1,"
+            " updated_at = now() WHERE job_id = :j"
+        ),
+        {"j": job_id, "queued": str(InstanceStatus.QUEUED)},
+    )
+
+
+def apply_pause(conn: Connection, job_id: str) -> None:
+    conn.execute(
+        sa.text(
+            "UPDATE onceflow_instances SET status = :paused, lease_owner = NULL,"
+            " lease_expires_at = NULL, requested_action = NULL, run_after = now(),"
+            " updated_at = now() WHERE job_id = :j"
+        ),
+        {"j": job_id, "paused": str(InstanceStatus.PAUSED)},
+    )
+
+
+@retry_on_deadlock
+def apply_requested(engine: Engine, lease: Lease, job_id: str) -> tuple[str, str | None]:
+    """Carry out the action requested of an instance this engine holds, as it stands
+    now under the row lock, not as the run saw it: between the run's write that saw a
+    request and this transaction, an operator may have changed it (terminate after
+    pause) or withdrawn it (resume after pause). Answers (new status, the action applied
+    or None); :data:`LOST` if the engine no longer holds it. A withdrawn request gives
+    the instance back to the queue: the run has already unwound, and its next claim
+    replays it from its history."""
+    with engine.begin() as conn:
+        row = conn.execute(
+            sa.text(
+                "SELECT requested_action FROM onceflow_instances"
+                f" WHERE job_id = :j AND {lease_held()} FOR UPDATE"
+            ),
+            {"j": job_id, **lease._asdict()},
+        ).one_or_none()
+        if row is None:
+            return LOST, None
+        action = row.requested_action
+        if action is None:
+            conn.execute(
+                sa.text(
+                    "UPDATE onceflow_instances SET status = :queued, run_after = now(),"
+                    " lease_owner = NULL, lease_expires_at = NULL, updated_at = now()"
+                    " WHERE job_id = :j"
+                ),
+                {"j": job_id, "queued": str(InstanceStatus.QUEUED)},
+            )
+            _notify(conn)
+            return InstanceStatus.QUEUED, None
+        if action == ControlAction.PAUSE:
+            apply_pause(conn, job_id)
+            return InstanceStatus.PAUSED, action
+        if action == ControlAction.TERMINATE:
+            apply_terminate(conn, job_id)
+            return InstanceStatus.TERMINATED, action
+        apply_restart(conn, job_id)
+        _notify(conn)
+        return InstanceStatus.QUEUED, action
