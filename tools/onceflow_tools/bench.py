@@ -864,9 +864,7 @@ def console_list(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
         half = views.list_page(
             db, views.InstanceFilter(created_to=datetime.now(UTC) - timedelta(days=15)), limit=1
         ).rows
-        deep = (
-            views.encode_cursor("created", half[0].created_at, half[0].job_id) if half else None
-        )
+        deep = views.encode_cursor("created", half[0].created_at, half[0].job_id) if half else None
         errored = views.InstanceFilter(workflow="bench-wf-1", status=InstanceStatus.ERRORED)
         queries: list[tuple[str, Callable[[], object]]] = [
             ("list first page", lambda: views.list_page(db, everything)),
