@@ -7,6 +7,10 @@
     producers/routes/health.py  /healthz, /readyz
     /docs                       the API's documentation, from assets this package ships
 
+What the ASGI server calls is :class:`IngestFront`: ``POST /v1/jobs`` goes straight to
+the route module's raw ASGI app (``jobs.SubmitApp``), everything else to the FastAPI
+app, which also serves the OpenAPI document (the submit route is declared there).
+
 Every error answer, whichever route or layer refuses, is one ``ErrorBody``
 (producers/errors.py). What the routes share (settings, producer, authenticator, limiter) is one
 :class:`producers.deps.Ingest` on ``app.state``, handed to them with ``Depends``.
@@ -23,7 +27,9 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.telemetry import TelemetryConfig
 from fastapi_offline import FastAPIOffline
+from starlette._utils import get_route_path
 from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from onceflow import tracing
 from onceflow.errors import ConfigurationError
@@ -46,7 +52,7 @@ _NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": Fa
 
 def create_app(
     settings: Settings, producer: JobSender | None = None, registry: Registry | None = None
-) -> FastAPI:
+) -> IngestFront:
     """The ingest app; ``producer`` stands in for the Kafka one (created at startup).
     ``registry``: the workflows and tasks it accepts (with ``ingest_validate_types``);
     None: those of the configured workflow modules."""
@@ -77,15 +83,8 @@ def create_app(
     )
     install_error_handlers(app)
     app.state.ingest = ingest
-    app.add_middleware(RefuseNul)
-    if tracing.enabled():  # decided once here: with tracing off, no per-request hook
-        # Innermost, so that the request's span covers it.
-        app.add_middleware(jobs.SubmitFastPath, ingest=ingest)
-        app.add_middleware(TraceRequests)
-        if ingest.producer is not None:
-            ingest.producer = TracedSender(ingest.producer, settings.jobs_topic)
-    else:
-        _submit_first(app, ingest)
+    if tracing.enabled() and ingest.producer is not None:
+        ingest.producer = TracedSender(ingest.producer, settings.jobs_topic)
     app.include_router(jobs.router)
     if settings.admin_api_enabled:
         app.include_router(admin.router)
@@ -94,7 +93,9 @@ def create_app(
         app.include_router(jobs.status_router)
     app.include_router(health.router)
     app.openapi = partial(_openapi, app, ingest.known_types)  # type: ignore[method-assign]
-    return app
+    # Decided once here: with tracing off, no per-request hook.
+    front = TracedFront if tracing.enabled() else IngestFront
+    return front(app, jobs.SubmitApp(ingest))
 
 
 @asynccontextmanager
@@ -118,20 +119,6 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     log.info("producer flushed", extra={"event": "ingest.stopped", "undelivered": remaining})
 
 
-def _submit_first(app: FastAPI, ingest: Ingest) -> None:
-    """``POST /v1/jobs`` taken before any middleware: Starlette's error middleware,
-    FastAPI's body-limit and telemetry wrappers and :class:`RefuseNul` cost a
-    single-job request about as much as its submission did (BENCHMARKS.md,
-    "Single-job requests: where the time goes"); ``SubmitFastPath`` keeps their
-    answers itself. Starlette builds the stack once, on the first request."""
-    build = app.build_middleware_stack
-
-    def fast_path_first() -> ASGIApp:
-        return jobs.SubmitFastPath(build(), ingest)
-
-    app.build_middleware_stack = fast_path_first  # type: ignore[method-assign]
-
-
 def _openapi(app: FastAPI, known_types: frozenset[str] | None) -> dict[str, Any]:
     """FastAPI's schema plus the body models ``POST /v1/jobs`` parses by hand, and the
     types this deployment knows as an enum (so clients, and the fuzzer, see them)."""
@@ -148,21 +135,64 @@ def _openapi(app: FastAPI, known_types: frozenset[str] | None) -> dict[str, Any]
     return app.openapi_schema
 
 
-class RefuseNul:
-    """400 for a NUL character in the URL: PostgreSQL cannot hold one, and it has no
-    business in an id. Plain ASGI rather than ``@app.middleware("http")``, whose
-    per-request task and body streams the submit path does not need."""
+class IngestFront:
+    """The ingest's ASGI app: ``POST /v1/jobs`` to ``submit``, everything else to the
+    FastAPI app. The submit path is the hot one, and the FastAPI app's routing,
+    dependencies and middleware (Starlette's error middleware, FastAPI's wrappers) cost
+    a single-job request about as much as its submission (BENCHMARKS.md, "Single-job
+    requests: where the time goes"). The route's match is Starlette's own (the path
+    under ``root_path``, the method), so the route declared in the FastAPI app, which
+    documents the endpoint, is never reached. With tracing on, :class:`TraceRequests`
+    wraps the whole front (:class:`TracedFront`): every request gets its span,
+    submissions included.
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    Before anything, a NUL character in the URL is a 400, on every route: PostgreSQL
+    cannot hold one, and it has no business in an id."""
+
+    def __init__(self, api: FastAPI, submit: ASGIApp) -> None:
+        self.api = api
+        #: The FastAPI app's state (``state.ingest``), for whoever holds the front.
+        self.state = api.state
+        self.submit = submit
+        self.rest: ASGIApp = api
+
+    def trust_proxies(self, trusted_hosts: list[str] | str) -> None:
+        """Behind uvicorn: its proxy-headers middleware (the same trusted addresses) in
+        front of what reads the peer address, in place of uvicorn's own around the
+        whole app. That is the rest of the API and, with auth off (a submission's client
+        is then its address), submissions; with auth on a submission's client is its
+        API key's name, and the middleware's per-request work is spared."""
+        self.rest = _proxy_headers(self.rest, trusted_hosts)
+        if self.state.ingest.auth.disabled:
+            self.submit = _proxy_headers(self.submit, trusted_hosts)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and (
-            "\x00" in scope["path"] or b"%00" in scope.get("query_string", b"")
-        ):
-            body = ErrorBody(
-                error="invalid_request", message="NUL characters are not allowed in the URL"
-            )
-            await error_response(400, body, count=False)(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
+        if scope["type"] == "http":
+            if "\x00" in scope["path"] or b"%00" in scope.get("query_string", b""):
+                body = ErrorBody(
+                    error="invalid_request", message="NUL characters are not allowed in the URL"
+                )
+                await error_response(400, body, count=False)(scope, receive, send)
+                return
+            if scope["method"] == "POST" and get_route_path(scope) == "/v1/jobs":
+                await self.submit(scope, receive, send)
+                return
+        await self.rest(scope, receive, send)
+
+
+class TracedFront(IngestFront):
+    """:class:`IngestFront` inside :class:`TraceRequests` (tracing on). A subclass
+    rather than a flag, so that with tracing off the front's call is the dispatch
+    itself, with no hop to decide that there is no span."""
+
+    def __init__(self, api: FastAPI, submit: ASGIApp) -> None:
+        super().__init__(api, submit)
+        self._traced = TraceRequests(super().__call__)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._traced(scope, receive, send)
+
+
+def _proxy_headers(app: ASGIApp, trusted_hosts: list[str] | str) -> ASGIApp:
+    # uvicorn's precise ASGI types and Starlette's loose ones do not meet
+    return ProxyHeadersMiddleware(app, trusted_hosts=trusted_hosts)  # type: ignore[arg-type,return-value]

@@ -43,7 +43,7 @@ class Authenticator:
 
     def check(self, headers: Mapping[str, str], host: str | None, scope: str) -> str:
         """:meth:`authenticate` from the request's headers (lower-case names) and peer
-        address: what the submit fast path has at hand without a ``Request``."""
+        address: what the submit front (``jobs.SubmitApp``) has at hand without a ``Request``."""
         if self.disabled:
             return host or "anonymous"
         presented = _presented_key(headers)

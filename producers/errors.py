@@ -86,13 +86,14 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> Re
 
 
 async def unexpected_error(request: Request, exc: Exception) -> Response:
-    """The 500 of any route, logged with its traceback."""
+    """The FastAPI app's handler of any exception a route did not expect."""
+    return internal_error(request.method, request.url.path, exc)
+
+
+def internal_error(method: str, path: str, exc: Exception) -> Response:
+    """The 500 of any route, the submit front's included, logged with its traceback."""
     log.error(
-        "unexpected error on %s %s",
-        request.method,
-        request.url.path,
-        exc_info=exc,
-        extra={"event": "ingest.error"},
+        "unexpected error on %s %s", method, path, exc_info=exc, extra={"event": "ingest.error"}
     )
     body = ErrorBody(error="internal_error", message="an unexpected error; it is logged")
-    return _answer(request, 500, body)
+    return error_response(500, body, count=path == _COUNTED_PATH)

@@ -9,18 +9,15 @@ import sys
 from http.server import ThreadingHTTPServer
 
 import uvicorn
-from fastapi import FastAPI
-from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from onceflow import tracing
 from onceflow.health import serve_metrics_and_health
 from onceflow.logs import setup_logging
 from onceflow.settings import Settings
 from onceflow.vocabulary import Process
-from producers.api import create_app
+from producers.api import IngestFront, create_app
 from producers.kafka import JobProducer, JobSender
 from producers.metrics import DEPENDENCY_UP
-from producers.routes.jobs import SubmitFastPath, SubmitFront
 from workflow_engine.definitions import load_workflow_modules
 from workflow_engine.store import database_ready
 
@@ -56,8 +53,7 @@ def serve(settings: Settings) -> None:
         access_log=False,
         timeout_graceful_shutdown=30,
     )
-    if not settings.auth_disabled and not tracing.enabled():
-        _submissions_first(config, app)
+    _front_first(config, app)
     server = uvicorn.Server(config)
     if settings.ingest_reuse_port:
         server.run(sockets=[reuse_port_socket(settings.ingest_host, settings.ingest_port)])
@@ -67,12 +63,11 @@ def serve(settings: Settings) -> None:
         sys.exit(3)
 
 
-def _submissions_first(config: uvicorn.Config, app: FastAPI) -> None:
-    """Serve ``app`` behind :class:`SubmitFront`: uvicorn's proxy-headers middleware
-    (the same, with the same trusted addresses) wraps the rest of the API only."""
-    # uvicorn's precise ASGI types and Starlette's loose ones do not meet
-    rest = ProxyHeadersMiddleware(app, trusted_hosts=config.forwarded_allow_ips)  # type: ignore[arg-type]
-    config.app = SubmitFront(SubmitFastPath(app, app.state.ingest), rest)  # type: ignore[arg-type]
+def _front_first(config: uvicorn.Config, app: IngestFront) -> None:
+    """Serve ``app`` as it is, with uvicorn's proxy-headers middleware (the same, with
+    the same trusted addresses) inside it, around what reads the peer address
+    (:meth:`IngestFront.trust_proxies`), rather than around the whole app."""
+    app.trust_proxies(config.forwarded_allow_ips)
     config.proxy_headers = False
 
 

@@ -1,8 +1,9 @@
 """Ingest's spans: the HTTP request (SERVER) and the Kafka send (PRODUCER).
 
 Both hooks exist only when tracing is on (:func:`onceflow.tracing.setup` said so):
-``create_app`` adds :class:`TraceRequests` and wraps the producer in
-:class:`TracedSender`; with tracing off the request path has no tracing code at all.
+``create_app`` wraps the whole front in :class:`TraceRequests` (``producers.api.TracedFront``)
+and the producer in :class:`TracedSender`; with tracing off the request path has no
+tracing code at all.
 
 The send span's context becomes each job's ``traceparent`` (record header and body),
 so the worker's and the engine's spans of a job land in the request's trace. The jobs

@@ -12,11 +12,11 @@ import logging
 import math
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Response
 from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from onceflow.envelope import JobEnvelope
 from onceflow.ids import new_job_id, new_request_id, new_traceparent
@@ -25,7 +25,7 @@ from onceflow.settings import Settings
 from onceflow.vocabulary import OperatorAction
 from producers.broker_link import KafkaUnreachable
 from producers.deps import DbDep, Ingest, IngestDep, require
-from producers.errors import error_responses, unexpected_error
+from producers.errors import error_responses, internal_error
 from producers.kafka import Ack
 from producers.metrics import JOBS_ACCEPTED, JOBS_REJECTED, REQUESTS
 from producers.models import (
@@ -79,12 +79,13 @@ status_router = APIRouter(
     openapi_extra=_BODY_SCHEMA,
     summary="Submit one job or a batch",
 )
-async def submit(
-    request: Request,
-    ingest: IngestDep,
-    client: Annotated[str, Depends(require("jobs:submit"))],
-) -> Response:
-    return await _submit(Submission(request.scope, request.receive), ingest, client)
+async def submit() -> Response:
+    # Declares the endpoint for the OpenAPI document (and, by being there, gives other
+    # methods their 405 and ``/v1/jobs/`` its redirect); no docstring, which would be
+    # the document's description. :class:`SubmitApp`, in front of the FastAPI app
+    # (``producers.api.IngestFront``), answers every request this route would match,
+    # so this body never runs.
+    raise RuntimeError("POST /v1/jobs is answered by the submit front, not by FastAPI")
 
 
 class Submission:
@@ -140,39 +141,19 @@ async def _submit(request: Submission, ingest: Ingest, client: str) -> Response:
         return error_response(exc.status, exc.body, exc.headers)
 
 
-class SubmitFastPath:
-    """``POST /v1/jobs`` handed straight to :func:`submit`'s body, past FastAPI's
-    routing, dependency solving and middleware: for a single-job request those cost
+class SubmitApp:
+    """The one entry of ``POST /v1/jobs`` (one job or a batch): a plain ASGI app that
+    ``producers.api.IngestFront`` hands the endpoint's requests to, past FastAPI's
+    routing, dependency solving and middleware, which for a single-job request cost
     more CPU than the submission itself (py-spy; BENCHMARKS.md, "Single-job requests:
-    where the time goes"). The route above stays: it documents the endpoint and answers
-    whatever this does not take (another path spelling, a mount prefix, a NUL).
+    where the time goes"). Its answers are the API's: the authenticator's 401/403
+    (counted, not a rejected job), everything else from :func:`_submit`, and an
+    unexpected exception the one 500 (:func:`producers.errors.internal_error`)."""
 
-    It is the outermost middleware (``producers.api._submit_first``); with tracing
-    on, the innermost, inside the tracing one. The answers are
-    the same: the authenticator's 401/403 as the error handler gives them (counted, not
-    a rejected job), everything else from :func:`_submit`, and an unexpected exception
-    the app's 500 (:func:`producers.errors.unexpected_error`)."""
-
-    def __init__(self, app: ASGIApp, ingest: Ingest) -> None:
-        self.app = app
+    def __init__(self, ingest: Ingest) -> None:
         self.ingest = ingest
 
-    @staticmethod
-    def takes(scope: Scope) -> bool:
-        return (
-            scope["type"] == "http"
-            and scope["path"] == "/v1/jobs"
-            and scope["method"] == "POST"
-            and b"%00" not in scope.get("query_string", b"")  # RefuseNul's 400
-        )
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self.takes(scope):
-            await self.app(scope, receive, send)
-            return
-        await self.handle(scope, receive, send)
-
-    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Submission(scope, receive)
         try:
             try:
@@ -183,37 +164,9 @@ class SubmitFastPath:
                 response = await _submit(request, self.ingest, client)
         except ClientDisconnect:
             return  # nobody to answer; nothing was sent to Kafka
-        except Exception as exc:  # what ServerErrorMiddleware would have caught
-            response = await unexpected_error(Request(scope, receive), exc)
-        # The answer's two messages, as Response.__call__ would send them (no
-        # background task to run).
-        await send(
-            {
-                "type": "http.response.start",
-                "status": response.status_code,
-                "headers": response.raw_headers,
-            }
-        )
-        await send({"type": "http.response.body", "body": response.body})
-
-
-class SubmitFront:
-    """The app uvicorn calls when auth is on and tracing off: ``POST /v1/jobs`` straight
-    to :meth:`SubmitFastPath.handle`, past uvicorn's proxy-headers middleware and
-    FastAPI's and Starlette's ``__call__`` (~5% of a single-job request's samples;
-    BENCHMARKS.md, "Third round"); everything else goes to ``rest`` (those three, as
-    before). With auth on, the peer address (what proxy headers rewrite) plays no part
-    in a submission: its client is the API key's name."""
-
-    def __init__(self, fast: SubmitFastPath, rest: ASGIApp) -> None:
-        self.fast = fast
-        self.rest = rest
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.fast.takes(scope):
-            await self.fast.handle(scope, receive, send)
-        else:
-            await self.rest(scope, receive, send)
+        except Exception as exc:
+            response = internal_error(scope["method"], scope["path"], exc)
+        await response(scope, receive, send)
 
 
 def _check_rate(ingest: Ingest, client: str) -> None:

@@ -307,10 +307,10 @@ def test_the_server_front_takes_submissions_and_hands_the_rest_on():
     import uvicorn
 
     from onceflow.settings import ApiKey
+    from producers.api import IngestFront
     from producers.auth import hash_key, new_key
     from producers.kafka import Ack
-    from producers.routes.jobs import SubmitFront
-    from producers.server import _submissions_first
+    from producers.server import _front_first
 
     class Acking:
         async def send(self, envelopes):
@@ -327,9 +327,9 @@ def test_the_server_front_takes_submissions_and_hands_the_rest_on():
     settings = Settings(api_keys=keys, auth_disabled=False, ingest_validate_types=False)
     app = create_app(settings, Acking())
     config = uvicorn.Config(app, forwarded_allow_ips="10.0.0.1")
-    _submissions_first(config, app)
+    _front_first(config, app)
     config.load()
-    assert isinstance(config.loaded_app, SubmitFront) and not config.proxy_headers
+    assert isinstance(config.loaded_app, IngestFront) and not config.proxy_headers
 
     async def calls() -> list[httpx.Response]:
         transport = httpx.ASGITransport(app=config.loaded_app, client=("10.0.0.1", 4000))

@@ -221,3 +221,27 @@ def test_a_retried_attempt_is_not_taken_for_a_cut_off_one(exported):
 
     asyncio.run(workflow())
     assert [s.attributes.get("onceflow.cut_off") for s in exported.get_finished_spans()] == [None]
+
+
+def test_with_tracing_on_the_whole_ingest_front_is_traced(exported, monkeypatch):
+    """The request span wraps the submit front: a submission (answered before FastAPI)
+    and a FastAPI route each get a SERVER span, the submission's send a child of it."""
+    from fastapi.testclient import TestClient
+
+    from producers.api import TracedFront, create_app
+    from tests.unit.test_ingest_http import ScriptedProducer
+
+    monkeypatch.setattr(tracing, "_enabled", True)
+    settings = Settings(auth_disabled=True, ingest_validate_types=False)
+    app = create_app(settings, ScriptedProducer())
+    assert isinstance(app, TracedFront)
+    with TestClient(app) as client:
+        accepted = client.post("/v1/jobs", json={"workflow": "w"})
+        health = client.get("/healthz")
+    assert (accepted.status_code, health.status_code) == (202, 200)
+    spans = {s.name: s for s in exported.get_finished_spans()}
+    request, sent = spans["POST /v1/jobs"], spans[f"send {settings.jobs_topic}"]
+    assert request.kind == trace.SpanKind.SERVER and sent.parent is not None
+    assert sent.parent.span_id == request.context.span_id
+    assert request.attributes["http.response.status_code"] == 202
+    assert spans["GET /healthz"].attributes["http.route"] == "/healthz"
