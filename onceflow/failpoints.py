@@ -8,7 +8,8 @@ what the first decided (docs/architecture.md, "Interleavings").
 
 Nothing in the product arms a failpoint: there is no setting and no environment
 variable for it. Only tests arm them, in-process with :func:`arm` or, for a subprocess,
-through the test launcher (``tests/failpoint_main.py``), which calls
+through the test launcher (``onceflow_tools.failpoint_main``, which the chaos run's
+worker goes through too), which calls
 :func:`arm_from_spec` before it starts the process's own entry point. Unarmed, a
 failpoint costs one truth test of an empty dict.
 

@@ -5,9 +5,9 @@ headers of :mod:`onceflow.envelope` saying why. Once the cause is fixed (the wor
 module is deployed, the database accepts the row again), ``redrive`` produces each
 original back to the jobs topic as the original producer would have: same key, same
 value, the original headers, ``acks=all``, idempotent, murmur2 partitioning (so the
-job id lands on its usual partition). A re-driven record of a job id that already has
-an instance collapses like any duplicate delivery (the unique constraint of
-``onceflow_jobs``): redriving twice never makes two instances.
+job id lands on its usual partition; :mod:`onceflow.kafka_producer`). A re-driven
+record of a job id that already has an instance collapses like any duplicate delivery
+(the unique constraint of ``onceflow_jobs``): redriving twice never makes two instances.
 
 A truncated letter (``onceflow-dlq-truncated: true``) holds only a prefix of the
 original: it is refused, never produced.
@@ -36,6 +36,7 @@ from onceflow.envelope import (
     HEADER_DLQ_TRUNCATED,
 )
 from onceflow.errors import OnceflowError, ServiceUnavailable
+from onceflow.kafka_producer import idempotent_producer_config
 from onceflow.settings import Settings
 
 DLQ_HEADER_PREFIX = "onceflow-dlq-"
@@ -257,14 +258,11 @@ def redrive(
     if not todo:
         return result
     producer = Producer(
-        {
-            "bootstrap.servers": settings.kafka_bootstrap_servers,
-            "client.id": "onceflow-redrive",
-            "enable.idempotence": True,
-            "acks": "all",
-            "partitioner": "murmur2_random",
-            "message.max.bytes": settings.kafka_max_message_bytes,
-        }
+        idempotent_producer_config(
+            settings.kafka_bootstrap_servers,
+            "onceflow-redrive",
+            max_message_bytes=settings.kafka_max_message_bytes,
+        )
     )
     reports: dict[int, tuple[KafkaError | None, Message | None]] = {}
 

@@ -157,9 +157,6 @@ class Settings(BaseSettings):
     state_dir: Path = Path(".onceflow")
     log_level: str = "INFO"
     log_format: str = Field(default="json", pattern="^(json|text)$")
-    # Fault injection for tests: "streams.after_db_commit:N" kills the streams worker
-    # with SIGKILL right after its N-th database commit, before offsets are committed.
-    failpoint: str = ""
 
     @property
     def claim_batch_size(self) -> int:

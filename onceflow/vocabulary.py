@@ -127,13 +127,6 @@ class DeadLetterReason(StrEnum):
     DATABASE_REFUSED = "database_refused"
 
 
-class MismatchKind(StrEnum):
-    """How a later delivery of a job id differs from the one that created it."""
-
-    PARAMS = "params_mismatch"
-    WORKFLOW = "workflow_mismatch"
-
-
 class Origin(StrEnum):
     """``onceflow_jobs.origin``: where a record came from: ingest (``http``), or a
     producer writing the topic directly (``kafka``), or a schedule's tick

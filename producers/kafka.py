@@ -17,6 +17,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from onceflow.envelope import JobEnvelope
+from onceflow.kafka_producer import idempotent_producer_config
 from onceflow.settings import Settings
 from producers.broker_link import RECONNECT_BACKOFF_MAX_MS, BrokerLink, Down, unwritable
 from producers.delivery import Ack, Deliveries, Reports, resolve
@@ -43,16 +44,12 @@ class JobSender(Protocol):
 def producer_config(settings: Settings) -> dict[str, object]:
     timeout_ms = int(settings.ingest_ack_timeout_seconds * 1000)
     return {
-        "bootstrap.servers": settings.kafka_bootstrap_servers,
-        "client.id": "onceflow-ingest",
-        "enable.idempotence": True,
-        "acks": "all",
-        # Same partition for a job id whichever client wrote it (Java and aiokafka
-        # use murmur2; librdkafka's default is CRC32 'consistent_random').
-        "partitioner": "murmur2_random",
-        "linger.ms": settings.producer_linger_ms,
-        "delivery.timeout.ms": timeout_ms,
-        "request.timeout.ms": min(timeout_ms, 30000),
+        **idempotent_producer_config(
+            settings.kafka_bootstrap_servers,
+            "onceflow-ingest",
+            linger_ms=settings.producer_linger_ms,
+            delivery_timeout_ms=timeout_ms,
+        ),
         "queue.buffering.max.messages": 500000,
         "queue.buffering.max.kbytes": 262144,
         "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,

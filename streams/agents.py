@@ -18,6 +18,7 @@ from confluent_kafka import Producer
 from faust.types import AgentT, EventT, StreamT
 
 from onceflow.envelope import KafkaHeaders
+from onceflow.kafka_producer import idempotent_producer_config
 from onceflow.settings import Settings
 from streams.batch import BatchHandler, StoppedRetrying
 from streams.records import RawRecord
@@ -141,14 +142,11 @@ def dlq_producer(settings: Settings) -> Producer:
     """The dead-letter producer: its record limit is the topics' (README, "The record
     format"); the writer keeps each letter under it."""
     return Producer(
-        {
-            "bootstrap.servers": settings.kafka_bootstrap_servers,
-            "client.id": "onceflow-streams-dlq",
-            "enable.idempotence": True,
-            "acks": "all",
-            "partitioner": "murmur2_random",
-            "message.max.bytes": settings.kafka_max_message_bytes,
-        }
+        idempotent_producer_config(
+            settings.kafka_bootstrap_servers,
+            "onceflow-streams-dlq",
+            max_message_bytes=settings.kafka_max_message_bytes,
+        )
     )
 
 

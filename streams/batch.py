@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -101,9 +99,6 @@ class BatchHandler:
         # The records of the batch being handled, by position: a delivery that must be
         # dead-lettered later (refused by the database, a failed task) goes as it came.
         self._records: dict[tuple[str, int, int], RawRecord] = {}
-        self._commits = 0
-        self._lock = threading.Lock()
-        self._failpoint_after = _parse_failpoint(settings.failpoint, "streams.after_db_commit")
         self._traced = tracing.enabled()
         self._stopping = threading.Event()
 
@@ -240,19 +235,9 @@ class BatchHandler:
         return RawRecord(d.topic, d.partition, d.offset, env.key(), env.encode(), env.headers())
 
     def _after_commit(self) -> None:
-        # Two ways to stop here: the test-armed failpoint (tests/failpoint_main.py) and
-        # the older ``failpoint`` setting the chaos run's worker is started with.
+        # The window between the database commit and the offset commit: tests and the
+        # chaos run arm it (onceflow_tools.failpoint_main) to SIGKILL the worker here.
         failpoints.hit("streams.after_db_commit")
-        with self._lock:
-            self._commits += 1
-            commits = self._commits
-        if self._failpoint_after is not None and commits >= self._failpoint_after:
-            log.critical(
-                "failpoint streams.after_db_commit reached: SIGKILL",
-                extra={"event": "streams.failpoint"},
-            )
-            logging.shutdown()
-            os.kill(os.getpid(), signal.SIGKILL)
 
     def _report(self, chunk: list[Delivery], result: CreateResult) -> None:
         CREATED.inc(result.created)
@@ -262,7 +247,7 @@ class BatchHandler:
         first = _first_by_job(chunk)
         for job_id in result.created_ids:
             d = first[job_id]
-            what = "instance" if d.kind == "workflow" else "task_run"
+            what = "instance" if d.kind == JobKind.WORKFLOW else "task_run"
             log.info(
                 f"{what.replace('_', ' ')} created",
                 extra={
@@ -309,11 +294,3 @@ def _log_retry(exc: BaseException, attempt: int, delay: float) -> None:
         delay,
         extra={"event": "streams.db_retry", "attempt": attempt, "sqlstate": sqlstate(exc)},
     )
-
-
-def _parse_failpoint(spec: str, name: str) -> int | None:
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        key, _, value = part.partition(":")
-        if key == name:
-            return int(value or 1)
-    return None

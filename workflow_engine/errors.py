@@ -50,10 +50,6 @@ class LeaseLost(WorkflowError):
     """This engine no longer holds the instance's lease; another engine owns it now."""
 
 
-class UnknownWorkflow(WorkflowError):
-    """No workflow with this name is registered in this engine process."""
-
-
 class EventTimeout(WorkflowError):
     """``wait_for_event`` reached its timeout before an event of that type arrived."""
 

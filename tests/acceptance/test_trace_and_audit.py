@@ -13,9 +13,9 @@ import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import InstanceStatus, JobKind
+from onceflow_tools.figures import count_instances, duplicate_counts
 from onceflow_tools.stack import Stack
 from tests.acceptance.test_demo import run_cli
-from workflow_engine.store.views import count_instances, duplicate_counts
 
 
 @pytest.fixture

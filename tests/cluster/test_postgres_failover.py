@@ -34,10 +34,10 @@ from onceflow.lag import consumer_lag
 from onceflow.vocabulary import InstanceStatus
 from onceflow_examples import applied_effect_counts, side_effect_counts
 from onceflow_tools.dev.postgres_ha import NODES, PostgresHA
+from onceflow_tools.figures import checkpoints_written_twice, count_instances
 from onceflow_tools.processes import free_port
 from onceflow_tools.stack import Stack
 from workflow_engine.store import is_transient, make_engine
-from workflow_engine.store.views import checkpoints_written_twice, count_instances
 
 pytestmark = pytest.mark.timeout(240)
 

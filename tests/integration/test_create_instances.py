@@ -8,6 +8,7 @@ import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope
 from workflow_engine.model import Delivery
+from workflow_engine.store import constraint_of
 from workflow_engine.store.views import describe_instance
 from workflow_engine.store.writes import create_instances
 
@@ -100,6 +101,6 @@ def test_schema_rejects_an_unknown_status(db):
         try:
             conn.execute(sa.text("UPDATE onceflow_instances SET status = 'bogus'"))
         except sa.exc.IntegrityError as exc:
-            assert exc.orig.diag.constraint_name == "onceflow_instances_status_check"
+            assert constraint_of(exc) == "onceflow_instances_status_check"
         else:
             raise AssertionError("status check constraint did not fire")

@@ -15,6 +15,7 @@ from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import DeadLetterReason
 from producers.api import create_app
 from workflow_engine.model import Delivery
+from workflow_engine.store import constraint_of
 from workflow_engine.store.views import (
     DeadLetterRow,
     dead_letter_counts,
@@ -85,7 +86,7 @@ def test_the_database_refuses_a_reason_outside_the_vocabulary(db):
                 " VALUES ('jobs', 0, 1, 'bogus', 1, 'x', 'jobs.dlq')"
             )
         )
-    assert caught.value.orig.diag.constraint_name == "onceflow_dead_letters_reason_check"
+    assert constraint_of(caught.value) == "onceflow_dead_letters_reason_check"
 
 
 def test_job_trace_shows_the_dead_letter(db):

@@ -16,17 +16,20 @@ import pytest
 import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope, params_digest
+from onceflow.vocabulary import JobKind
+from onceflow_tools.benchsql import seed_for_bench
 from onceflow_tools.stack import database_url_for, recreate_database
 from workflow_engine.model import CreateResult, Delivery
 from workflow_engine.store import available_migrations, make_engine, migrate
 from workflow_engine.store.views import InstanceFilter, count_matching, explain_list, list_page
-from workflow_engine.store.views.listing import seed_for_bench
 from workflow_engine.store.writes import create_instances, create_instances_in
 
 _offsets = iter(range(1_000, 10**7))
 
 
-def _deliver(job_id: str, params=None, workflow="order-workflow", kind="workflow", offset=None):
+def _deliver(
+    job_id: str, params=None, workflow="order-workflow", kind=JobKind.WORKFLOW, offset=None
+):
     envelope = JobEnvelope(job_id, workflow, params or {}, "req_1")
     return Delivery(envelope, "t", 0, next(_offsets) if offset is None else offset, kind)
 
@@ -76,7 +79,7 @@ def test_the_flags_follow_every_way_a_duplicate_is_recorded(db):
             _deliver("fl_plain"),
             _deliver("fl_batch"),
             _deliver("fl_batch"),  # a duplicate in the batch that creates it
-            _deliver("fl_task", workflow="send-email", kind="task"),
+            _deliver("fl_task", workflow="send-email", kind=JobKind.TASK),
         ],
     )
     assert set(_flags(db, "fl_plain", "fl_batch").values()) >= {(False, False), (True, False)}
@@ -85,7 +88,7 @@ def test_the_flags_follow_every_way_a_duplicate_is_recorded(db):
         [
             creating,  # the creating record again: a redelivery
             _deliver("fl_plain", {"amount": 2}),  # other params
-            _deliver("fl_task", workflow="send-email", kind="task"),  # a task: no instance
+            _deliver("fl_task", workflow="send-email", kind=JobKind.TASK),  # a task: no instance
             _deliver("fl_batch", workflow="refund-workflow"),  # another workflow
         ],
     )

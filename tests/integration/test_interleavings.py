@@ -18,7 +18,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from onceflow.envelope import JobEnvelope
 from onceflow.settings import settings_env
 from onceflow_tools.interleavings import workflows as wf
 from onceflow_tools.interleavings.workflows import CAUGHT, COMPLETING, EVENT, EXECUTIONS, FLOW
-from onceflow_tools.processes import free_port
+from onceflow_tools.processes import free_port, onceflow_command
 from tests.integration.interleavings import (
     Driver,
     EngineHarness,
@@ -316,7 +315,7 @@ def engine_process(settings, tmp_path: Path, spec: str) -> tuple[subprocess.Pope
         "ONCEFLOW_TEST_EXECUTIONS": str(log),
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.failpoint_main", "--failpoints", spec, "--", "engine"],
+        [*onceflow_command(spec), "engine"],
         cwd=ROOT,
         env=env,
         stdout=open(tmp_path / "engine.log", "wb"),  # noqa: SIM115 (the child's)

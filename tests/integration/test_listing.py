@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import DeadLetterReason, InstanceStatus
+from onceflow_tools.benchsql import seed_for_bench
 from workflow_engine.model import Delivery
 from workflow_engine.store import operations
 from workflow_engine.store.views import (
@@ -21,7 +22,6 @@ from workflow_engine.store.views import (
     list_page,
     overview,
 )
-from workflow_engine.store.views.listing import seed_for_bench
 from workflow_engine.store.writes import create_instances, record_dead_letters
 
 # --- the filter's text forms (no database) ------------------------------------------

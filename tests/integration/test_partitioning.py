@@ -20,6 +20,7 @@ from onceflow_tools.stack import database_url_for, recreate_database
 from workflow_engine.model import Delivery
 from workflow_engine.store import (
     available_migrations,
+    constraint_of,
     grant_app_role,
     make_engine,
     migrate,
@@ -386,7 +387,7 @@ def test_a_job_id_collides_across_time_ranges(db):
                 " VALUES ('o1', 'order-workflow', 'd', 't', 5, 5, now() + interval '2 days')"
             )
         )
-    assert caught.value.orig.diag.constraint_name == "onceflow_jobs_job_id_key"
+    assert constraint_of(caught.value) == "onceflow_jobs_job_id_key"
 
 
 def test_the_app_role_can_run_retention(db, db_url):

@@ -123,10 +123,10 @@ def test_sigkill_between_db_commit_and_offset_commit(settings, db, tmp_path):
             "worker",
             env={
                 "ONCEFLOW_STREAMS_METRICS_PORT": str(port),
-                "ONCEFLOW_FAILPOINT": "streams.after_db_commit:1",
                 # a long commit interval: the kill certainly lands before any offset commit
                 "ONCEFLOW_STREAMS_COMMIT_INTERVAL_SECONDS": "60",
             },
+            failpoints="streams.after_db_commit=kill",
         )
         proc.wait(timeout=90)
         assert proc.returncode == -signal.SIGKILL

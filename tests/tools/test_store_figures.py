@@ -1,19 +1,17 @@
 """The figures the demo and the chaos run prove the property with, on real PostgreSQL:
-the store's functions (``workflow_engine.store.views.stats``, ``.audit``) and the samples'
-own counts agree with the plain SQL the demo prints for anyone to re-check, on data
-that breaks the property on purpose."""
+``onceflow_tools.figures``, the store's ``workflow_engine.store.views`` (the audit's
+reads) and the samples' own counts agree with the plain SQL the demo prints for anyone
+to re-check, on data that breaks the property on purpose."""
 
 from __future__ import annotations
 
 import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope
-from onceflow.vocabulary import InstanceStatus
+from onceflow.vocabulary import InstanceStatus, JobKind
 from onceflow_examples import ORDER_STEPS, applied_effect_counts, side_effect_counts
 from onceflow_tools.demo import PROOF_SQL, _figures
-from onceflow_tools.stack import Stack
-from workflow_engine.model import Delivery
-from workflow_engine.store.views import (
+from onceflow_tools.figures import (
     checkpoints_written_twice,
     consumption,
     count_instances,
@@ -21,12 +19,14 @@ from workflow_engine.store.views import (
     instance_counts,
     instance_job_ids,
     latency,
-    stored_job_ids,
 )
+from onceflow_tools.stack import Stack
+from workflow_engine.model import Delivery
+from workflow_engine.store.views import stored_job_ids
 from workflow_engine.store.writes import create_instances
 
 
-def delivery(job_id, offset, params=None, kind="workflow"):
+def delivery(job_id, offset, params=None, kind=JobKind.WORKFLOW):
     return Delivery(
         JobEnvelope(job_id, "order-workflow", params or {}), "jobs", 0, offset, kind=kind
     )
@@ -42,7 +42,7 @@ def populate(db):
             delivery("o1", 0),
             delivery("o2", 1),
             delivery("o3", 2),
-            delivery("t1", 3, kind="task"),
+            delivery("t1", 3, kind=JobKind.TASK),
             delivery("o1", 0),  # the same record again
             delivery("o2", 4),  # resubmitted, same params
             delivery("o3", 5, {"other": 1}),  # resubmitted, other params

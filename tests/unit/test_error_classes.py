@@ -135,3 +135,21 @@ def test_a_serialization_failure_reruns_the_transaction_like_a_deadlock() -> Non
 
     assert transaction() == "committed"
     assert len(calls) == 3
+
+
+class _ConstraintDiag(_Diag):
+    def __init__(self, constraint: str | None) -> None:
+        super().__init__("violates")
+        self.constraint_name = constraint
+
+
+def test_constraint_of_names_the_violated_constraint_or_none():
+    named = _Orig("23505")
+    named.diag = _ConstraintDiag("onceflow_steps_name_key")
+    unnamed = _Orig("23505")
+    unnamed.diag = _ConstraintDiag(None)
+    error = sa.exc.IntegrityError("INSERT ...", {}, named)
+    assert store.constraint_of(error) == "onceflow_steps_name_key"
+    assert store.constraint_of(sa.exc.IntegrityError("INSERT ...", {}, unnamed)) is None
+    assert store.constraint_of(_error(sa.exc.OperationalError, "08006")) is None
+    assert store.constraint_of(ValueError("not the server's")) is None

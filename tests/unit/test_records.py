@@ -13,7 +13,6 @@ from onceflow.envelope import (
     JobEnvelope,
 )
 from onceflow.vocabulary import DeadLetterReason
-from streams.batch import _parse_failpoint
 from streams.dead_letters import dlq_message
 from streams.records import DeadLetter, RawRecord, classify, split_by_partition
 from tests.unit.registries import registry_of
@@ -113,12 +112,6 @@ def test_split_with_more_groups_than_partitions():
     deliveries, _ = classify(records, 10_000, registry_of({"w": "v1"}))
     assert len(split_by_partition(deliveries, groups=8)) == 1
     assert split_by_partition([], groups=4) == []
-
-
-def test_failpoint_parsing():
-    assert _parse_failpoint("streams.after_db_commit:3", "streams.after_db_commit") == 3
-    assert _parse_failpoint("other:1, streams.after_db_commit", "streams.after_db_commit") == 1
-    assert _parse_failpoint("", "streams.after_db_commit") is None
 
 
 # --- the worker is built from the settings it is given ------------------------------

@@ -55,15 +55,16 @@ import sqlalchemy as sa
 from onceflow.lag import consumer_lag
 from onceflow.settings import Settings
 from onceflow.vocabulary import InstanceStatus
-from onceflow_tools.processes import free_port
-from onceflow_tools.stack import Stack
-from workflow_engine.store.views import (
+from onceflow_tools.benchsql import seed_for_bench
+from onceflow_tools.figures import (
     consumption,
     count_instances,
     latency,
     receipt_span_seconds,
     run_span_seconds,
 )
+from onceflow_tools.processes import free_port
+from onceflow_tools.stack import Stack
 
 
 def rss_mb(pid: int) -> float:
@@ -849,8 +850,7 @@ def console_list(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
     from datetime import UTC, datetime, timedelta
 
     from onceflow_tools.stack import database_url_for, recreate_database
-    from workflow_engine.store import make_engine, migrate
-    from workflow_engine.store.views import listing
+    from workflow_engine.store import make_engine, migrate, views
 
     rows = jobs * 50
     name = f"onceflow_bench_console_{uuid.uuid4().hex[:6]}"
@@ -858,24 +858,22 @@ def console_list(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
     try:
         migrate(db)
         started = time.perf_counter()
-        listing.seed_for_bench(db, rows)
+        seed_for_bench(db, rows)
         seed_seconds = time.perf_counter() - started
-        everything = listing.InstanceFilter()
-        half = listing.list_page(
-            db, listing.InstanceFilter(created_to=datetime.now(UTC) - timedelta(days=15)), limit=1
+        everything = views.InstanceFilter()
+        half = views.list_page(
+            db, views.InstanceFilter(created_to=datetime.now(UTC) - timedelta(days=15)), limit=1
         ).rows
-        deep = (
-            listing.encode_cursor("created", half[0].created_at, half[0].job_id) if half else None
-        )
-        errored = listing.InstanceFilter(workflow="bench-wf-1", status=InstanceStatus.ERRORED)
+        deep = views.encode_cursor("created", half[0].created_at, half[0].job_id) if half else None
+        errored = views.InstanceFilter(workflow="bench-wf-1", status=InstanceStatus.ERRORED)
         queries: list[tuple[str, Callable[[], object]]] = [
-            ("list first page", lambda: listing.list_page(db, everything)),
-            ("list deep page (middle)", lambda: listing.list_page(db, everything, cursor=deep)),
-            ("list first page, sort=updated", lambda: listing.list_page(db, everything, "updated")),
-            ("list workflow+status page", lambda: listing.list_page(db, errored)),
-            ("count all", lambda: listing.count_matching(db, everything)),
-            ("count all, cap 10000", lambda: listing.count_matching(db, everything, cap=10000)),
-            ("count workflow+status", lambda: listing.count_matching(db, errored)),
+            ("list first page", lambda: views.list_page(db, everything)),
+            ("list deep page (middle)", lambda: views.list_page(db, everything, cursor=deep)),
+            ("list first page, sort=updated", lambda: views.list_page(db, everything, "updated")),
+            ("list workflow+status page", lambda: views.list_page(db, errored)),
+            ("count all", lambda: views.count_matching(db, everything)),
+            ("count all, cap 10000", lambda: views.count_matching(db, everything, cap=10000)),
+            ("count workflow+status", lambda: views.count_matching(db, errored)),
         ]
         timings = []
         for label, query in queries:

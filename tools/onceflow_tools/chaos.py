@@ -44,15 +44,15 @@ from onceflow.settings import Settings
 from onceflow.vocabulary import InstanceStatus
 from onceflow_cli.audit import run_audit
 from onceflow_examples import applied_effect_counts
-from onceflow_tools.interleavings.history import check_history
-from onceflow_tools.stack import Stack
-from producers.client import SubmitError
-from workflow_engine.store.views import (
+from onceflow_tools.figures import (
     checkpoints_written_twice,
     count_instances,
     instance_job_ids,
     running_by_owner,
 )
+from onceflow_tools.interleavings.history import check_history
+from onceflow_tools.stack import Stack
+from producers.client import SubmitError
 
 if TYPE_CHECKING:
     from onceflow_tools.dev import DevServices
@@ -141,7 +141,7 @@ class _Faults:
         self.stack.group.stop(name)  # SIGTERM: a clean leave, not a fault of its own
         port = self.stack.start_worker(
             name,
-            ONCEFLOW_FAILPOINT="streams.after_db_commit:1",
+            failpoints="streams.after_db_commit=kill",
             ONCEFLOW_STREAMS_COMMIT_INTERVAL_SECONDS="30",
         )
         held = _wait_for_assignment(port, timeout=30)

@@ -5,7 +5,7 @@ several concurrent clients, and one resubmission with different params. When all
 is done, the demo checks with SQL that there is exactly one instance per accepted job
 id, all complete, and exactly one side effect per step per job.
 
-The checks read the store's figures (:mod:`workflow_engine.store.views.stats`) and the
+The checks read the store's figures (:mod:`onceflow_tools.figures`) and the
 samples' own tables (:func:`onceflow_examples.side_effect_counts`); ``PROOF_SQL`` is
 the same proof as plain SQL, printed for anyone who wants to re-check it with psql.
 """
@@ -27,16 +27,16 @@ import orjson
 from onceflow.settings import Settings
 from onceflow.vocabulary import TERMINAL_STATUSES
 from onceflow_examples import ORDER_STEPS, side_effect_counts
-from onceflow_tools.processes import onceflow_command
-from onceflow_tools.stack import Stack, topic_record_count
-from workflow_engine.store.views import (
+from onceflow_tools.figures import (
     consumption,
     count_instances,
-    describe_instance,
     duplicate_counts,
     instance_counts,
     instance_job_ids,
 )
+from onceflow_tools.processes import onceflow_command
+from onceflow_tools.stack import Stack, topic_record_count
+from workflow_engine.store.views import describe_instance
 
 # Printed for the user to re-check by hand; the demo's own figures come from the store
 # (``_figures``), under the same names. tests/tools/test_demo_proof.py runs both.

@@ -23,12 +23,11 @@ from onceflow.settings import Settings
 from onceflow.vocabulary import InstanceStatus
 from onceflow_tools import flow_workflows
 from onceflow_tools.bench import _stack, _wait_for
+from onceflow_tools.figures import count_instances, run_span_seconds, submit_to_first_step_seconds
 from onceflow_tools.stack import Stack
 from workflow_engine.definitions import REGISTRY
 from workflow_engine.model import Delivery
-from workflow_engine.store.views import count_instances, run_span_seconds
 from workflow_engine.store.writes import create_instances
-from workflow_engine.store.writes.flow import submit_to_first_step_seconds
 
 PLAIN = "noop-workflow"
 FLOW = flow_workflows.NAME

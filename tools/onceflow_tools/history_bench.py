@@ -1,7 +1,8 @@
 """History at scale: the same N rows of history before (schema at migration 0011,
 unpartitioned) and after migration 0012 (time-partitioned), in one scratch database.
 
-The history is generated in SQL (``generate_series``), not through the pipeline:
+The history is generated in SQL (``generate_series``, :mod:`onceflow_tools.benchsql`),
+not through the pipeline:
 30 days of finished three-step instances (one attempt per step, a duplicate delivery
 for every third job id) ending now, plus 1,000 queued instances to claim. ``--rows``
 is the number of step-attempt rows (default 100M); the database holds about as many
@@ -35,31 +36,17 @@ from typing import Any
 
 import click
 import orjson
-import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from onceflow.settings import Settings
-from onceflow.vocabulary import TERMINAL_STATUSES
-from onceflow_tools.stack import database_url_for, recreate_database
+from onceflow_tools import benchsql
+from onceflow_tools.stack import drop_database, recreate_database
 from workflow_engine.store import available_migrations, make_engine, views, writes
 from workflow_engine.store.views import describe_instance
 
 DAYS = 30
 SETTLE_SECONDS = 11.0
-DUPLICATES = "onceflow_duplicate_deliveries"
-_FLAGS_ADD = (
-    "ALTER TABLE onceflow_instances ADD duplicated boolean NOT NULL DEFAULT false,"
-    " ADD mismatched boolean NOT NULL DEFAULT false"
-)
-_FLAGS_DROP = "ALTER TABLE onceflow_instances DROP COLUMN duplicated, DROP COLUMN mismatched"
 QUEUED = 1000
-TABLES = (
-    "onceflow_jobs",
-    "onceflow_instances",
-    "onceflow_steps",
-    "onceflow_step_attempts",
-    "onceflow_duplicate_deliveries",
-)
 
 
 def _apply(engine: Engine, versions: Callable[[int], bool]) -> float:
@@ -71,107 +58,6 @@ def _apply(engine: Engine, versions: Callable[[int], bool]) -> float:
             if versions(migration.version):
                 cursor.execute(migration.sql)
     return time.perf_counter() - started
-
-
-def _fill(engine: Engine, rows: int, start: datetime) -> dict[str, int]:
-    """The history, in five INSERT … SELECT generate_series statements."""
-    m = max(rows // 3, QUEUED * 2)
-    p = {"m": m, "q": QUEUED, "start": start}
-    # job g was received at ts(g): evenly from ``start`` (a UTC midnight) to now
-    ts = "(CAST(:start AS timestamptz) + (now() - CAST(:start AS timestamptz)) * g / :m)"
-    jid = "('h' || lpad(g::text, 10, '0'))"
-    statements = [
-        "INSERT INTO onceflow_jobs (job_id, type_name, params_digest, source_topic,"
-        " source_partition, source_offset, received_at, last_seen_at, submitted_at)"
-        f" SELECT {jid}, 'bench-wf-' || (g % 4), 'x', 'bench', g % 16, g, {ts}, {ts}, {ts}"
-        " FROM generate_series(1, :m) g",
-        "INSERT INTO onceflow_instances (job_id, workflow, params, status, created_at,"
-        " updated_at, run_after, started_at, finished_at, result, error)"
-        f" SELECT {jid}, 'bench-wf-' || (g % 4), '{{}}'::jsonb,"
-        " CASE WHEN g > :m - :q THEN 'queued' WHEN g % 20 = 0 THEN 'errored' ELSE 'complete' END,"
-        f" {ts}, {ts} + interval '3 s', {ts}, {ts} + interval '0.1 s',"
-        f" CASE WHEN g > :m - :q THEN NULL ELSE {ts} + interval '3 s' END,"
-        " CASE WHEN g > :m - :q OR g % 20 = 0 THEN NULL ELSE '{\"ok\": true}'::jsonb END,"
-        " CASE WHEN g % 20 = 0 AND g <= :m - :q THEN 'boom' END"
-        " FROM generate_series(1, :m) g",
-        "INSERT INTO onceflow_steps (job_id, position, name, status, attempts, result,"
-        " started_at, finished_at)"
-        f" SELECT {jid}, s, 'step-' || s, 'complete', 1, '{{\"n\": 1}}'::jsonb,"
-        f" {ts} + s * interval '1 s', {ts} + s * interval '1 s' + interval '0.5 s'"
-        " FROM generate_series(1, :m - :q) g CROSS JOIN generate_series(0, 2) s",
-        "INSERT INTO onceflow_step_attempts (job_id, position, attempt, engine_id,"
-        " started_at, finished_at, outcome)"
-        f" SELECT {jid}, s, 1, 'engine-' || (g % 4), {ts} + s * interval '1 s',"
-        f" {ts} + s * interval '1 s' + interval '0.5 s', 'complete'"
-        " FROM generate_series(1, :m - :q) g CROSS JOIN generate_series(0, 2) s",
-        "INSERT INTO onceflow_duplicate_deliveries (job_id, source_topic, source_partition,"
-        " source_offset, params_digest, params_match, redelivery, received_at, job_received_at)"
-        f" SELECT {jid}, 'bench', g % 16, :m + g, 'x', true, false, {ts} + interval '1 s', {ts}"
-        " FROM generate_series(3, :m, 3) g",
-    ]
-    for sql in statements:
-        with engine.begin() as conn:
-            conn.execute(sa.text(sql), p)
-    _analyze(engine)
-    with engine.connect() as conn:
-        return {t: conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar_one() for t in TABLES}
-
-
-def _analyze(engine: Engine) -> None:
-    """VACUUM ANALYZE, as autovacuum soon would: measuring while it still works through
-    freshly written tables (or 0012's new partitions) times its cache invalidations."""
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        for table in TABLES:
-            conn.exec_driver_sql(f"VACUUM (ANALYZE) {table}")
-
-
-# The leaf tables of a table: its partitions, or itself when it is not partitioned.
-_LEAVES = (
-    "(SELECT relid FROM pg_partition_tree(CAST(:t AS regclass)) WHERE isleaf"
-    " UNION SELECT CAST(:t AS regclass) WHERE"
-    " (SELECT relkind FROM pg_class WHERE oid = CAST(:t AS regclass)) = 'r')"
-)
-
-
-def _sizes(engine: Engine) -> dict[str, dict[str, int]]:
-    """Heap and index bytes per table, summed over the partitions of a partitioned one."""
-    out = {}
-    with engine.connect() as conn:
-        for table in TABLES:
-            heap, index, leaves = conn.execute(
-                sa.text(
-                    "SELECT sum(pg_table_size(relid)), sum(pg_indexes_size(relid)),"
-                    f" count(*) FROM {_LEAVES} l"
-                ),
-                {"t": table},
-            ).one()
-            out[table] = {"table_bytes": int(heap), "index_bytes": int(index), "leaves": leaves}
-    return out
-
-
-def _vacuum_stats(engine: Engine, settle: float = 0.0) -> dict[str, dict[str, Any]]:
-    """``pg_stat_user_tables`` per table (partitions summed; the latest autovacuum)."""
-    out = {}
-    # An idle backend reports its counters at most 10 s after committing (PG 15
-    # shared-memory statistics, PGSTAT_IDLE_INTERVAL): after a change, wait that out.
-    time.sleep(settle)
-    with engine.connect() as conn:
-        for table in TABLES:
-            row = conn.execute(
-                sa.text(
-                    "SELECT sum(s.n_live_tup), sum(s.n_dead_tup), max(s.last_autovacuum),"
-                    " sum(s.autovacuum_count)"
-                    f" FROM {_LEAVES} p JOIN pg_stat_user_tables s ON s.relid = p.relid"
-                ),
-                {"t": table},
-            ).one()
-            out[table] = {
-                "n_live_tup": int(row[0] or 0),
-                "n_dead_tup": int(row[1] or 0),
-                "last_autovacuum": row[2].isoformat() if row[2] else None,
-                "autovacuum_count": int(row[3] or 0),
-            }
-    return out
 
 
 def _timed(call: Callable[[], object], runs: int) -> dict[str, float]:
@@ -214,50 +100,22 @@ def _latencies(
     writes.release(engine, owner, claimed)
 
     def insert_attempts() -> None:
-        with engine.begin() as conn:
-            conn.execute(
-                sa.text(
-                    "INSERT INTO onceflow_step_attempts (job_id, position, attempt, engine_id)"
-                    " SELECT job_id, position, :a, 'bench' FROM onceflow_steps"
-                    " WHERE job_id > 'h' || lpad(CAST(:from AS text), 10, '0') AND position = 0"
-                    " ORDER BY job_id LIMIT 10000"
-                ),
-                {"a": attempt, "from": middle + random.randrange(1000)},
-            )
+        benchsql.insert_attempts(engine, attempt, middle + random.randrange(1000))
 
     out["insert 10k attempts"] = _timed(insert_attempts, 1)
     return out
 
 
-_DELETE_INSTANCES = sa.text(
-    "DELETE FROM onceflow_instances WHERE status = ANY(:t) AND finished_at < :c"
-)
-
-
-def _count_attempts_before(engine: Engine, cutoff: datetime) -> int:
-    with engine.connect() as conn:
-        return int(
-            conn.execute(
-                sa.text("SELECT count(*) FROM onceflow_step_attempts WHERE started_at < :c"),
-                {"c": cutoff},
-            ).scalar_one()
-        )
-
-
 def _retention_before(engine: Engine, cutoff: datetime) -> dict[str, Any]:
     """One day of instance retention as onceflow ran it before 0012: DELETE the
     instances, cascading to their steps and step attempts row by row."""
-    attempts = _count_attempts_before(engine, cutoff)
+    attempts = benchsql.count_attempts_before(engine, cutoff)
     t0 = time.perf_counter()
-    with engine.begin() as conn:
-        instances = conn.execute(
-            _DELETE_INSTANCES, {"t": sorted(TERMINAL_STATUSES), "c": cutoff}
-        ).rowcount
+    instances = benchsql.delete_finished_instances(engine, cutoff)
     seconds = time.perf_counter() - t0
-    stats = _vacuum_stats(engine, SETTLE_SECONDS)
+    stats = benchsql.vacuum_stats(engine, SETTLE_SECONDS)
     t0 = time.perf_counter()
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.exec_driver_sql("VACUUM " + ", ".join(TABLES))
+    benchsql.vacuum(engine)
     return {
         "seconds": seconds,
         "removed": {"instances": instances, "step_attempts": attempts},
@@ -271,17 +129,13 @@ def _retention_after(engine: Engine, start: datetime, end: datetime) -> dict[str
     attempt partitions ending by ``end`` (job-id retention set far out, so only the
     attempts move), then the instances of that day are deleted as the next round
     would (one partition interval later), cascading to their steps only."""
-    with engine.connect() as conn:
-        now = conn.execute(sa.text("SELECT now()")).scalar_one()
-    attempts = _count_attempts_before(engine, end)
+    now = benchsql.server_now(engine)
+    attempts = benchsql.count_attempts_before(engine, end)
     t0 = time.perf_counter()
     pruned = writes.prune(engine, (now - end).total_seconds(), 3650 * 86400.0)
     drop_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
-    with engine.begin() as conn:
-        instances = conn.execute(
-            _DELETE_INSTANCES, {"t": sorted(TERMINAL_STATUSES), "c": end}
-        ).rowcount
+    instances = benchsql.delete_finished_instances(engine, end)
     delete_seconds = time.perf_counter() - t0
     return {
         "seconds": drop_seconds + delete_seconds,
@@ -292,7 +146,7 @@ def _retention_after(engine: Engine, start: datetime, end: datetime) -> dict[str
             "instances": pruned["instances"] + instances,
             "step_attempts": attempts,
         },
-        "stats_after": _vacuum_stats(engine, SETTLE_SECONDS),
+        "stats_after": benchsql.vacuum_stats(engine, SETTLE_SECONDS),
     }
 
 
@@ -302,49 +156,46 @@ def history(database_url: str, rows: int) -> dict[str, Any]:
     result: dict[str, Any] = {"scenario": "history", "rows": rows, "database": name}
     try:
         _apply(engine, lambda v: v < 12)
-        # Today's store code reads duplicates with their partition key, so "before" has
-        # the column (unindexed, filled like 0012 fills it); dropped before 0012 runs.
-        # So do the instances' duplicate flags (migration 0015), added and dropped the
-        # same way, unfilled (the bench's duplicates are not what its queries time).
-        with engine.begin() as conn:
-            conn.execute(sa.text(f"ALTER TABLE {DUPLICATES} ADD job_received_at timestamptz"))
-            conn.execute(sa.text(_FLAGS_ADD))
+        # Today's store code reads columns that came later: "before" has them, dropped
+        # before 0012 runs.
+        benchsql.add_later_columns(engine)
         day = timedelta(days=1)
         start = writes.aligned(datetime.now(UTC) - DAYS * day, day)
         click.echo(f"  … filling {rows} attempt rows into {name}", err=True)
         t0 = time.perf_counter()
-        result["counts"] = _fill(engine, rows, start)
+        result["counts"] = benchsql.fill_history(engine, rows, start, QUEUED)
         result["fill_seconds"] = time.perf_counter() - t0
         m = result["counts"]["onceflow_jobs"]
         sample = [f"h{g:010d}" for g in random.Random(7).sample(range(m // 10, m - QUEUED), 50)]
         click.echo("  … measuring before (0011)", err=True)
-        before: dict[str, Any] = {"sizes": _sizes(engine), "stats": _vacuum_stats(engine)}
+        before: dict[str, Any] = {
+            "sizes": benchsql.table_sizes(engine),
+            "stats": benchsql.vacuum_stats(engine),
+        }
         before["latency"] = _latencies(engine, sample, 2, m // 2)
         click.echo("  … retention before (DELETE)", err=True)
         before["retention"] = _retention_before(engine, start + day)
-        before["sizes_after_retention"] = _sizes(engine)
+        before["sizes_after_retention"] = benchsql.table_sizes(engine)
         result["before"] = before
         click.echo("  … migration 0012", err=True)
-        with engine.begin() as conn:
-            conn.execute(sa.text(f"ALTER TABLE {DUPLICATES} DROP COLUMN job_received_at"))
-            conn.execute(sa.text(_FLAGS_DROP))
+        benchsql.drop_later_columns(engine)
         result["migration_seconds"] = _apply(engine, lambda v: v == 12)
         _apply(engine, lambda v: v > 12)  # what today's store code reads; not timed
-        _analyze(engine)
+        benchsql.analyze(engine)
         click.echo("  … measuring after (0012)", err=True)
-        after: dict[str, Any] = {"sizes": _sizes(engine), "stats": _vacuum_stats(engine)}
+        after: dict[str, Any] = {
+            "sizes": benchsql.table_sizes(engine),
+            "stats": benchsql.vacuum_stats(engine),
+        }
         after["latency"] = _latencies(engine, sample, 3, m // 2)
         click.echo("  … retention after (drop partitions)", err=True)
         after["retention"] = _retention_after(engine, start + day, start + 2 * day)
-        after["sizes_after_retention"] = _sizes(engine)
+        after["sizes_after_retention"] = benchsql.table_sizes(engine)
         result["after"] = after
         return result
     finally:
         engine.dispose()
-        admin = make_engine(database_url_for(database_url, "postgres"), pool_size=1)
-        with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+        drop_database(database_url, name)
 
 
 def _mb(n: int) -> str:

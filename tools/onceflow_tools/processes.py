@@ -21,8 +21,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def onceflow_command() -> list[str]:
-    """The ``onceflow`` entry point of the running interpreter's environment."""
+def onceflow_command(failpoints: str = "") -> list[str]:
+    """The ``onceflow`` entry point of the running interpreter's environment; with
+    ``failpoints`` (``name=action[@job_id][*times],...``), the test launcher that arms
+    them in the process first (:mod:`onceflow_tools.failpoint_main`)."""
+    if failpoints:
+        launcher = "onceflow_tools.failpoint_main"
+        return [sys.executable, "-m", launcher, "--failpoints", failpoints, "--"]
     return [sys.executable, "-m", "onceflow_cli"]
 
 
@@ -36,11 +41,17 @@ class ProcessGroup:
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(
-        self, name: str, *args: str, env: dict[str, str] | None = None, module: str | None = None
+        self,
+        name: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        module: str | None = None,
+        failpoints: str = "",
     ) -> subprocess.Popen:
-        """Start ``onceflow <args>`` (or ``python -m <module> <args>``) as ``name``."""
+        """Start ``onceflow <args>`` (or ``python -m <module> <args>``) as ``name``;
+        ``failpoints`` armed in it (:func:`onceflow_command`)."""
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 (kept open for the child)
-        command = [sys.executable, "-m", module] if module else onceflow_command()
+        command = [sys.executable, "-m", module] if module else onceflow_command(failpoints)
         proc = subprocess.Popen(
             [*command, *args],
             env={**self.env, **(env or {})},

@@ -33,7 +33,7 @@ Each run reports its rate from the database's own timestamps (as the ``queue`` a
   transactions that wrote, i.e. the WAL flushes a synchronous commit waits for).
 
 The statements here read PostgreSQL's own statistics, never onceflow's tables (those go
-through :mod:`workflow_engine.store.views.stats`).
+through :mod:`onceflow_tools.figures`).
 """
 
 from __future__ import annotations
@@ -57,14 +57,14 @@ from sqlalchemy.pool import NullPool
 from onceflow.settings import Settings
 from onceflow.vocabulary import InstanceStatus
 from onceflow_tools import bench
-from onceflow_tools.processes import free_port
-from onceflow_tools.stack import Stack
-from workflow_engine.store.views import (
+from onceflow_tools.figures import (
     consumption,
     count_instances,
     receipt_span_seconds,
     run_span_seconds,
 )
+from onceflow_tools.processes import free_port
+from onceflow_tools.stack import Stack
 
 QUEUE_GRID = ((1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4))  # (partitions, workers)
 QUEUE_EXTRA = ((8, 4), (8, 8))  # beyond two cores: 8 partitions, then 8 workers on them

@@ -46,6 +46,14 @@ def recreate_database(base_url: str, database: str) -> str:
     return database_url_for(base_url, database)
 
 
+def drop_database(base_url: str, database: str) -> None:
+    """Drop ``database`` (a scratch one) on the server of ``base_url``, if it exists."""
+    admin = make_engine(database_url_for(base_url, "postgres"), pool_size=1)
+    with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+    admin.dispose()
+
+
 def topic_record_count(settings: Settings, topic: str) -> int:
     """Records in a topic (sum of high minus low watermarks over its partitions)."""
     consumer = Consumer(
@@ -128,11 +136,15 @@ class Stack:
         self.group.start("ingest", "ingest")
         self.group.wait_http(f"{self.ingest_url}/readyz", timeout=60)
 
-    def start_worker(self, name: str = "streams", **extra_env: str) -> int:
+    def start_worker(self, name: str = "streams", failpoints: str = "", **extra_env: str) -> int:
+        """Start a streams worker (``failpoints`` armed in it, if given); its metrics port."""
         assert self.group is not None
         port = free_port()
         self.group.start(
-            name, "worker", env={"ONCEFLOW_STREAMS_METRICS_PORT": str(port), **extra_env}
+            name,
+            "worker",
+            env={"ONCEFLOW_STREAMS_METRICS_PORT": str(port), **extra_env},
+            failpoints=failpoints,
         )
         self.group.wait_http(f"http://127.0.0.1:{port}/metrics", timeout=60)
         return port
@@ -148,7 +160,7 @@ class Stack:
 
     def scalar(self, sql: str, **params: object) -> int:
         """A query's one number: for tests' own assertions. The tools read their figures
-        from the store (:mod:`workflow_engine.store.views.stats`), never with SQL of their own."""
+        through :mod:`onceflow_tools.figures`."""
         assert self.db is not None
         with self.db.connect() as conn:
             return int(conn.execute(sa.text(sql), params).scalar() or 0)

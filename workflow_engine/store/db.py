@@ -154,6 +154,15 @@ def classify(exc: BaseException) -> ErrorClass | None:
     return ErrorClass.ROW_AT_FAULT
 
 
+def constraint_of(exc: BaseException) -> str | None:
+    """The name of the constraint PostgreSQL says ``exc`` violated (every constraint on
+    the product tables is named, so a violation maps to a domain error by this name);
+    None when the error names none or is not the server's."""
+    orig = getattr(exc, "orig", exc)
+    name = getattr(getattr(orig, "diag", None), "constraint_name", None)
+    return name if isinstance(name, str) and name else None
+
+
 def is_transient(exc: BaseException) -> bool:
     """The database cannot answer right now (down, failing over, not the primary): the
     caller should wait and retry, never record the failure as the job's."""

@@ -8,12 +8,16 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from onceflow.vocabulary import RUNNABLE_STATUSES, InstanceStatus
+from onceflow.vocabulary import RUNNABLE_STATUSES, TERMINAL_STATUSES, InstanceStatus
 
 #: ``'queued', 'sleeping', 'waiting'`` spelled out in the SQL text, not passed as a
 #: parameter: the planner matches the literal list against the partial index
 #: ``onceflow_instances_runnable_idx``, which a parameter array would defeat.
 RUNNABLE = ", ".join(f"'{status}'" for status in sorted(RUNNABLE_STATUSES))
+
+#: ``'complete', 'errored', 'terminated'`` spelled out in the SQL text, for
+#: ``status IN (...)`` in statements that take no parameter array for it.
+TERMINAL = ", ".join(f"'{status}'" for status in sorted(TERMINAL_STATUSES))
 
 #: The statement's notion of now: the test clock's ``:now`` when given, else the server's.
 NOW = "coalesce(CAST(:now AS timestamptz), now())"

@@ -114,15 +114,6 @@ def available_migrations(migration_set: MigrationSet = PRODUCT) -> list[Migratio
     return sorted(found, key=lambda m: m.version)
 
 
-def applied_versions(engine: Engine, migration_set: MigrationSet = PRODUCT) -> set[int]:
-    with engine.connect() as conn:
-        exists = conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": migration_set.table})
-        if exists.scalar() is None:
-            return set()
-        rows = conn.execute(sa.text(f"SELECT version FROM {migration_set.table}"))
-        return set(rows.scalars())
-
-
 def _ensure_record_table(conn: Connection, table: str) -> None:
     # The table name comes from a MigrationSet in code, never from input.
     conn.execute(

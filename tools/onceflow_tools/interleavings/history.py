@@ -5,9 +5,8 @@ given, the :class:`Executions` the step code logged itself: the database alone c
 see a zombie's step still running after its lease was taken, the step's own log can.
 Each invariant is one query; a broken one is a line of text naming the job.
 
-The queries are its own, not the store's (the tools otherwise read the store through
-``workflow_engine.store.views.stats``): an oracle that shared the code it checks would share
-its mistakes.
+The queries are its own, not the store's nor ``onceflow_tools.figures`` (the other
+tools' figures): an oracle that shared the code it checks would share its mistakes.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Small on purpose, and each crossing the boundaries the failpoints name: a step, 
 durable sleep, a wait for an event, a second step; one whose caught step failure must
 replay as the same failure. Every step logs its executions in :data:`EXECUTIONS` (a
 file too, when ``ONCEFLOW_TEST_EXECUTIONS`` names one: an engine subprocess started by
-``tests/failpoint_main.py``). :data:`HOLDS` keeps a job's first step running until a
+``onceflow_tools.failpoint_main``). :data:`HOLDS` keeps a job's first step running until a
 test lets it go (in-process only), for a window that needs a run in flight.
 
 An engine loads them as ``onceflow_tools.interleavings.workflows``.

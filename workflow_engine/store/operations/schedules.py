@@ -36,6 +36,7 @@ from onceflow.vocabulary import (
     TickTrigger,
 )
 from workflow_engine.model import ScheduleDef
+from workflow_engine.store.db import constraint_of
 from workflow_engine.store.schedule_rows import (
     INSERT,
     ScheduleExists,
@@ -70,9 +71,7 @@ def create_schedule(engine: Engine, d: ScheduleDef, now: datetime | None = None)
             values = def_params(d, judged_at(conn, now))
             conn.execute(sa.text(INSERT.format(declared="false")), values)
     except IntegrityError as exc:
-        if getattr(getattr(exc.orig, "diag", None), "constraint_name", None) == (
-            "onceflow_schedules_pkey"
-        ):
+        if constraint_of(exc) == "onceflow_schedules_pkey":
             raise ScheduleExists(f"a schedule named {d.name!r} exists already") from None
         raise
     return get_schedule(engine, d.name)

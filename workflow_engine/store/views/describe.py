@@ -10,13 +10,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from onceflow.vocabulary import (
-    TERMINAL_STATUSES,
     InstanceStatus,
     JobKind,
     Origin,
     StepKind,
     StepStatus,
 )
+from workflow_engine.store.fragments import TERMINAL
 from workflow_engine.store.views.engines import ENGINE_HAS, ENGINE_STALE_SECONDS
 
 
@@ -95,9 +95,6 @@ class InstanceView:
         return doc
 
 
-_FINAL = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))
-
-
 _DESCRIBE_SQL = sa.text(
     f"""
 SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
@@ -110,7 +107,7 @@ SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
        (SELECT count(*) FROM onceflow_dead_letters dl
          WHERE dl.job_id = i.job_id) AS dead_letters,
        i.version,
-       CASE WHEN i.status IN ({_FINAL}) THEN NULL ELSE EXISTS (
+       CASE WHEN i.status IN ({TERMINAL}) THEN NULL ELSE EXISTS (
            SELECT 1 FROM onceflow_engines e
            WHERE e.last_seen_at > now() - make_interval(secs => :stale)
              AND {ENGINE_HAS}) END AS engine_available,

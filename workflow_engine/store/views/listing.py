@@ -457,42 +457,6 @@ def overview(engine: Engine, minutes: int = 15) -> Overview:
     )
 
 
-def seed_for_bench(engine: Engine, n: int, workflow_count: int = 4, prefix: str = "bench_") -> int:
-    """Insert ``n`` instances (and their job rows) in two statements with
-    ``generate_series``, spread over the last 30 days and over every status, then
-    ANALYZE: the data of ``onceflow bench console-list``. Never for a real database."""
-    statuses = [str(s) for s in InstanceStatus if s != InstanceStatus.RUNNING]
-    params = {"n": n, "w": workflow_count, "p": prefix, "st": statuses}
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "INSERT INTO onceflow_jobs (job_id, type_name, params_digest, source_topic,"
-                " source_partition, source_offset)"
-                " SELECT :p || lpad(g::text, 10, '0'), 'bench-wf-' || (g % :w), 'x',"
-                " 'bench', 0, g FROM generate_series(1, :n) g"
-            ),
-            params,
-        )
-        conn.execute(
-            sa.text(
-                "INSERT INTO onceflow_instances (job_id, workflow, params, status, created_at,"
-                " updated_at, finished_at, error)"
-                " SELECT job_id, type_name, '{}'::jsonb, st, at, at + interval '1 second',"
-                " CASE WHEN st IN ('complete', 'errored', 'terminated')"
-                "      THEN at + interval '1 second' END,"
-                " CASE WHEN st = 'errored' THEN 'boom ' || (source_offset % 97) END"
-                " FROM (SELECT job_id, type_name, source_offset,"
-                "   (:st)[1 + (source_offset % cardinality(CAST(:st AS text[])))] AS st,"
-                "   now() - (source_offset * interval '30 days' / :n) AS at"
-                "   FROM onceflow_jobs WHERE source_topic = 'bench' AND job_id LIKE :p || '%') s"
-            ),
-            params,
-        )
-        conn.execute(sa.text("ANALYZE onceflow_jobs"))
-        conn.execute(sa.text("ANALYZE onceflow_instances"))
-    return n
-
-
 @dataclass(frozen=True)
 class InstanceBrief:
     job_id: str

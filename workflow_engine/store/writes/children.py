@@ -45,14 +45,14 @@ from workflow_engine.errors import (
     NonRetryableError,
 )
 from workflow_engine.store.commands import Lease
-from workflow_engine.store.fragments import held, notify_runnable
+from workflow_engine.store.db import constraint_of
+from workflow_engine.store.fragments import TERMINAL, held, notify_runnable
 
 #: ``<parent job id>__<name>``. A name has no ``__`` and does not start or end with
 #: ``_``, so the last ``__`` followed by a non-underscore splits any child id back into
 #: (parent, name): two different (parent, name) pairs never give one id.
 SEPARATOR = "__"
 _NAME = re.compile(r"[A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*")
-_FINAL = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))
 #: The longest child id of a schedule's tick (``<schedule>@<instant>``, up to 101
 #: characters) or of its descendants: their ids carry the tick's ``@`` and ``:``, which
 #: no client-supplied id has, so they can never collide with one.
@@ -191,9 +191,7 @@ def start_children(engine: Engine, lease: Lease, starts: list[StartChild]) -> li
                 notify_runnable(conn)
             return created
     except IntegrityError as exc:
-        if getattr(getattr(exc.orig, "diag", None), "constraint_name", None) == (
-            "onceflow_steps_name_key"
-        ):
+        if constraint_of(exc) == "onceflow_steps_name_key":
             names = ", ".join(repr(s.name) for s in starts)
             raise NonDeterminismError(
                 f"a child name ({names}) is also used as a step name in this workflow"
@@ -349,7 +347,7 @@ def awaited_child_finished(parent: str) -> str:
     return f"""EXISTS (
     SELECT 1 FROM onceflow_steps s JOIN onceflow_instances c ON c.job_id = s.child_job_id
     WHERE s.job_id = {parent} AND s.kind = '{StepKind.CHILD}'
-      AND s.status = '{StepStatus.WAITING}' AND c.status IN ({_FINAL}))"""
+      AND s.status = '{StepStatus.WAITING}' AND c.status IN ({TERMINAL}))"""
 
 
 #: Parents waiting for one of the children this transaction finished.

@@ -173,27 +173,6 @@ def dead_letters_for(engine: Engine, job_id: str) -> list[DeadLetterView]:
         return [_view(r) for r in rows]
 
 
-def dead_letters_at(
-    engine: Engine, positions: Sequence[tuple[str, int, int]]
-) -> dict[tuple[str, int, int], DeadLetterView]:
-    """The dead letters recorded for these source positions (topic, partition, offset)."""
-    if not positions:
-        return {}
-    payload = orjson.dumps([{"t": t, "p": p, "o": o} for t, p, o in positions]).decode()
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.text(
-                f"SELECT {', '.join('d.' + c.strip() for c in _COLUMNS.split(','))}"
-                " FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS q(t text, p integer, o bigint)"
-                " JOIN onceflow_dead_letters d"
-                "   ON (d.source_topic, d.source_partition, d.source_offset) = (q.t, q.p, q.o)"
-            ),
-            {"rows": payload},
-        )
-        found = [_view(r) for r in rows]
-    return {(v.source_topic, v.source_partition, v.source_offset): v for v in found}
-
-
 def dead_letter_counts(engine: Engine) -> dict[DeadLetterReason, int]:
     """How many source records were dead-lettered, by reason (reasons with none omitted)."""
     with engine.connect() as conn:

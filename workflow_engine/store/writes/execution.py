@@ -46,7 +46,7 @@ from workflow_engine.store.commands import (
     StartStep,
     Write,
 )
-from workflow_engine.store.db import is_row_at_fault, refusal, retry_on_deadlock
+from workflow_engine.store.db import constraint_of, is_row_at_fault, refusal, retry_on_deadlock
 from workflow_engine.store.fragments import held
 from workflow_engine.store.fragments import json_text as _json_text
 from workflow_engine.store.writes import children
@@ -392,8 +392,7 @@ def error_answer(write: Write[Any], exc: BaseException) -> Answer:
 
 
 def _integrity_answer(write: Write[Any], exc: IntegrityError) -> Answer:
-    diag = getattr(exc.orig, "diag", None)
-    if getattr(diag, "constraint_name", None) == "onceflow_steps_name_key":
+    if constraint_of(exc) == "onceflow_steps_name_key":
         name = write.name if isinstance(write, StartStep) else "?"
         return NonDeterminismError(f"step name {name!r} is used twice in one workflow run")
     return exc

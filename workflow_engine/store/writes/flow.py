@@ -37,7 +37,6 @@ from typing import Any
 
 import orjson
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
 
 from onceflow.vocabulary import InstanceStatus
 from workflow_engine.model import FlowControl
@@ -259,30 +258,3 @@ def flow_params(
         "fair": flow.fairness_key is not None,
         "spec": orjson.dumps(flow.spec()).decode(),
     }
-
-
-_HOLD_REASON = sa.text("SELECT onceflow_hold_reason(:job_id)")
-
-
-def hold_reason(conn: sa.Connection, job_id: str) -> str | None:
-    """Why a runnable instance is not running yet (None: it is not waiting to be
-    claimed): a per-key limit, a rate limit, its workflow's limit, or its turn."""
-    reason = conn.execute(_HOLD_REASON, {"job_id": job_id}).scalar()
-    return None if reason is None else str(reason)
-
-
-_FIRST_STEP = sa.text(
-    """
-SELECT extract(epoch FROM min(a.started_at) - j.submitted_at)
-FROM onceflow_jobs j JOIN onceflow_step_attempts a USING (job_id)
-WHERE j.job_id = :job_id GROUP BY j.submitted_at
-"""
-)
-
-
-def submit_to_first_step_seconds(engine: Engine, job_id: str) -> float | None:
-    """From a job's submission to its first step attempt (None: no step yet); the
-    fairness bench's figure."""
-    with engine.connect() as conn:
-        value = conn.execute(_FIRST_STEP, {"job_id": job_id}).scalar()
-    return None if value is None else float(value)

@@ -19,12 +19,12 @@ from onceflow.ticks import (
     tick_job_id,
 )
 from onceflow.vocabulary import (
-    TERMINAL_STATUSES,
     Origin,
     TickSkipReason,
     TickTrigger,
 )
 from workflow_engine.model import Delivery, ScheduleDef
+from workflow_engine.store.fragments import TERMINAL
 from workflow_engine.store.schedule_rows import (
     COLUMNS,
     FROM,
@@ -111,9 +111,6 @@ def seconds_until_next_fire(engine: Engine, now: datetime | None = None) -> floa
     return None if value is None else float(value)
 
 
-_FINAL = ", ".join(f"'{status}'" for status in sorted(TERMINAL_STATUSES))
-
-
 # Due: a tick is due, or a buffered tick's predecessor has finished.
 _TAKE_DUE = sa.text(
     f"""
@@ -124,7 +121,7 @@ WHERE NOT s.paused
   AND (CAST(:workflows AS text[]) IS NULL OR s.workflow = ANY(CAST(:workflows AS text[])))
   AND (s.next_fire_at <= :at
        OR (s.buffered_tick_at IS NOT NULL
-           AND (i.status IS NULL OR i.status IN ({_FINAL}))))
+           AND (i.status IS NULL OR i.status IN ({TERMINAL}))))
 ORDER BY s.next_fire_at
 LIMIT :n
 FOR UPDATE OF s SKIP LOCKED

@@ -19,6 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from onceflow.vocabulary import InstanceStatus, StepKind, StepStatus
 from workflow_engine.errors import ControlRequested, LeaseLost, NonDeterminismError
 from workflow_engine.store.commands import Lease
+from workflow_engine.store.db import constraint_of
 from workflow_engine.store.fragments import LEASE_CTE as _LEASE_CTE
 from workflow_engine.store.fragments import NOW as _NOW
 from workflow_engine.store.fragments import RUNNABLE, held, notify_runnable
@@ -118,9 +119,7 @@ def record_marker(engine: Engine, lease: Lease, job_id: str, position: int, name
                 {**lease._asdict(), "job_id": job_id, "position": position, "name": name},
             ).one()
     except IntegrityError as exc:
-        if getattr(getattr(exc.orig, "diag", None), "constraint_name", None) == (
-            "onceflow_steps_name_key"
-        ):
+        if constraint_of(exc) == "onceflow_steps_name_key":
             raise NonDeterminismError(
                 f"patch id {name!r} is also used as a step name in this workflow"
             ) from None
