@@ -2,7 +2,7 @@
 ``ONCEFLOW_ADMIN_API_ENABLED``).
 
     GET  /v1/instances?workflow=&status=&created_from=&created_to=&job_id=&prefix=
-                      &has_duplicates=&payload_mismatch=&error_contains=
+                      &has_duplicates=&payload_mismatch=&error_contains=&version=
                       &sort=created|updated&cursor=&limit=&count=true
          -> {"instances": [...], "next_cursor": "..." | null, "count": n | null}
     POST /v1/instances/bulk/{pause|resume|terminate|restart}   {"filter": "...", "dry_run": false}
@@ -108,6 +108,7 @@ def list_instances(
     has_duplicates: bool | None = None,
     payload_mismatch: bool | None = None,
     error_contains: str | None = None,
+    version: str | None = None,
     sort: Literal["created", "updated"] = "created",
     cursor: str | None = None,
     limit: int = 100,
@@ -125,6 +126,7 @@ def list_instances(
         has_duplicates=has_duplicates,
         payload_mismatch=payload_mismatch,
         error_contains=error_contains or None,
+        version=version or None,
     )
     limit = max(1, min(limit, views.MAX_LIMIT))
     page = _filtered(lambda: views.list_page(engine, f, sort, cursor or None, limit))
