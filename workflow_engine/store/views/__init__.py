@@ -25,6 +25,7 @@ from workflow_engine.store.views.describe import (
     StepView,
     describe_instance,
     job_status,
+    step_results,
 )
 from workflow_engine.store.views.engines import (
     ENGINE_STALE_SECONDS,
@@ -141,6 +142,7 @@ __all__ = [
     "receipt_span_seconds",
     "run_span_seconds",
     "running_by_owner",
+    "step_results",
     "stored_job_ids",
     "tick_of",
     "where_clause",
