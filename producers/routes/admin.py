@@ -31,13 +31,17 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, field_validator
 
-from onceflow.instance_events import MAX_EVENT_PAYLOAD_BYTES, MAX_EVENT_TYPE_CHARS, InvalidEvent
 from onceflow.vocabulary import BulkAction, InstanceStatus, OperatorAction
 from producers.deps import DbDep, IngestDep, exact_body, operator, require
 from producers.errors import error_responses
 from producers.models import FieldError, RequestError
 from workflow_engine.store import operations, views
-from workflow_engine.store.operations import Actor
+from workflow_engine.store.operations import (
+    MAX_EVENT_PAYLOAD_BYTES,
+    MAX_EVENT_TYPE_CHARS,
+    Actor,
+    InvalidEvent,
+)
 from workflow_engine.store.views import describe_instance, tick_of
 
 log = logging.getLogger(__name__)
@@ -66,8 +70,8 @@ EventOperator = Annotated[Actor, Depends(operator(OperatorAction.SEND_EVENT))]
 
 
 class EventIn(BaseModel):
-    # Checked by the store (onceflow.instance_events.check_event), the one rule every
-    # front end applies: a refusal is a 422 naming the field.
+    # Checked by the store (operations.send_event applies operations.check_event), the
+    # one rule every front end applies: a refusal is a 422 naming the field.
     type: str = Field(
         description=f"Letters, digits and _ . : - (at most {MAX_EVENT_TYPE_CHARS} characters)."
     )

@@ -22,7 +22,7 @@ Each instance goes through the per-instance rules of
 a ``requested_action`` (the engine applies it at its next step boundary), the others
 change at once. An instance the action does not apply to (resume of one that is not
 paused, terminate of a finished one, one deleted since the snapshot) is counted as
-``skipped``, not as an error. """
+``skipped``, not as an error."""
 
 from __future__ import annotations
 
