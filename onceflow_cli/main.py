@@ -26,7 +26,10 @@ from onceflow_cli.schedules import schedules
 from workflow_engine.store import operations
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
     from onceflow.redrive import DeadLetterRecord
+    from workflow_engine.store.views import InstanceFilter, InstanceRow
 
 
 def settings_from_env() -> Settings:
@@ -249,7 +252,7 @@ def _db():
     help="An instance filter instead of the options above, e.g."
     " 'workflow=order-workflow,status=errored,created_before=2026-11-30T10:00:00Z,prefix=ord_'"
     " (keys: workflow, status, created_from, created_to, job_id, prefix, has_duplicates,"
-    " payload_mismatch, error_contains).",
+    " payload_mismatch, error_contains, version).",
 )
 @click.option(
     "--sort", default="created", type=click.Choice(["created", "updated"]), help="Newest first by."
@@ -260,25 +263,54 @@ def instances_list(
     """List instances, newest first (with the version each was created with)."""
     from datetime import UTC
 
-    from workflow_engine.store.views import list_instances
+    from workflow_engine.store.views import InstanceFilter
 
     if filter_text is not None:
         if any(v is not None for v in (workflow, status, created_since, id_prefix, version)):
             raise OnceflowError("give either --filter or --workflow/--status/--since/--prefix")
-        _list_filtered(filter_text, sort, limit, as_json)
-        return
-
-    since = created_since.replace(tzinfo=UTC) if created_since else None
-    wanted = InstanceStatus(status) if status else None
-    rows = list_instances(_db(), workflow, wanted, since, id_prefix, limit, version)
-    for row in rows:
+        f = InstanceFilter.parse(filter_text)
+        keys, line = _FILTERED
+    else:
+        f = InstanceFilter(
+            workflow=workflow,
+            status=InstanceStatus(status) if status else None,
+            created_from=created_since.replace(tzinfo=UTC) if created_since else None,
+            job_id_prefix=id_prefix,
+            version=version,
+        )
+        keys, line = _BRIEF
+    for row in _listed(f, sort, limit):
         if as_json:
-            click.echo(orjson.dumps(row.__dict__, default=str))
+            click.echo(orjson.dumps({k: getattr(row, k) for k in keys}, default=str))
         else:
-            click.echo(
-                f"{row.job_id}\t{row.workflow}\t{row.status}\t{row.created_at:%Y-%m-%d %H:%M:%S}"
-                f"\t{row.version or '-'}"
-            )
+            click.echo(line(row))
+
+
+# What each form of ``instances list`` prints of a row: its JSON keys and its table line.
+_BRIEF: tuple[tuple[str, ...], Callable[[InstanceRow], str]] = (
+    ("job_id", "workflow", "status", "created_at", "finished_at", "version"),
+    lambda row: (
+        f"{row.job_id}\t{row.workflow}\t{row.status}\t{row.created_at:%Y-%m-%d %H:%M:%S}"
+        f"\t{row.version or '-'}"
+    ),
+)
+_FILTERED: tuple[tuple[str, ...], Callable[[InstanceRow], str]] = (
+    (
+        "job_id",
+        "workflow",
+        "status",
+        "created_at",
+        "updated_at",
+        "duplicates",
+        "mismatches",
+        "error",
+    ),
+    lambda row: (
+        f"{row.job_id}\t{row.workflow}\t{row.status}"
+        f"\t{row.created_at:%Y-%m-%d %H:%M:%S}\t{row.duplicates} dup"
+        f"\t{row.mismatches} mismatch\t{row.error or '-'}"
+    ),
+)
 
 
 def _control(op: str, workflow: str, job_id: str) -> None:
@@ -296,24 +328,14 @@ _CONTROL_OPERATIONS = {
 }
 
 
-def _list_filtered(filter_text: str, sort: str, limit: int, as_json: bool) -> None:
-    from dataclasses import asdict
+def _listed(f: InstanceFilter, sort: str, limit: int) -> Iterator[InstanceRow]:
+    """Up to ``limit`` rows of the one list API (``views.list_page``), page after page."""
+    from workflow_engine.store.views import list_page
 
-    from workflow_engine.store.views import InstanceFilter, list_page
-
-    f = InstanceFilter.parse(filter_text)
     db, cursor, shown = _db(), None, 0
     while shown < limit:
         page = list_page(db, f, sort, cursor, min(500, limit - shown))  # type: ignore[arg-type]
-        for row in page.rows:
-            if as_json:
-                click.echo(orjson.dumps(asdict(row), default=str))
-            else:
-                click.echo(
-                    f"{row.job_id}\t{row.workflow}\t{row.status}"
-                    f"\t{row.created_at:%Y-%m-%d %H:%M:%S}\t{row.duplicates} dup"
-                    f"\t{row.mismatches} mismatch\t{row.error or '-'}"
-                )
+        yield from page.rows
         shown += len(page.rows)
         cursor = page.next_cursor
         if cursor is None:

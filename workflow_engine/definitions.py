@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
+from onceflow.instance_events import MAX_EVENT_TYPE_CHARS  # an awaited type: what may be sent
 from onceflow.ticks import Schedule
 from workflow_engine.model import (
     RateLimit,
@@ -102,8 +103,6 @@ MAX_TYPE_NAME_CHARS = 100
 #: A step's name, indexed with the job id (``onceflow_steps_name_key``): 500 characters
 #: are at most 2,000 bytes of UTF-8.
 MAX_STEP_NAME_CHARS = 500
-#: An awaited event's type: what the admin API's send-event accepts.
-MAX_EVENT_TYPE_CHARS = 200
 
 
 def check_name(what: str, name: str) -> str:

@@ -15,7 +15,6 @@ from fastapi.responses import RedirectResponse, Response
 from console.deps import Console, ConsoleDep, ControlForm, Operator, reader, render
 from console.forms import Form
 from console.metrics import ACTIONS
-from onceflow.instance_events import InvalidEvent, check_event
 from onceflow.vocabulary import BulkAction
 from workflow_engine.store import operations
 from workflow_engine.store.views import InstanceFilter, count_matching, describe_instance
@@ -53,10 +52,10 @@ def send_event(
         payload = orjson.loads(raw)
         # The store's rule (type pattern, size caps), shown on the confirmation page;
         # operations.send_event applies it again when the event is sent.
-        check_event(event_type, payload)
+        operations.check_event(event_type, payload)
     except orjson.JSONDecodeError as exc:
         error = f"the payload is not JSON: {exc}"
-    except InvalidEvent as exc:
+    except operations.InvalidEvent as exc:
         error = str(exc)
     fields = {"event_type": event_type, "payload": raw}
     if error or not _confirmed(form):

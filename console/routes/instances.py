@@ -20,8 +20,8 @@ from workflow_engine.store.views import (
     job_trace,
     list_actions,
     list_page,
+    step_results,
 )
-from workflow_engine.store.writes import load_steps
 
 router = APIRouter(dependencies=[Depends(reader)])
 
@@ -65,11 +65,9 @@ def instance_page(request: Request, job_id: str, c: ConsoleDep, done: str = "") 
     view = describe_instance(c.engine, job_id)
     if view is None:
         raise HTTPException(404, f"no instance with job id {job_id!r}")
-    with c.engine.connect() as conn:
-        outputs = {s.position: s.result for s in load_steps(conn, [job_id])[job_id]}
     context = {
         "view": view,
-        "outputs": outputs,
+        "outputs": step_results(c.engine, job_id),
         "trace": job_trace(c.engine, job_id),
         "dead_letters": dead_letters_for(c.engine, job_id),
         "operator_actions": list_actions(

@@ -2,7 +2,7 @@
 ``ONCEFLOW_ADMIN_API_ENABLED``).
 
     GET  /v1/instances?workflow=&status=&created_from=&created_to=&job_id=&prefix=
-                      &has_duplicates=&payload_mismatch=&error_contains=
+                      &has_duplicates=&payload_mismatch=&error_contains=&version=
                       &sort=created|updated&cursor=&limit=&count=true
          -> {"instances": [...], "next_cursor": "..." | null, "count": n | null}
     POST /v1/instances/bulk/{pause|resume|terminate|restart}   {"filter": "...", "dry_run": false}
@@ -31,13 +31,17 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, field_validator
 
-from onceflow.instance_events import MAX_EVENT_PAYLOAD_BYTES, MAX_EVENT_TYPE_CHARS, InvalidEvent
 from onceflow.vocabulary import BulkAction, InstanceStatus, OperatorAction
 from producers.deps import DbDep, IngestDep, exact_body, operator, require
 from producers.errors import error_responses
 from producers.models import FieldError, RequestError
 from workflow_engine.store import operations, views
-from workflow_engine.store.operations import Actor
+from workflow_engine.store.operations import (
+    MAX_EVENT_PAYLOAD_BYTES,
+    MAX_EVENT_TYPE_CHARS,
+    Actor,
+    InvalidEvent,
+)
 from workflow_engine.store.views import describe_instance, tick_of
 
 log = logging.getLogger(__name__)
@@ -66,8 +70,8 @@ EventOperator = Annotated[Actor, Depends(operator(OperatorAction.SEND_EVENT))]
 
 
 class EventIn(BaseModel):
-    # Checked by the store (onceflow.instance_events.check_event), the one rule every
-    # front end applies: a refusal is a 422 naming the field.
+    # Checked by the store (operations.send_event applies operations.check_event), the
+    # one rule every front end applies: a refusal is a 422 naming the field.
     type: str = Field(
         description=f"Letters, digits and _ . : - (at most {MAX_EVENT_TYPE_CHARS} characters)."
     )
@@ -108,6 +112,7 @@ def list_instances(
     has_duplicates: bool | None = None,
     payload_mismatch: bool | None = None,
     error_contains: str | None = None,
+    version: str | None = None,
     sort: Literal["created", "updated"] = "created",
     cursor: str | None = None,
     limit: int = 100,
@@ -125,6 +130,7 @@ def list_instances(
         has_duplicates=has_duplicates,
         payload_mismatch=payload_mismatch,
         error_contains=error_contains or None,
+        version=version or None,
     )
     limit = max(1, min(limit, views.MAX_LIMIT))
     page = _filtered(lambda: views.list_page(engine, f, sort, cursor or None, limit))

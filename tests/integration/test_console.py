@@ -7,6 +7,7 @@ import re
 import time
 
 import pytest
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from console import create_app
@@ -15,7 +16,7 @@ from onceflow.keys import hash_key
 from onceflow.settings import ApiKey
 from onceflow.vocabulary import InstanceStatus
 from workflow_engine.model import Delivery
-from workflow_engine.store.views import describe_instance
+from workflow_engine.store.views import describe_instance, step_results
 from workflow_engine.store.writes import create_instances
 
 READ_KEY, CONTROL_KEY = "ofk_test_reader", "ofk_test_operator"
@@ -127,6 +128,22 @@ def test_every_page_renders(settings, seeded):
     assert client.get("/bulk").status_code == 200
     for asset in ("/static/console.css", "/static/console.js", "/static/vendor/htmx/htmx.min.js"):
         assert client.get(asset).status_code == 200, asset
+
+
+def test_the_instance_page_shows_what_each_step_returned(settings, seeded):
+    with seeded.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO onceflow_steps (job_id, position, name, status, attempts, result,"
+                " finished_at) VALUES ('order_0002', 0, 'reserve', 'complete', 1,"
+                " '{\"held\": \"sku-42\"}', now()), ('order_0002', 1, 'charge', 'running', 1,"
+                " NULL, NULL)"
+            )
+        )
+    assert step_results(seeded, "order_0002") == {0: {"held": "sku-42"}, 1: None}
+    page = client_for(settings, seeded).get("/instances/order_0002").text
+    assert page.count("<summary>output</summary>") == 1
+    assert "sku-42" in page
 
 
 def test_filters_narrow_the_list_and_pages_follow_the_cursor(settings, seeded):

@@ -165,6 +165,20 @@ def test_every_filter_narrows_the_list_and_the_count(db):
     assert count_matching(db, InstanceFilter(), cap=2) == 2
 
 
+def test_the_version_filter_and_what_a_row_carries_for_the_cli(db):
+    _create(db, ["v_1", "v_2", "v_3"])
+    with db.begin() as conn:
+        conn.execute(sa.text("UPDATE onceflow_instances SET version = 'v1' WHERE job_id <> 'v_3'"))
+    operations.terminate(db, "approval-workflow", "v_2")
+    f = InstanceFilter.parse("version=v1")
+    assert f == InstanceFilter(version="v1") and InstanceFilter.parse(f.describe()) == f
+    rows = {r.job_id: r for r in list_page(db, f).rows}
+    assert sorted(rows) == ["v_1", "v_2"] and count_matching(db, f) == 2
+    assert {r.version for r in rows.values()} == {"v1"}
+    assert rows["v_1"].finished_at is None and rows["v_2"].finished_at is not None
+    assert [r.job_id for r in list_page(db, InstanceFilter(version="v2")).rows] == []
+
+
 def test_the_list_query_reads_an_index_not_the_whole_table(db):
     seed_for_bench(db, 20_000, prefix="ex_")
     for sort in ("created", "updated"):
@@ -172,6 +186,9 @@ def test_the_list_query_reads_an_index_not_the_whole_table(db):
         assert "Seq Scan on onceflow_instances" not in plan, plan
         assert "Index Scan Backward using onceflow_instances_" in plan, plan
     plan = explain_list(db, InstanceFilter(workflow="bench-wf-1"))
+    assert "Seq Scan on onceflow_instances" not in plan, plan
+    # a version is a plain AND beside the workflow: the workflow's indexes still serve it
+    plan = explain_list(db, InstanceFilter(workflow="bench-wf-1", version="v1"))
     assert "Seq Scan on onceflow_instances" not in plan, plan
     # a deep page is as cheap as the first: the cursor is a range on the same index
     first = list_page(db, InstanceFilter(), limit=50)

@@ -93,9 +93,7 @@ def test_the_console_refuses_the_event_types_the_api_refuses(settings, instances
 
 
 def test_send_event_is_checked_by_one_rule_for_the_api_the_console_and_the_cli(settings, instances):
-    from onceflow.instance_events import InvalidEvent
-
-    with pytest.raises(InvalidEvent, match="use letters, digits"):
+    with pytest.raises(operations.InvalidEvent, match="use letters, digits"):
         operations.send_event(instances, "approval-workflow", "in_1", "not valid!")
     refusals = [
         ({"type": "not valid!"}, "type", "use letters, digits"),

@@ -1,10 +1,23 @@
 """What operators do, from whichever front-end (the admin API, the console, the CLI):
 control an instance, send it an event, run bulk actions (one background runner), re-drive
 dead letters, manage schedules. Each records who did it in the operator audit trail.
+
+What an operator may send is checked here, not in the front ends: ``send_event`` applies
+the one event rule (:func:`check_event`, refusing with :class:`InvalidEvent`), and
+``start_bulk`` refuses the empty filter (:func:`refuse_empty`). A front end may call the
+check early (the console shows a refusal on its confirmation page) and maps the error to
+its own answer.
 """
 
 from __future__ import annotations
 
+from onceflow.instance_events import (
+    MAX_EVENT_PAYLOAD_BYTES,
+    MAX_EVENT_TYPE_CHARS,
+    EventRefusal,
+    InvalidEvent,
+    check_event,
+)
 from workflow_engine.store.operations.bulk import (
     LEASE_LOCK_SPACE,
     BulkOperation,
@@ -62,6 +75,8 @@ from workflow_engine.store.schedule_rows import (
 __all__ = [
     "LEASE_LOCK_SPACE",
     "MAX_BACKFILL",
+    "MAX_EVENT_PAYLOAD_BYTES",
+    "MAX_EVENT_TYPE_CHARS",
     "ActionEntry",
     "Actor",
     "BackfillResult",
@@ -71,13 +86,16 @@ __all__ = [
     "ControlError",
     "ControlResult",
     "EmptyFilter",
+    "EventRefusal",
     "InstanceNotFound",
+    "InvalidEvent",
     "ScheduleExists",
     "ScheduleNotFound",
     "Verdict",
     "announce",
     "backfill",
     "bulk_status",
+    "check_event",
     "create_schedule",
     "delete_schedule",
     "entry",

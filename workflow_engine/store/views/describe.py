@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""One instance described (its row, steps, children, counts, whether an engine can run
+it), what its steps returned, and a job's status whatever it became."""
 
 from __future__ import annotations
 
@@ -189,3 +190,16 @@ SELECT position, name, status, attempts, error, started_at, finished_at, kind, w
 FROM onceflow_steps WHERE job_id = :job_id ORDER BY position
 """
 )
+
+
+_STEP_RESULTS = sa.text(
+    "SELECT position, result FROM onceflow_steps WHERE job_id = :job_id ORDER BY position"
+)
+
+
+def step_results(engine: Engine, job_id: str) -> dict[int, Any]:
+    """What each recorded step of the instance returned, by position (None for one that
+    returned nothing or has not finished): the console shows it beside the step. Kept
+    out of :func:`describe_instance`, whose view the CLI and the API print whole."""
+    with engine.connect() as conn:
+        return {r.position: r.result for r in conn.execute(_STEP_RESULTS, {"job_id": job_id})}

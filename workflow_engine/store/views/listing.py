@@ -1,4 +1,5 @@
-"""Read models of the console and the admin API: filtered instance lists, counts, overview.
+"""Read models of the console, the admin API and the CLI: filtered instance lists (the
+one list API, :func:`list_page`), counts, overview.
 
 A filter (:class:`InstanceFilter`) has one text form (``workflow=order-workflow,
 status=errored,created_to=2026-11-30T10:00:00+00:00``) shared by the CLI
@@ -50,6 +51,7 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "has_duplicates": ("has_duplicates", "duplicates"),
     "payload_mismatch": ("payload_mismatch", "mismatch"),
     "error_contains": ("error_contains", "error"),
+    "version": ("version",),
 }
 _KEY_OF: dict[str, str] = {alias: key for key, names in _ALIASES.items() for alias in names}
 _TRUE = {"true", "yes", "1", "on"}
@@ -69,6 +71,7 @@ class InstanceFilter:
     has_duplicates: bool | None = None
     payload_mismatch: bool | None = None  # params or workflow mismatch recorded
     error_contains: str | None = None  # case-insensitive substring of the error
+    version: str | None = None  # the definition version it was created with
 
     @classmethod
     def parse(cls, text: str) -> InstanceFilter:
@@ -77,7 +80,7 @@ class InstanceFilter:
         Keys: ``workflow``, ``status``, ``created_from`` (or ``created_after``,
         ``since``), ``created_to`` (or ``created_before``, ``until``), ``job_id``,
         ``job_id_prefix`` (or ``prefix``), ``has_duplicates``, ``payload_mismatch``,
-        ``error_contains`` (or ``error``). A comma or backslash inside a value is
+        ``error_contains`` (or ``error``), ``version``. A comma or backslash inside a value is
         written ``\\,`` / ``\\\\``. The empty text is the empty filter (everything).
         """
         pairs: dict[str, str] = {}
@@ -266,6 +269,9 @@ def where_clause(f: InstanceFilter) -> tuple[str, dict[str, Any]]:
     if f.error_contains is not None:
         terms.append("strpos(lower(i.error), lower(:f_error)) > 0")
         params["f_error"] = f.error_contains
+    if f.version is not None:  # a plain AND: the created/updated index still orders the page
+        terms.append("i.version = :f_version")
+        params["f_version"] = f.version
     return (" AND ".join(terms) or "TRUE"), params
 
 
@@ -279,6 +285,8 @@ class InstanceRow:
     duplicates: int  # later deliveries of the job id (redeliveries and resubmissions)
     mismatches: int  # of those, how many had other params or another workflow
     error: str | None
+    finished_at: datetime | None
+    version: str | None  # the definition version it was created with
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,7 +335,8 @@ def _list_sql(
         where += f" AND (i.{column}, i.job_id) < (:c_at, :c_job)"
         params["c_at"], params["c_job"] = after
     page = (
-        "SELECT i.job_id, i.workflow, i.status, i.created_at, i.updated_at, i.error"
+        "SELECT i.job_id, i.workflow, i.status, i.created_at, i.updated_at, i.error,"
+        " i.finished_at, i.version"
         f" FROM onceflow_instances i WHERE {where}"
         f" ORDER BY i.{column} DESC, i.job_id DESC LIMIT :limit"
     )
@@ -369,6 +378,8 @@ def list_page(
             duplicates=int(r.duplicates),
             mismatches=int(r.mismatches),
             error=r.error,
+            finished_at=r.finished_at,
+            version=r.version,
         )
         for r in found[:limit]
     ]
@@ -455,61 +466,3 @@ def overview(engine: Engine, minutes: int = 15) -> Overview:
         finished_per_minute=[(r.minute, int(r.n)) for r in finished],
         dead_letters_by_reason={r.reason: int(r.n) for r in dead},
     )
-
-
-@dataclass(frozen=True)
-class InstanceBrief:
-    job_id: str
-    workflow: str
-    status: InstanceStatus
-    created_at: datetime
-    finished_at: datetime | None
-    version: str | None = None
-
-
-def list_instances(
-    engine: Engine,
-    workflow: str | None = None,
-    status: InstanceStatus | None = None,
-    created_since: datetime | None = None,
-    id_prefix: str | None = None,
-    limit: int = 100,
-    version: str | None = None,
-) -> list[InstanceBrief]:
-    sql = sa.text(
-        "SELECT job_id, workflow, status, created_at, finished_at, version"
-        " FROM onceflow_instances"
-        " WHERE (CAST(:w AS text) IS NULL OR workflow = :w)"
-        " AND (CAST(:v AS text) IS NULL OR version = :v)"
-        " AND (CAST(:s AS text) IS NULL OR status = :s)"
-        " AND (CAST(:since AS timestamptz) IS NULL OR created_at >= :since)"
-        " AND (CAST(:prefix AS text) IS NULL OR job_id LIKE :pattern)"
-        " ORDER BY created_at DESC, job_id LIMIT :limit"
-    )
-    pattern = None
-    if id_prefix is not None:
-        pattern = id_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sql,
-            {
-                "w": workflow,
-                "s": str(status) if status is not None else None,
-                "since": created_since,
-                "prefix": id_prefix,
-                "pattern": pattern,
-                "limit": limit,
-                "v": version,
-            },
-        )
-        return [
-            InstanceBrief(
-                r.job_id,
-                r.workflow,
-                InstanceStatus(r.status),
-                r.created_at,
-                r.finished_at,
-                r.version,
-            )
-            for r in rows
-        ]
