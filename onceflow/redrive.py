@@ -242,18 +242,7 @@ def redrive(
     """Produce each letter's original back to the jobs topic and wait for every
     acknowledgement (at most ``timeout`` seconds); truncated letters are refused."""
     result = RedriveResult()
-    todo = []
-    for letter in records:
-        if letter.truncated:
-            result.refused.append(
-                NotRedriven(
-                    letter.dlq_partition,
-                    letter.dlq_offset,
-                    "truncated: the letter holds only a prefix of the original",
-                )
-            )
-        else:
-            todo.append(letter)
+    todo = _refuse_truncated(records, result)
     if not todo:
         return result
     producer = Producer(
@@ -266,7 +255,39 @@ def redrive(
             "message.max.bytes": settings.kafka_max_message_bytes,
         }
     )
-    reports: dict[int, tuple[KafkaError | None, Message | None]] = {}
+    reports = _produce_all(producer, settings.jobs_topic, todo, timeout)
+    _settle(todo, reports, timeout, result)
+    return result
+
+
+_Report = tuple[KafkaError | None, Message | None]
+
+
+def _refuse_truncated(
+    records: Sequence[DeadLetterRecord], result: RedriveResult
+) -> list[DeadLetterRecord]:
+    """The letters that can be produced; the truncated ones go to ``result.refused``."""
+    todo = []
+    for letter in records:
+        if letter.truncated:
+            result.refused.append(
+                NotRedriven(
+                    letter.dlq_partition,
+                    letter.dlq_offset,
+                    "truncated: the letter holds only a prefix of the original",
+                )
+            )
+        else:
+            todo.append(letter)
+    return todo
+
+
+def _produce_all(
+    producer: Producer, topic: str, todo: list[DeadLetterRecord], timeout: float
+) -> dict[int, _Report]:
+    """Produce every letter's original to ``topic`` and flush (at most ``timeout``
+    seconds): the delivery report of each, by its index in ``todo``, as far as they came."""
+    reports: dict[int, _Report] = {}
 
     def reporter(index: int) -> Callable[[KafkaError | None, Message], None]:
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
@@ -279,7 +300,7 @@ def redrive(
             while True:
                 try:
                     producer.produce(
-                        settings.jobs_topic,
+                        topic,
                         key=letter.key,
                         value=letter.value,
                         headers=list[tuple[str, str | bytes | None]](letter.original_headers),
@@ -290,7 +311,15 @@ def redrive(
                     producer.poll(0.5)
         producer.flush(timeout)
     except KafkaException as exc:
-        raise ServiceUnavailable(f"cannot produce to {settings.jobs_topic}: {exc}") from None
+        raise ServiceUnavailable(f"cannot produce to {topic}: {exc}") from None
+    return reports
+
+
+def _settle(
+    todo: list[DeadLetterRecord], reports: dict[int, _Report], timeout: float, result: RedriveResult
+) -> None:
+    """Each letter of ``todo`` into ``result``: redriven where Kafka acknowledged it,
+    failed (and why) where it did not."""
     for index, letter in enumerate(todo):
         err, msg = reports.get(index, (None, None))
         if msg is not None and err is None:
@@ -305,4 +334,3 @@ def redrive(
         else:
             why = str(err) if err is not None else f"not acknowledged within {timeout}s"
             result.failed.append(NotRedriven(letter.dlq_partition, letter.dlq_offset, why))
-    return result
