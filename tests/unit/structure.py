@@ -1,19 +1,26 @@
-"""Checks on the shape of the product code, used by ``test_structure.py``.
+"""Two checks on the shape of the product code, used by ``test_structure.py``.
 
 * :func:`import_circles`: the strongly connected components of more than one module of
   an import graph (Tarjan's algorithm). A circle means neither module can be read,
   tested or moved without the other; the layer contract (``[tool.importlinter]``) only
   orders the packages, so a circle inside one layer would pass it.
+* :func:`long_functions`: the functions longer than a screen, counted from the ``def``
+  line to the last line inclusive (``end_lineno - lineno + 1``, decorators left out).
 """
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 
 import grimp
 
 #: The runtime's packages (tools and the sample workflows are not the product).
 PRODUCT = ("onceflow", "onceflow_cli", "producers", "streams", "console", "workflow_engine")
+#: The longest a product function may be.
+MAX_FUNCTION_LINES = 60
 
 
 def import_graph(packages: Iterable[str] = PRODUCT) -> dict[str, set[str]]:
@@ -69,6 +76,45 @@ def import_circles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
                     if len(component) > 1:
                         circles.append(sorted(component))
     return sorted(circles)
+
+
+@dataclass(frozen=True, slots=True)
+class LongFunction:
+    path: Path
+    line: int
+    name: str  # qualified: Class.method, outer.inner
+    lines: int
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line} {self.name} ({self.lines} lines)"
+
+
+def long_functions(
+    roots: Iterable[Path], limit: int = MAX_FUNCTION_LINES, relative_to: Path | None = None
+) -> list[LongFunction]:
+    """The functions and methods (nested ones too) of the ``.py`` files under ``roots``
+    that are longer than ``limit`` lines."""
+    found: list[LongFunction] = []
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            shown = path.relative_to(relative_to) if relative_to else path
+            found += _long_in(ast.parse(path.read_text(), str(path)), shown, limit)
+    return found
+
+
+def _long_in(tree: ast.AST, path: Path, limit: int, prefix: str = "") -> list[LongFunction]:
+    found: list[LongFunction] = []
+    for node in ast.iter_child_nodes(tree):
+        name = prefix
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            name = f"{prefix}{node.name}."
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            assert node.end_lineno is not None
+            lines = node.end_lineno - node.lineno + 1
+            if lines > limit:
+                found.append(LongFunction(path, node.lineno, name[:-1], lines))
+        found += _long_in(node, path, limit, name)
+    return found
 
 
 if __name__ == "__main__":

@@ -1,17 +1,24 @@
-"""No import circle among the product's modules (``structure.py`` beside this file
-has the check), and it is a check that can fail: shown on a copy of the tree with a
-circle in it."""
+"""The product code keeps its shape: no import circle among its modules, and no
+function longer than a screen (``structure.py`` beside this file has both checks).
+Each is a check that can fail: shown on a copy of the tree with a circle in it, and on
+a file with a function one line too long."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.unit.structure import import_circles
+from tests.unit.structure import (
+    MAX_FUNCTION_LINES,
+    PRODUCT,
+    import_circles,
+    long_functions,
+)
 from tests.unit.test_layers import PACKAGES, REPO, copy_tree, resolved_packages
 
 STRUCTURE = Path(__file__).with_name("structure.py")
@@ -76,3 +83,33 @@ def test_the_circles_of_a_small_graph():
     }
     assert import_circles(graph) == [["a", "b", "c"], ["e", "f"], ["i", "j", "k"]]
     assert import_circles({"x": ["y"], "y": ["z"], "z": []}) == []
+
+
+def test_no_product_function_over_the_limit():
+    found = long_functions([REPO / package for package in PRODUCT], relative_to=REPO)
+    assert not found, f"over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(map(str, found))
+
+
+def test_the_length_check_can_fail(tmp_path):
+    def function(name: str, lines: int, indent: str = "") -> str:
+        body = "".join(f"{indent}    x{n} = {n}\n" for n in range(lines - 2))
+        return f"{indent}def {name}():\n{body}{indent}    return None\n"
+
+    source = (
+        function("fits", MAX_FUNCTION_LINES)
+        + function("too_long", MAX_FUNCTION_LINES + 1)
+        + "class Thing:\n"
+        + "    @property\n"  # decorators do not count
+        + function("method", MAX_FUNCTION_LINES, "    ")
+        + "    async def outer(self):\n"
+        + textwrap.indent(function("inner", MAX_FUNCTION_LINES + 1), "        ")
+    )
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "module.py").write_text(source)
+
+    found = long_functions([tmp_path], relative_to=tmp_path)
+    assert [(f.name, f.lines, str(f.path)) for f in found] == [
+        ("too_long", MAX_FUNCTION_LINES + 1, "pkg/module.py"),
+        ("Thing.outer", MAX_FUNCTION_LINES + 2, "pkg/module.py"),  # its def and inner
+        ("Thing.outer.inner", MAX_FUNCTION_LINES + 1, "pkg/module.py"),
+    ]
