@@ -81,61 +81,86 @@ def serve_metrics_and_health(
     """Serve the probes and ``/metrics``. ``ready`` checks what the process needs;
     ``informational`` what it only reports. ``on_state`` sees every fresh answer of
     both (e.g. to set gauges); when given, a scrape refreshes them first (cached)."""
-    readiness = _Readiness(ready)
-    info = _Readiness(informational or dict)
-
-    def state() -> tuple[dict[str, bool], dict[str, bool]]:
-        required, optional = readiness.get(), info.get()
-        if on_state is not None:
-            on_state({**optional, **required})
-        return required, optional
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.split("?")[0]
-            if path == "/metrics":
-                if on_state is not None:
-                    state()
-                self._send(200, generate_latest(), CONTENT_TYPE_LATEST)
-            elif path == "/healthz":
-                self._send(200, b'{"status":"ok"}')
-            elif path == "/readyz":
-                self._readyz(state()[0])
-            elif path == "/readyz/details":
-                required, optional = state()
-                deps = {k: {"state": _word(v), "required": False} for k, v in optional.items()}
-                deps.update({k: {"state": _word(v), "required": True} for k, v in required.items()})
-                ok = bool(required) and all(required.values())
-                self._send(200, json.dumps({"ready": ok, "dependencies": deps}).encode())
-            else:
-                message = "no such path: /metrics, /healthz, /readyz, /readyz/details"
-                self._send(404, _error("not_found", message))
-
-        def _readyz(self, required: dict[str, bool]) -> None:
-            if required and all(required.values()):
-                self._send(200, json.dumps(dict.fromkeys(required, "ok")).encode())
-                return
-            down = sorted(k for k, v in required.items() if not v) or ["readiness check"]
-            self._send(
-                503,
-                _error(
-                    "not_ready",
-                    f"not ready: {', '.join(down)} unavailable",
-                    {k: _word(v) for k, v in required.items()},
-                ),
-            )
-
-        def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:  # quiet access log
-            return
-
-    server = ThreadingHTTPServer((host, port), Handler)
+    server = _Server((host, port), _Probes(ready, informational, on_state))
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server
+
+
+class _Probes:
+    """The answers of the readiness checks (required and informational), cached."""
+
+    def __init__(
+        self,
+        ready: ReadinessCheck,
+        informational: ReadinessCheck | None,
+        on_state: Callable[[dict[str, bool]], None] | None,
+    ) -> None:
+        self.readiness = _Readiness(ready)
+        self.info = _Readiness(informational or dict)
+        self.on_state = on_state
+
+    def state(self) -> tuple[dict[str, bool], dict[str, bool]]:
+        required, optional = self.readiness.get(), self.info.get()
+        if self.on_state is not None:
+            self.on_state({**optional, **required})
+        return required, optional
+
+
+class _Server(ThreadingHTTPServer):
+    """The HTTP server of one process's probes (``_Handler`` reads them here)."""
+
+    def __init__(self, address: tuple[str, int], probes: _Probes) -> None:
+        super().__init__(address, _Handler)
+        self.probes = probes
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_GET(self) -> None:
+        probes = self.server.probes
+        path = self.path.split("?")[0]
+        if path == "/metrics":
+            if probes.on_state is not None:
+                probes.state()
+            self._send(200, generate_latest(), CONTENT_TYPE_LATEST)
+        elif path == "/healthz":
+            self._send(200, b'{"status":"ok"}')
+        elif path == "/readyz":
+            self._readyz(probes.state()[0])
+        elif path == "/readyz/details":
+            self._details(*probes.state())
+        else:
+            message = "no such path: /metrics, /healthz, /readyz, /readyz/details"
+            self._send(404, _error("not_found", message))
+
+    def _readyz(self, required: dict[str, bool]) -> None:
+        if required and all(required.values()):
+            self._send(200, json.dumps(dict.fromkeys(required, "ok")).encode())
+            return
+        down = sorted(k for k, v in required.items() if not v) or ["readiness check"]
+        self._send(
+            503,
+            _error(
+                "not_ready",
+                f"not ready: {', '.join(down)} unavailable",
+                {k: _word(v) for k, v in required.items()},
+            ),
+        )
+
+    def _details(self, required: dict[str, bool], optional: dict[str, bool]) -> None:
+        deps = {k: {"state": _word(v), "required": False} for k, v in optional.items()}
+        deps.update({k: {"state": _word(v), "required": True} for k, v in required.items()})
+        ok = bool(required) and all(required.values())
+        self._send(200, json.dumps({"ready": ok, "dependencies": deps}).encode())
+
+    def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:  # quiet access log
+        return

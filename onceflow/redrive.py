@@ -243,6 +243,28 @@ def redrive(
     """Produce each letter's original back to the jobs topic and wait for every
     acknowledgement (at most ``timeout`` seconds); truncated letters are refused."""
     result = RedriveResult()
+    todo = _refuse_truncated(records, result)
+    if not todo:
+        return result
+    producer = Producer(
+        idempotent_producer_config(
+            settings.kafka_bootstrap_servers,
+            "onceflow-redrive",
+            max_message_bytes=settings.kafka_max_message_bytes,
+        )
+    )
+    reports = _produce_all(producer, settings.jobs_topic, todo, timeout)
+    _settle(todo, reports, timeout, result)
+    return result
+
+
+_Report = tuple[KafkaError | None, Message | None]
+
+
+def _refuse_truncated(
+    records: Sequence[DeadLetterRecord], result: RedriveResult
+) -> list[DeadLetterRecord]:
+    """The letters that can be produced; the truncated ones go to ``result.refused``."""
     todo = []
     for letter in records:
         if letter.truncated:
@@ -255,16 +277,15 @@ def redrive(
             )
         else:
             todo.append(letter)
-    if not todo:
-        return result
-    producer = Producer(
-        idempotent_producer_config(
-            settings.kafka_bootstrap_servers,
-            "onceflow-redrive",
-            max_message_bytes=settings.kafka_max_message_bytes,
-        )
-    )
-    reports: dict[int, tuple[KafkaError | None, Message | None]] = {}
+    return todo
+
+
+def _produce_all(
+    producer: Producer, topic: str, todo: list[DeadLetterRecord], timeout: float
+) -> dict[int, _Report]:
+    """Produce every letter's original to ``topic`` and flush (at most ``timeout``
+    seconds): the delivery report of each, by its index in ``todo``, as far as they came."""
+    reports: dict[int, _Report] = {}
 
     def reporter(index: int) -> Callable[[KafkaError | None, Message], None]:
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
@@ -277,7 +298,7 @@ def redrive(
             while True:
                 try:
                     producer.produce(
-                        settings.jobs_topic,
+                        topic,
                         key=letter.key,
                         value=letter.value,
                         headers=list[tuple[str, str | bytes | None]](letter.original_headers),
@@ -288,7 +309,15 @@ def redrive(
                     producer.poll(0.5)
         producer.flush(timeout)
     except KafkaException as exc:
-        raise ServiceUnavailable(f"cannot produce to {settings.jobs_topic}: {exc}") from None
+        raise ServiceUnavailable(f"cannot produce to {topic}: {exc}") from None
+    return reports
+
+
+def _settle(
+    todo: list[DeadLetterRecord], reports: dict[int, _Report], timeout: float, result: RedriveResult
+) -> None:
+    """Each letter of ``todo`` into ``result``: redriven where Kafka acknowledged it,
+    failed (and why) where it did not."""
     for index, letter in enumerate(todo):
         err, msg = reports.get(index, (None, None))
         if msg is not None and err is None:
@@ -303,4 +332,3 @@ def redrive(
         else:
             why = str(err) if err is not None else f"not acknowledged within {timeout}s"
             result.failed.append(NotRedriven(letter.dlq_partition, letter.dlq_offset, why))
-    return result

@@ -21,6 +21,7 @@ import orjson
 from onceflow.errors import OnceflowError
 from onceflow.settings import SCOPES, Settings, get_settings
 from onceflow.vocabulary import DeadLetterReason, InstanceStatus
+from onceflow_cli.database import connect
 from onceflow_cli.operator_log import audit_actions
 from onceflow_cli.schedules import schedules
 from workflow_engine.store import operations
@@ -219,9 +220,7 @@ def instances_describe(workflow: str, job_id: str, as_json: bool) -> None:
 
 
 def _db():
-    from workflow_engine.store import make_engine
-
-    return make_engine(_settings().database_url, pool_size=1)
+    return connect(_settings())
 
 
 @instances.command("list")

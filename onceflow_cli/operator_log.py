@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING
 import click
 import orjson
 
+from onceflow.settings import get_settings
 from onceflow.vocabulary import ActionResult, FrontEnd, OperatorAction
+from onceflow_cli.database import connect
 
 if TYPE_CHECKING:  # the store is imported when a command runs, not when the CLI starts
     from workflow_engine.store.operations import ActionEntry, Actor
@@ -72,7 +74,6 @@ def audit_actions(
     """The operators' audit trail, newest first: who paused, resumed, terminated,
     restarted, sent an event, started a bulk operation or re-drove dead letters (from
     the console, the admin API or the CLI), console logins, and refused requests."""
-    from onceflow_cli.main import _db
     from workflow_engine.store.views import ActionFilter, list_actions
 
     given = {
@@ -83,7 +84,7 @@ def audit_actions(
         "result": result,
     }
     f = ActionFilter.from_params({k: v for k, v in given.items() if v is not None})
-    engine, cursor, shown = _db(), None, 0
+    engine, cursor, shown = connect(get_settings()), None, 0
     while shown < limit:
         page = list_actions(engine, f, cursor, min(500, limit - shown))
         for e in page.rows:

@@ -12,18 +12,17 @@ from typing import Any
 import click
 import orjson
 
+from onceflow.settings import get_settings
 from onceflow.ticks import TickSpec
 from onceflow.vocabulary import CatchupPolicy, OverlapPolicy
+from onceflow_cli.database import connect
 
 _CATCHUP = click.Choice([p.value for p in CatchupPolicy])
 _OVERLAP = click.Choice([p.value for p in OverlapPolicy])
 
 
 def _db() -> Any:
-    from onceflow.settings import get_settings
-    from workflow_engine.store import make_engine
-
-    return make_engine(get_settings().database_url, pool_size=1)
+    return connect(get_settings())
 
 
 def _moment(value: str, flag: str) -> datetime:

@@ -21,6 +21,7 @@ PACKAGES = {
     "producers": REPO / "producers",
     "streams": REPO / "streams",
     "workflow_engine": REPO / "workflow_engine",
+    "console": REPO / "console",
     "onceflow_tools": REPO / "tools" / "onceflow_tools",
     "onceflow_examples": REPO / "examples" / "onceflow_examples",
 }
@@ -41,25 +42,16 @@ def _lint_imports(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess[st
     )
 
 
-def _copy_tree(dest: Path) -> None:
+def copy_tree(dest: Path) -> None:
+    """The root packages of the contract, and pyproject.toml, copied under ``dest``."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     for name, source in PACKAGES.items():
         shutil.copytree(source, dest / name, ignore=ignore)
     shutil.copy(REPO / "pyproject.toml", dest / "pyproject.toml")
 
 
-def test_the_tree_keeps_its_layers():
-    result = _lint_imports(REPO, REPO)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_the_core_importing_the_engine_breaks_the_contract(tmp_path):
-    _copy_tree(tmp_path)
-    with open(tmp_path / "onceflow" / "ids.py", "a") as ids:
-        ids.write("\nimport workflow_engine.engine.runner  # noqa\n")
-
-    # The packages must resolve to the copies only (PYTHONPATH comes before the editable
-    # installs' finders), or the check below would run on the untouched checkout.
+def resolved_packages(tree: Path) -> list[str]:
+    """Where each root package is found by a Python whose PYTHONPATH is ``tree``."""
     where = subprocess.run(
         [
             sys.executable,
@@ -69,13 +61,28 @@ def test_the_core_importing_the_engine_breaks_the_contract(tmp_path):
             "    print(*importlib.util.find_spec(name).submodule_search_locations)",
             *PACKAGES,
         ],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
         capture_output=True,
         text=True,
         check=True,
     )
-    assert where.stdout.split() == [str(tmp_path / name) for name in PACKAGES]
+    return where.stdout.split()
+
+
+def test_the_tree_keeps_its_layers():
+    result = _lint_imports(REPO, REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_core_importing_the_engine_breaks_the_contract(tmp_path):
+    copy_tree(tmp_path)
+    with open(tmp_path / "onceflow" / "ids.py", "a") as ids:
+        ids.write("\nimport workflow_engine.engine.runner  # noqa\n")
+
+    # The packages must resolve to the copies only (PYTHONPATH comes before the editable
+    # installs' finders), or the check below would run on the untouched checkout.
+    assert resolved_packages(tmp_path) == [str(tmp_path / name) for name in PACKAGES]
 
     result = _lint_imports(tmp_path, tmp_path)
     output = result.stdout + result.stderr

@@ -81,6 +81,8 @@ INLINE_SLOW_SECONDS = 0.05
 #: At most one ``step.inline_slow`` line per workflow and step name in this interval.
 INLINE_SLOW_LOG_SECONDS = 60.0
 _inline_slow_logged: dict[tuple[str, str], float] = {}
+#: What an attempt returns when the step should run again at once (its value may be None).
+_AGAIN: Any = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,54 +316,79 @@ class WorkflowContext:
             self.spans.cut_off(name, position, recorded.attempts)
         policy = retries or self._rt.default_retry or DEFAULT_RETRY
         while True:
-            await failpoints.hit_async("engine.before_step_start", self.job_id)
-            start = StartStep(self.job_id, self.lease.claim, position, name)
-            attempt, started_at = await self._write(start)
-            STEPS_STARTED.labels(self.workflow).inc()
-            token = _current_step.set(StepInfo(self.job_id, self.workflow, name, position, attempt))
-            span = self.spans.step(name, position, attempt) if self.spans else None
-            started = time.perf_counter()
-            try:
-                with tracing.active(span):
-                    value = await self._invoke(fn, args, kwargs, timeout, inline)
-                encoded = writes.encode_result(value, self._rt.max_result_bytes)
-            except NonRetryableError as exc:
-                tracing.end(span, exc)
-                await self._finish(
-                    position,
-                    attempt,
-                    started_at,
-                    AttemptOutcome.FAILED,
-                    replay.step_failure(exc),
-                    _describe(exc),
-                )
-                STEPS.labels(self.workflow, AttemptOutcome.FAILED).inc()
-                raise
-            except Exception as exc:  # step code may raise anything: that is a failed attempt
-                tracing.end(span, exc)
-                await self._attempt_failed(name, position, attempt, started_at, policy, exc)
-                continue
-            finally:
-                _current_step.reset(token)
-            await failpoints.hit_async("engine.after_step_run", self.job_id)
-            checkpoint = FinishStep(
-                self.job_id,
-                self.lease.claim,
-                position,
-                attempt,
-                started_at,
-                AttemptOutcome.COMPLETE,
-                encoded,
-            )
-            done = _Held(checkpoint, name, time.perf_counter() - started, span)
-            if self._cursor() is self._main and self._held is None:
-                self._held = done  # goes with the next write
-            else:
-                # A gather branch (its steps run at once), or a second main-line step
-                # run concurrently without gather: written now, not held.
-                await self._write(checkpoint)
-                self._checkpointed(done)
-            return value
+            value = await self._attempt(name, position, policy, fn, args, kwargs, timeout, inline)
+            if value is not _AGAIN:
+                return value
+
+    async def _attempt(
+        self,
+        name: str,
+        position: int,
+        policy: RetryPolicy,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        timeout: float | None,
+        inline: bool | None,
+    ) -> Any:
+        """One attempt of a step: record its start, run its code, then hold its
+        checkpoint (or write it). Returns the step's value, or ``_AGAIN`` when the
+        attempt failed and the step should run again at once."""
+        await failpoints.hit_async("engine.before_step_start", self.job_id)
+        start = StartStep(self.job_id, self.lease.claim, position, name)
+        attempt, started_at = await self._write(start)
+        STEPS_STARTED.labels(self.workflow).inc()
+        token = _current_step.set(StepInfo(self.job_id, self.workflow, name, position, attempt))
+        span = self.spans.step(name, position, attempt) if self.spans else None
+        started = time.perf_counter()
+        try:
+            with tracing.active(span):
+                value = await self._invoke(fn, args, kwargs, timeout, inline)
+            encoded = writes.encode_result(value, self._rt.max_result_bytes)
+        except NonRetryableError as exc:
+            await self._failed_for_good(position, attempt, started_at, span, exc)
+            raise
+        except Exception as exc:  # step code may raise anything: that is a failed attempt
+            tracing.end(span, exc)
+            await self._attempt_failed(name, position, attempt, started_at, policy, exc)
+            return _AGAIN
+        finally:
+            _current_step.reset(token)
+        await failpoints.hit_async("engine.after_step_run", self.job_id)
+        checkpoint = FinishStep(
+            self.job_id,
+            self.lease.claim,
+            position,
+            attempt,
+            started_at,
+            AttemptOutcome.COMPLETE,
+            encoded,
+        )
+        done = _Held(checkpoint, name, time.perf_counter() - started, span)
+        if self._cursor() is self._main and self._held is None:
+            self._held = done  # goes with the next write
+        else:
+            # A gather branch (its steps run at once), or a second main-line step
+            # run concurrently without gather: written now, not held.
+            await self._write(checkpoint)
+            self._checkpointed(done)
+        return value
+
+    async def _failed_for_good(
+        self, position: int, attempt: int, started_at: datetime, span: Any, exc: NonRetryableError
+    ) -> None:
+        """Record the attempt that raised ``NonRetryableError``: the step failed, with that
+        error (the caller raises it again)."""
+        tracing.end(span, exc)
+        await self._finish(
+            position,
+            attempt,
+            started_at,
+            AttemptOutcome.FAILED,
+            replay.step_failure(exc),
+            _describe(exc),
+        )
+        STEPS.labels(self.workflow, AttemptOutcome.FAILED).inc()
 
     async def _attempt_failed(
         self,

@@ -18,8 +18,10 @@ import logging
 import re
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 import sqlalchemy as sa
+from psycopg2 import sql
 from sqlalchemy.engine import Connection, Engine
 
 from onceflow.errors import OnceflowError
@@ -188,9 +190,6 @@ def grant_app_role(
     (the examples'); never a table no migration set declares. Identifiers are quoted
     by the driver, never spliced into SQL text.
     """
-    from psycopg2 import sql
-
-    granted: list[str] = []
     with engine.begin() as conn:
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
         who = sql.Identifier(role)
@@ -198,45 +197,59 @@ def grant_app_role(
         cursor.execute(
             sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), who)
         )
-        for migration_set in migration_sets:
-            cursor.execute(
-                sql.SQL("GRANT SELECT ON TABLE {} TO {}").format(
-                    sql.Identifier(migration_set.table), who
-                )
-            )
-            for table in migration_set.tables:
-                cursor.execute(
-                    sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {} TO {}").format(
-                        sql.Identifier(table), who
-                    )
-                )
-                granted.append(table)
-        sequences = (
-            conn.execute(
-                sa.text(
-                    "SELECT s.sequencename FROM pg_sequences s"
-                    " JOIN pg_depend d ON d.objid = to_regclass(s.sequencename)"
-                    " JOIN pg_class c ON c.oid = d.refobjid"
-                    " WHERE s.schemaname = current_schema() AND c.relname = ANY(:tables)"
-                ),
-                {"tables": granted},
-            )
-            .scalars()
-            .all()
-        )
-        for sequence in sequences:
-            cursor.execute(
-                sql.SQL("GRANT USAGE, SELECT ON SEQUENCE {} TO {}").format(
-                    sql.Identifier(sequence), who
-                )
-            )
-        cursor.execute(sql.SQL("GRANT EXECUTE ON FUNCTION job_trace(text) TO {}").format(who))
-        # Retention's partition DDL runs in these SECURITY DEFINER functions (0012).
-        for function in (
-            "onceflow_add_partition(text, timestamptz, timestamptz)",
-            "onceflow_retire_partition(text, timestamptz)",
-        ):
-            cursor.execute(
-                sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(sql.SQL(function), who)
-            )
+        granted = _grant_tables(cursor, who, migration_sets)
+        _grant_sequences(conn, cursor, who, granted)
+        _grant_functions(cursor, who)
     return granted
+
+
+def _grant_tables(
+    cursor: Any, who: sql.Identifier, migration_sets: tuple[MigrationSet, ...]
+) -> list[str]:
+    """Grant reading each set's migrations table, and the rows of each of its tables;
+    returns the tables granted."""
+    granted: list[str] = []
+    for migration_set in migration_sets:
+        cursor.execute(
+            sql.SQL("GRANT SELECT ON TABLE {} TO {}").format(
+                sql.Identifier(migration_set.table), who
+            )
+        )
+        for table in migration_set.tables:
+            cursor.execute(
+                sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {} TO {}").format(
+                    sql.Identifier(table), who
+                )
+            )
+            granted.append(table)
+    return granted
+
+
+_SEQUENCES_OF = sa.text(
+    "SELECT s.sequencename FROM pg_sequences s"
+    " JOIN pg_depend d ON d.objid = to_regclass(s.sequencename)"
+    " JOIN pg_class c ON c.oid = d.refobjid"
+    " WHERE s.schemaname = current_schema() AND c.relname = ANY(:tables)"
+)
+
+
+def _grant_sequences(conn: Connection, cursor: Any, who: sql.Identifier, tables: list[str]) -> None:
+    """Grant the use of the sequences the granted ``tables`` own (their serial columns')."""
+    sequences = conn.execute(_SEQUENCES_OF, {"tables": tables}).scalars().all()
+    for sequence in sequences:
+        cursor.execute(
+            sql.SQL("GRANT USAGE, SELECT ON SEQUENCE {} TO {}").format(
+                sql.Identifier(sequence), who
+            )
+        )
+
+
+def _grant_functions(cursor: Any, who: sql.Identifier) -> None:
+    """Grant executing the functions the services call (the trace, retention's partitions)."""
+    cursor.execute(sql.SQL("GRANT EXECUTE ON FUNCTION job_trace(text) TO {}").format(who))
+    # Retention's partition DDL runs in these SECURITY DEFINER functions (0012).
+    for function in (
+        "onceflow_add_partition(text, timestamptz, timestamptz)",
+        "onceflow_retire_partition(text, timestamptz)",
+    ):
+        cursor.execute(sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(sql.SQL(function), who))

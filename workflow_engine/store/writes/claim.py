@@ -156,20 +156,7 @@ def claim(
         "have_versions": list(versions.values()),
     }
     with engine.begin() as conn:
-        picked = in_index_order(
-            conn,
-            _PICK,
-            {
-                **params,
-                "limit": limit,
-                "limited": list(controlled),
-                "uncontrolled": [w for w in versions if w not in controlled],
-            },
-        )
-        locked = [workflow for row in picked if row[0] is None for workflow in row[2]]
-        # Both kinds of plain candidate in claim order; what is picked and not leased
-        # stays locked (by this transaction only) and unclaimed.
-        picked = sorted((row[:2] for row in picked if row[0] is not None), key=lambda r: r[1])
+        locked, picked = _pick(conn, params, limit, controlled, versions)
         rows: list[Any] = []
         if locked:
             rows = _claim_flows(conn, controlled, locked, picked, limit, params)
@@ -177,21 +164,50 @@ def claim(
         if plain:
             rows += conn.execute(_LEASE_PICKED, {**params, "picked": plain}).all()
         # The histories of everything claimed, in one query, in this transaction.
-        history = load_steps(conn, [row[0] for row in rows])
-        return [
-            Claimed(
-                job_id,
-                workflow,
-                params,
-                created,
-                submitted,
-                claims,
-                history.get(job_id, []),
-                tp,
-                version,
-            )
-            for job_id, workflow, params, created, submitted, claims, tp, version in rows
-        ]
+        return _with_histories(rows, load_steps(conn, [row[0] for row in rows]))
+
+
+def _pick(
+    conn: sa.Connection,
+    params: dict[str, Any],
+    limit: int,
+    controlled: dict[str, FlowControl],
+    versions: dict[str, str],
+) -> tuple[list[str], list[Any]]:
+    """The pick (``_PICK``): the flow-controlled workflows whose advisory lock it got,
+    and the plain candidates it locked, as ``(job_id, claim order)`` in claim order."""
+    picked = in_index_order(
+        conn,
+        _PICK,
+        {
+            **params,
+            "limit": limit,
+            "limited": list(controlled),
+            "uncontrolled": [w for w in versions if w not in controlled],
+        },
+    )
+    locked = [workflow for row in picked if row[0] is None for workflow in row[2]]
+    # Both kinds of plain candidate in claim order; what is picked and not leased
+    # stays locked (by this transaction only) and unclaimed.
+    return locked, sorted((row[:2] for row in picked if row[0] is not None), key=lambda r: r[1])
+
+
+def _with_histories(rows: Sequence[Any], history: dict[str, list[RecordedStep]]) -> list[Claimed]:
+    """The leased rows (``mark_running``'s columns) as claims, each with its history."""
+    return [
+        Claimed(
+            job_id,
+            workflow,
+            params,
+            created,
+            submitted,
+            claims,
+            history.get(job_id, []),
+            tp,
+            version,
+        )
+        for job_id, workflow, params, created, submitted, claims, tp, version in rows
+    ]
 
 
 def _claim_flows(
