@@ -11,7 +11,6 @@ workflow up to 2-3 times (BENCHMARKS.md, "Lease checks by job id").
 
 from __future__ import annotations
 
-import importlib
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
@@ -25,7 +24,6 @@ from workflow_engine.store.writes import execution as store
 from workflow_engine.store.writes.claim import _PICK
 
 # The claim module (its statements), not the writes face's claim function of that name.
-claims = importlib.import_module("workflow_engine.store.writes.claim")
 
 RUNNING = 600
 BATCH = 96

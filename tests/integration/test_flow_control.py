@@ -5,7 +5,6 @@ Every limit is checked from the database, never from a process's memory."""
 from __future__ import annotations
 
 import asyncio
-import importlib
 import itertools
 import json
 import signal
@@ -35,7 +34,6 @@ from workflow_engine.store.writes import flow as store_flow
 from workflow_engine.store.writes.claim import _PICK
 
 # The claim module (its statements), not the writes face's claim function of that name.
-claims = importlib.import_module("workflow_engine.store.writes.claim")
 
 _OFFSETS = itertools.count()
 MODULES = json.dumps(["onceflow_examples", "tests.integration.flow_workflows"])
