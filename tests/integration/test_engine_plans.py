@@ -21,7 +21,7 @@ from workflow_engine.store import writes
 from workflow_engine.store.fragments import in_index_order
 from workflow_engine.store.writes import create_instances
 from workflow_engine.store.writes import execution as store
-from workflow_engine.store.writes.claim import _PICK
+from workflow_engine.store.writes.claim import _PICK, _PICK_NO_FLOWS
 
 # The claim module (its statements), not the writes face's claim function of that name.
 
@@ -141,13 +141,14 @@ def test_the_claim_reads_the_queue_in_order_when_the_statistics_predate_a_burst(
         "limited": [],
         "uncontrolled": ["noop-workflow"],
     }
-    with db.connect() as conn:
-        plan = "\n".join(
-            row[0] for row in in_index_order(conn, sa.text("EXPLAIN " + _PICK.text), params)
-        )
-    assert "Index Scan using onceflow_instances_claim_order_idx" in plan, plan
-    assert "Index Scan using onceflow_instances_lane_idx" in plan, plan
-    assert "Sort" not in plan, plan
+    # both picks: with the flow-controlled workflows' locks, and without (no flow control)
+    for pick in (_PICK, _PICK_NO_FLOWS):
+        with db.connect() as conn:
+            explain = sa.text("EXPLAIN " + pick.text)
+            plan = "\n".join(row[0] for row in in_index_order(conn, explain, params))
+        assert "Index Scan using onceflow_instances_claim_order_idx" in plan, plan
+        assert "Index Scan using onceflow_instances_lane_idx" in plan, plan
+        assert "Sort" not in plan, plan
     # ... and a claim takes the oldest of the burst.
     claimed = writes.claim(db, "o", 32, 30)
     assert sorted(c.job_id for c in claimed) == burst[:32]
