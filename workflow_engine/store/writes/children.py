@@ -98,8 +98,8 @@ class StartChild:
     params: dict[str, Any]
     policy: ParentClosePolicy
     version: str | None  # the child workflow's version in the starting engine
-    #: The params path of the child workflow's fairness lane (workflow_engine.flow
-    #: .lane_path): None without flow control, () with flow control but no key.
+    #: The params path of the child workflow's fairness lane (``Registry.lane_path``):
+    #: None without flow control, () with flow control but no key.
     lane_path: tuple[str, ...] | None = None
 
 
