@@ -89,3 +89,19 @@ def test_the_core_importing_the_engine_breaks_the_contract(tmp_path):
     assert result.returncode != 0, output
     assert "BROKEN" in output
     assert "onceflow.ids -> workflow_engine.engine.runner" in output, output
+
+
+def test_a_front_end_reaching_past_the_stores_faces_breaks_the_contract(tmp_path):
+    """Outside the store only its faces (``store``, ``store.writes``, ``store.operations``,
+    ``store.views``) may be imported: the console importing the claim module itself is
+    refused, though the layers allow it (the console is above the store)."""
+    copy_tree(tmp_path)
+    with open(tmp_path / "console" / "views.py", "a") as views:
+        views.write("\nimport workflow_engine.store.writes.claim  # noqa\n")
+    assert resolved_packages(tmp_path) == [str(tmp_path / name) for name in PACKAGES]
+
+    result = _lint_imports(tmp_path, tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "Outside the store, only its faces" in output and "BROKEN" in output, output
+    assert "console.views -> workflow_engine.store.writes.claim" in output, output
