@@ -199,10 +199,16 @@ def shared_engine(database_url: str) -> Engine:
     return make_engine(database_url)
 
 
+_PING = sa.text("SELECT 1")
+# A plain string for exec_driver_sql: the readiness probe goes straight to the driver,
+# with nothing for SQLAlchemy to compile.
+_DRIVER_PING = "SELECT 1"
+
+
 def check_connection(engine: Engine) -> None:
     try:
         with engine.connect() as conn:
-            conn.execute(sa.text("SELECT 1"))
+            conn.execute(_PING)
     except sa.exc.OperationalError as exc:
         raise ServiceUnavailable(f"PostgreSQL unreachable at {engine.url!r}: {exc.orig}") from None
 
@@ -211,7 +217,7 @@ def database_ready(database_url: str) -> bool:
     """Readiness check: can this process reach PostgreSQL right now?"""
     try:
         with shared_engine(database_url).connect() as conn:
-            conn.exec_driver_sql("SELECT 1")
+            conn.exec_driver_sql(_DRIVER_PING)
         return True
     except Exception:
         return False

@@ -77,6 +77,11 @@ def json_text(data: bytes | None) -> str | None:
     return data.decode() if data is not None else None
 
 
+# Plain strings for exec_driver_sql (SET takes no bind parameter: nothing to bind).
+_SORT_OFF = "SET LOCAL enable_sort = off"
+_SORT_DEFAULT = "SET LOCAL enable_sort TO DEFAULT"
+
+
 def in_index_order(
     conn: sa.Connection, statement: sa.TextClause, params: dict[str, Any]
 ) -> list[Any]:
@@ -87,15 +92,18 @@ def in_index_order(
     million queued since) say just that. Only for a statement whose every ORDER BY an
     index can serve: a sort it cannot avoid would be priced out too and distort the rest
     of its plan."""
-    conn.exec_driver_sql("SET LOCAL enable_sort = off")
+    conn.exec_driver_sql(_SORT_OFF)
     rows = list(conn.execute(statement, params))
-    conn.exec_driver_sql("SET LOCAL enable_sort TO DEFAULT")
+    conn.exec_driver_sql(_SORT_DEFAULT)
     return rows
 
 
 RUNNABLE_CHANNEL = "onceflow_runnable"
 
 
+_NOTIFY = sa.text("SELECT pg_notify(:c, '')")
+
+
 def notify_runnable(conn: Connection) -> None:
     """Wake the engines (delivered when the caller's transaction commits)."""
-    conn.execute(sa.text("SELECT pg_notify(:c, '')"), {"c": RUNNABLE_CHANNEL})
+    conn.execute(_NOTIFY, {"c": RUNNABLE_CHANNEL})

@@ -341,6 +341,16 @@ def _row(r: Row) -> ActionEntry:
     )
 
 
+def _page_sql(where: list[str]) -> sa.TextClause:
+    """A page of the trail under the conditions ``where``; built per call, since only
+    the conditions a filter sets enter the statement (so each is served by its index)."""
+    return sa.text(
+        "SELECT id, at, actor, front_end, action, result, workflow, job_id, filter,"
+        " bulk_id, client, detail FROM onceflow_operator_actions"
+        f" WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT :n"
+    )
+
+
 def list_actions(
     engine: Engine, f: ActionFilter | None = None, cursor: str | None = None, limit: int = 50
 ) -> ActionPage:
@@ -358,22 +368,16 @@ def list_actions(
         where.append("id < :id_before")
         params["id_before"] = before
     with engine.connect() as conn:
-        rows = conn.execute(
-            sa.text(
-                "SELECT id, at, actor, front_end, action, result, workflow, job_id, filter,"
-                " bulk_id, client, detail FROM onceflow_operator_actions"
-                f" WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT :n"
-            ),
-            params,
-        ).all()
+        rows = conn.execute(_page_sql(where), params).all()
     page = [_row(r) for r in rows[:limit]]
     more = len(rows) > limit
     return ActionPage(page, str(page[-1].id) if more and page else None)
 
 
+_DELETE_OLDER = sa.text("DELETE FROM onceflow_operator_actions WHERE at < :before")
+
+
 def delete_older_than(conn: Connection, before: datetime) -> int:
     """Retention (:func:`workflow_engine.store.writes.maintenance.prune`): rows older than
     ``before``, in ``conn``'s transaction; how many."""
-    return conn.execute(
-        sa.text("DELETE FROM onceflow_operator_actions WHERE at < :before"), {"before": before}
-    ).rowcount
+    return conn.execute(_DELETE_OLDER, {"before": before}).rowcount

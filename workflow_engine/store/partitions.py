@@ -86,17 +86,20 @@ class Retired:
     skipped: int = 0  # partitions left for the next round (any error but a lost connection)
 
 
+# The bounds pg_get_expr prints are in the session's zone: UTC, so they parse alike
+# whatever the role's TimeZone.
+_UTC = sa.text("SET LOCAL TimeZone = 'UTC'")
+_BOUNDS = sa.text(
+    "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid)"
+    " FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+    " WHERE i.inhparent = to_regclass(:parent)"
+)
+
+
 def partitions(conn: Connection, parent: str) -> list[Partition]:
     """The range partitions of ``parent``, oldest first (the default one excluded)."""
-    conn.execute(sa.text("SET LOCAL TimeZone = 'UTC'"))
-    rows = conn.execute(
-        sa.text(
-            "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid)"
-            " FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
-            " WHERE i.inhparent = to_regclass(:parent)"
-        ),
-        {"parent": parent},
-    ).all()
+    conn.execute(_UTC)
+    rows = conn.execute(_BOUNDS, {"parent": parent}).all()
     found = []
     for name, bound in rows:
         match = _BOUND_RE.search(bound or "")
@@ -112,13 +115,17 @@ def aligned(at: datetime, interval: timedelta) -> datetime:
     return _EPOCH + ((at - _EPOCH) // interval) * interval
 
 
+# SET takes no bind parameter: the timeout is the constant above, spelled in the text.
+_SET_LOCK_TIMEOUT = sa.text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+_ADD = sa.text("SELECT onceflow_add_partition(:parent, :lower, :upper)")
+
+
 def add_partition(conn: Connection, parent: str, lower: datetime, upper: datetime) -> str | None:
     """Create and attach ``[lower, upper)``; rows of that range already in the default
     partition move into it. Returns its name, or None when it existed."""
-    conn.execute(sa.text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
+    conn.execute(_SET_LOCK_TIMEOUT)
     name: str | None = conn.execute(
-        sa.text("SELECT onceflow_add_partition(:parent, :lower, :upper)"),
-        {"parent": parent, "lower": lower, "upper": upper},
+        _ADD, {"parent": parent, "lower": lower, "upper": upper}
     ).scalar()
     return name
 
@@ -200,6 +207,9 @@ def _left_for_next_round(what: str, parent: str, target: str, exc: sa.exc.DBAPIE
     )
 
 
+_RETIRE = sa.text("SELECT onceflow_retire_partition(:name, :cutoff)")
+
+
 def retire_expired(conn: Connection, parent: str, expired_before: datetime) -> Retired:
     """Drop every partition of ``parent`` whose whole range is before ``expired_before``.
 
@@ -216,10 +226,9 @@ def retire_expired(conn: Connection, parent: str, expired_before: datetime) -> R
     for partition in expired:
         try:
             with conn.begin():
-                conn.execute(sa.text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
+                conn.execute(_SET_LOCK_TIMEOUT)
                 kept += conn.execute(
-                    sa.text("SELECT onceflow_retire_partition(:name, :cutoff)"),
-                    {"name": partition.name, "cutoff": expired_before},
+                    _RETIRE, {"name": partition.name, "cutoff": expired_before}
                 ).scalar_one()
         except sa.exc.DBAPIError as exc:
             _left_for_next_round("retirement", parent, partition.name, exc)
@@ -232,6 +241,13 @@ def retire_expired(conn: Connection, parent: str, expired_before: datetime) -> R
             extra={"event": "store.partition_dropped", "table": parent},
         )
     return Retired(tuple(dropped), kept, skipped)
+
+
+def _delete_orphans_sql(parent: str, outside: list[str]) -> sa.TextClause:
+    """The orphan delete on ``parent``'s default partition; built per call, since the
+    table and the key ranges outside every partition vary."""
+    # parent and key come from the constants above, never from input
+    return sa.text(f"DELETE FROM {parent} h WHERE ({' OR '.join(outside)}) AND {_ORPHAN[parent]}")
 
 
 def delete_orphans(conn: Connection, parent: str) -> int:
@@ -254,9 +270,5 @@ def delete_orphans(conn: Connection, parent: str) -> int:
                 if a.upper < b.lower:  # a gap (maintenance was down): default holds it
                     outside.append(f"({key} >= :g{n}a AND {key} < :g{n}b)")
                     params.update({f"g{n}a": a.upper, f"g{n}b": b.lower})
-        # parent and key come from the constants above, never from input
-        deleted: int = conn.execute(
-            sa.text(f"DELETE FROM {parent} h WHERE ({' OR '.join(outside)}) AND {_ORPHAN[parent]}"),
-            params,
-        ).rowcount
+        deleted: int = conn.execute(_delete_orphans_sql(parent, outside), params).rowcount
     return deleted

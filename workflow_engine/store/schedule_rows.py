@@ -87,11 +87,12 @@ def schedule_view(row: sa.Row[Any]) -> ScheduleView:
     return ScheduleView(**doc)
 
 
+_JUDGED_AT = sa.text("SELECT coalesce(CAST(:now AS timestamptz), now())")
+
+
 def judged_at(conn: Connection, now: datetime | None) -> datetime:
     """The time a schedule is judged at: the test clock's, else the database's."""
-    at: datetime = conn.execute(
-        sa.text("SELECT coalesce(CAST(:now AS timestamptz), now())"), {"now": now}
-    ).scalar_one()
+    at: datetime = conn.execute(_JUDGED_AT, {"now": now}).scalar_one()
     return at
 
 

@@ -141,6 +141,29 @@ def start_bulk(
     return op
 
 
+_INSERT_OPERATION = sa.text(
+    "INSERT INTO onceflow_bulk_operations (action, filter, total) VALUES (:a, :f, 0) RETURNING id"
+)
+
+
+def _snapshot_items(where: str) -> sa.TextClause:
+    """The snapshot of the job ids a filter matches; built per call, since ``where`` is
+    the filter's own WHERE clause (:func:`~workflow_engine.store.views.listing.where_clause`)."""
+    return sa.text(
+        "INSERT INTO onceflow_bulk_operation_items (operation_id, job_id)"
+        f" SELECT :op, i.job_id FROM onceflow_instances i WHERE {where}"
+    )
+
+
+# An operation whose snapshot is empty is complete at once: no runner has work to do.
+_SET_TOTAL = sa.text(
+    "UPDATE onceflow_bulk_operations SET total = :n,"
+    " status = CASE WHEN :n = 0 THEN 'complete' ELSE status END,"
+    " finished_at = CASE WHEN :n = 0 THEN now() END"
+    f" WHERE id = :op RETURNING {_COLUMNS}"
+)
+
+
 def _start(
     engine: Engine, action: BulkAction, f: InstanceFilter, actor: Actor | None
 ) -> tuple[BulkOperation, operator_audit.ActionEntry | None]:
@@ -148,29 +171,9 @@ def _start(
     where, params = where_clause(f)
     audited = None
     with engine.begin() as conn:
-        op_id = conn.execute(
-            sa.text(
-                "INSERT INTO onceflow_bulk_operations (action, filter, total)"
-                " VALUES (:a, :f, 0) RETURNING id"
-            ),
-            {"a": str(action), "f": f.describe()},
-        ).scalar_one()
-        total = conn.execute(
-            sa.text(
-                "INSERT INTO onceflow_bulk_operation_items (operation_id, job_id)"
-                f" SELECT :op, i.job_id FROM onceflow_instances i WHERE {where}"
-            ),
-            {**params, "op": op_id},
-        ).rowcount
-        row = conn.execute(
-            sa.text(
-                "UPDATE onceflow_bulk_operations SET total = :n,"
-                " status = CASE WHEN :n = 0 THEN 'complete' ELSE status END,"
-                " finished_at = CASE WHEN :n = 0 THEN now() END"
-                f" WHERE id = :op RETURNING {_COLUMNS}"
-            ),
-            {"n": total, "op": op_id},
-        ).one()
+        op_id = conn.execute(_INSERT_OPERATION, {"a": str(action), "f": f.describe()}).scalar_one()
+        total = conn.execute(_snapshot_items(where), {**params, "op": op_id}).rowcount
+        row = conn.execute(_SET_TOTAL, {"n": total, "op": op_id}).one()
         op = _op(row)
         if actor is not None:
             audited = operator_audit.record(
@@ -191,42 +194,47 @@ def _start(
     return op, audited
 
 
+_OPERATION = sa.text(f"SELECT {_COLUMNS} FROM onceflow_bulk_operations WHERE id = :id")
+
+
 def bulk_status(engine: Engine, op_id: int) -> BulkOperation | None:
     with engine.connect() as conn:
-        row = conn.execute(
-            sa.text(f"SELECT {_COLUMNS} FROM onceflow_bulk_operations WHERE id = :id"),
-            {"id": op_id},
-        ).one_or_none()
+        row = conn.execute(_OPERATION, {"id": op_id}).one_or_none()
     return _op(row) if row is not None else None
+
+
+_RECENT = sa.text(f"SELECT {_COLUMNS} FROM onceflow_bulk_operations ORDER BY id DESC LIMIT :n")
 
 
 def recent_bulk(engine: Engine, limit: int = 20) -> list[BulkOperation]:
     """The latest operations, newest first."""
     with engine.connect() as conn:
-        rows = conn.execute(
-            sa.text(f"SELECT {_COLUMNS} FROM onceflow_bulk_operations ORDER BY id DESC LIMIT :n"),
-            {"n": max(1, limit)},
-        ).all()
+        rows = conn.execute(_RECENT, {"n": max(1, limit)}).all()
     return [_op(r) for r in rows]
+
+
+# A lease is held while its two-key advisory lock (objsubid 2) is granted to a session.
+_UNLEASED = sa.text(
+    "SELECT o.id FROM onceflow_bulk_operations o WHERE o.status = 'running'"
+    " AND NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory'"
+    " AND l.classid::bigint = :space AND l.objid::bigint = o.id % :int4"
+    " AND l.objsubid = 2 AND l.granted"
+    # an advisory lock is per database; pg_locks lists the whole server's
+    " AND l.database = (SELECT oid FROM pg_database"
+    " WHERE datname = current_database())) ORDER BY o.id"
+)
 
 
 def unleased(engine: Engine) -> list[int]:
     """Running operations no process holds the lease of (its runner died or stopped),
     oldest first: what a runner resumes."""
     with engine.connect() as conn:
-        ids = conn.execute(
-            sa.text(
-                "SELECT o.id FROM onceflow_bulk_operations o WHERE o.status = 'running'"
-                " AND NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory'"
-                " AND l.classid::bigint = :space AND l.objid::bigint = o.id % :int4"
-                " AND l.objsubid = 2 AND l.granted"
-                # an advisory lock is per database; pg_locks lists the whole server's
-                " AND l.database = (SELECT oid FROM pg_database"
-                " WHERE datname = current_database())) ORDER BY o.id"
-            ),
-            {"space": LEASE_LOCK_SPACE, "int4": _INT4},
-        ).scalars()
+        ids = conn.execute(_UNLEASED, {"space": LEASE_LOCK_SPACE, "int4": _INT4}).scalars()
         return [int(i) for i in ids]
+
+
+_TRY_LEASE = sa.text("SELECT pg_try_advisory_lock(:space, :key)")
+_RELEASE = sa.text("SELECT pg_advisory_unlock(:space, :key)")
 
 
 @contextmanager
@@ -238,7 +246,7 @@ def leased(engine: Engine, op_id: int) -> Iterator[Connection | None]:
     conn = engine.connect()
     try:
         key = {"space": LEASE_LOCK_SPACE, "key": op_id % _INT4}
-        taken = conn.execute(sa.text("SELECT pg_try_advisory_lock(:space, :key)"), key).scalar()
+        taken = conn.execute(_TRY_LEASE, key).scalar()
         conn.commit()
         if not taken:
             yield None
@@ -256,7 +264,7 @@ def _unlock(conn: Connection, key: dict[str, int]) -> None:
     to the pool still holding it."""
     try:
         conn.rollback()
-        conn.execute(sa.text("SELECT pg_advisory_unlock(:space, :key)"), key)
+        conn.execute(_RELEASE, key)
         conn.commit()
     except Exception:
         conn.invalidate()
@@ -341,38 +349,41 @@ def _follow(
         time.sleep(FOLLOW_SECONDS)
 
 
+# The operation's row lock serialises batches: whoever runs the next one reads the
+# progress the last one committed.
+_LOCK_OPERATION = sa.text(
+    "SELECT action, status, coalesce(last_job_id, '') AS last"
+    " FROM onceflow_bulk_operations WHERE id = :id FOR UPDATE"
+)
+_NEXT_ITEMS = sa.text(
+    "SELECT job_id FROM onceflow_bulk_operation_items"
+    " WHERE operation_id = :id AND job_id > :last ORDER BY job_id LIMIT :n"
+)
+# The progress commits with the batch it counts; a short batch was the last one.
+_RECORD_BATCH = sa.text(
+    "UPDATE onceflow_bulk_operations SET done = done + :d, skipped = skipped + :s,"
+    " last_job_id = coalesce(:last, last_job_id),"
+    " status = CASE WHEN :more THEN status ELSE 'complete' END,"
+    " finished_at = CASE WHEN :more THEN NULL ELSE now() END WHERE id = :id"
+)
+_DROP_ITEMS = sa.text("DELETE FROM onceflow_bulk_operation_items WHERE operation_id = :id")
+
+
 @retry_on_deadlock
 def _run_batch(conn: Connection, op_id: int, batch: int) -> tuple[BulkOperation, bool]:
     with conn.begin():
-        head = conn.execute(
-            sa.text(
-                "SELECT action, status, coalesce(last_job_id, '') AS last"
-                " FROM onceflow_bulk_operations WHERE id = :id FOR UPDATE"
-            ),
-            {"id": op_id},
-        ).one_or_none()
+        head = conn.execute(_LOCK_OPERATION, {"id": op_id}).one_or_none()
         if head is None:
             raise BulkOperationNotFound(f"no bulk operation #{op_id}")
         if head.status != BulkStatus.RUNNING:
             return _read(conn, op_id), False
         job_ids = list(
-            conn.execute(
-                sa.text(
-                    "SELECT job_id FROM onceflow_bulk_operation_items"
-                    " WHERE operation_id = :id AND job_id > :last ORDER BY job_id LIMIT :n"
-                ),
-                {"id": op_id, "last": head.last, "n": batch},
-            ).scalars()
+            conn.execute(_NEXT_ITEMS, {"id": op_id, "last": head.last, "n": batch}).scalars()
         )
         done, skipped = _apply(conn, BulkAction(head.action), job_ids)
         more = len(job_ids) == batch
         conn.execute(
-            sa.text(
-                "UPDATE onceflow_bulk_operations SET done = done + :d, skipped = skipped + :s,"
-                " last_job_id = coalesce(:last, last_job_id),"
-                " status = CASE WHEN :more THEN status ELSE 'complete' END,"
-                " finished_at = CASE WHEN :more THEN NULL ELSE now() END WHERE id = :id"
-            ),
+            _RECORD_BATCH,
             {
                 "d": done,
                 "s": skipped,
@@ -382,10 +393,7 @@ def _run_batch(conn: Connection, op_id: int, batch: int) -> tuple[BulkOperation,
             },
         )
         if not more:
-            conn.execute(
-                sa.text("DELETE FROM onceflow_bulk_operation_items WHERE operation_id = :id"),
-                {"id": op_id},
-            )
+            conn.execute(_DROP_ITEMS, {"id": op_id})
         op = _read(conn, op_id)
     if not more:
         log.info(
@@ -397,23 +405,26 @@ def _run_batch(conn: Connection, op_id: int, batch: int) -> tuple[BulkOperation,
 
 
 def _read(conn: Connection, op_id: int) -> BulkOperation:
-    row = conn.execute(
-        sa.text(f"SELECT {_COLUMNS} FROM onceflow_bulk_operations WHERE id = :id"),
-        {"id": op_id},
-    ).one()
+    row = conn.execute(_OPERATION, {"id": op_id}).one()
     return _op(row)
+
+
+_FAIL = sa.text(
+    "UPDATE onceflow_bulk_operations SET status = 'failed', finished_at = now(),"
+    " error = :e WHERE id = :id AND status = 'running'"
+)
 
 
 def _fail(conn: Connection, op_id: int, error: str) -> None:
     conn.rollback()
     with conn.begin():
-        conn.execute(
-            sa.text(
-                "UPDATE onceflow_bulk_operations SET status = 'failed', finished_at = now(),"
-                " error = :e WHERE id = :id AND status = 'running'"
-            ),
-            {"e": error[:2000], "id": op_id},
-        )
+        conn.execute(_FAIL, {"e": error[:2000], "id": op_id})
+
+
+_LOCK_INSTANCES = sa.text(
+    "SELECT job_id, status, requested_action FROM onceflow_instances"
+    " WHERE job_id = ANY(:ids) ORDER BY job_id FOR UPDATE"
+)
 
 
 def _apply(conn: Connection, action: BulkAction, job_ids: list[str]) -> tuple[int, int]:
@@ -421,13 +432,7 @@ def _apply(conn: Connection, action: BulkAction, job_ids: list[str]) -> tuple[in
     multi-row write, to avoid deadlocks); (done, skipped)."""
     if not job_ids:
         return 0, 0
-    rows = conn.execute(
-        sa.text(
-            "SELECT job_id, status, requested_action FROM onceflow_instances"
-            " WHERE job_id = ANY(:ids) ORDER BY job_id FOR UPDATE"
-        ),
-        {"ids": job_ids},
-    ).all()
+    rows = conn.execute(_LOCK_INSTANCES, {"ids": job_ids}).all()
     done = 0
     wake = False
     for row in rows:

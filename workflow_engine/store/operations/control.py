@@ -49,16 +49,15 @@ class ControlResult:
         return f"{self.job_id}: {self.status}"
 
 
+_LOCK_INSTANCE = sa.text(
+    "SELECT workflow, status, requested_action FROM onceflow_instances WHERE job_id = :j FOR UPDATE"
+)
+
+
 def _lock(
     conn: Connection, workflow: str, job_id: str
 ) -> tuple[InstanceStatus, ControlAction | None]:
-    row = conn.execute(
-        sa.text(
-            "SELECT workflow, status, requested_action FROM onceflow_instances"
-            " WHERE job_id = :j FOR UPDATE"
-        ),
-        {"j": job_id},
-    ).one_or_none()
+    row = conn.execute(_LOCK_INSTANCE, {"j": job_id}).one_or_none()
     if row is None or row.workflow != workflow:
         raise InstanceNotFound(f"no instance of {workflow!r} with job id {job_id!r}")
     requested = ControlAction(row.requested_action) if row.requested_action else None
@@ -129,6 +128,14 @@ def restart(
     return _control(engine, BulkAction.RESTART, workflow, job_id, actor)
 
 
+_INSERT_EVENT = sa.text(
+    "INSERT INTO onceflow_events (job_id, type, payload)"
+    " VALUES (:j, :t, CAST(:p AS jsonb)) RETURNING id"
+)
+# A waiting instance is due now: the engine's next claim finds the event.
+_WAKE = sa.text("UPDATE onceflow_instances SET run_after = now() WHERE job_id = :j")
+
+
 def send_event(
     engine: Engine,
     workflow: str,
@@ -161,17 +168,10 @@ def send_event(
             if status in TERMINAL_STATUSES:
                 raise ControlError(f"{job_id} is {status}; it takes no more events")
             event_id = conn.execute(
-                sa.text(
-                    "INSERT INTO onceflow_events (job_id, type, payload)"
-                    " VALUES (:j, :t, CAST(:p AS jsonb)) RETURNING id"
-                ),
-                {"j": job_id, "t": event_type, "p": encoded.decode()},
+                _INSERT_EVENT, {"j": job_id, "t": event_type, "p": encoded.decode()}
             ).scalar_one()
             if status == InstanceStatus.WAITING:
-                conn.execute(
-                    sa.text("UPDATE onceflow_instances SET run_after = now() WHERE job_id = :j"),
-                    {"j": job_id},
-                )
+                conn.execute(_WAKE, {"j": job_id})
                 _notify(conn)
             audited = None
             if actor is not None:

@@ -151,14 +151,16 @@ def _plan_one(
     return _Plan(letter, job_id, Verdict.REDRIVEN, "delivered again (no instance or task run)")
 
 
+_INSTANCE_STATUSES = sa.text(
+    "SELECT job_id, status FROM onceflow_instances WHERE job_id = ANY(:ids)"
+)
+
+
 def _instance_statuses(engine: Engine, job_ids: list[str]) -> dict[str, str]:
     if not job_ids:
         return {}
     with engine.connect() as conn:
-        rows = conn.execute(
-            sa.text("SELECT job_id, status FROM onceflow_instances WHERE job_id = ANY(:ids)"),
-            {"ids": job_ids},
-        ).all()
+        rows = conn.execute(_INSTANCE_STATUSES, {"ids": job_ids}).all()
     return {job_id: status for job_id, status in rows}
 
 

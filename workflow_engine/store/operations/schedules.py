@@ -64,12 +64,17 @@ class BackfillResult:
     existing: int = 0  # ticks whose job id had an instance already
 
 
+# A schedule made by the CLI or API is not declared: the engine's declared upsert leaves
+# it alone.
+_INSERT_UNDECLARED = sa.text(INSERT.format(declared="false"))
+
+
 def create_schedule(engine: Engine, d: ScheduleDef, now: datetime | None = None) -> ScheduleView:
     """Create a schedule; its first tick is the first one after now."""
     try:
         with engine.begin() as conn:
             values = def_params(d, judged_at(conn, now))
-            conn.execute(sa.text(INSERT.format(declared="false")), values)
+            conn.execute(_INSERT_UNDECLARED, values)
     except IntegrityError as exc:
         if constraint_of(exc) == "onceflow_schedules_pkey":
             raise ScheduleExists(f"a schedule named {d.name!r} exists already") from None
@@ -77,60 +82,48 @@ def create_schedule(engine: Engine, d: ScheduleDef, now: datetime | None = None)
     return get_schedule(engine, d.name)
 
 
+_PAUSE = sa.text(
+    "UPDATE onceflow_schedules SET paused = true, updated_at = now() WHERE name = :n RETURNING name"
+)
+
+
 def pause_schedule(engine: Engine, name: str) -> ScheduleView:
     """Stop firing. Ticks that fall due while paused are not run (not caught up)."""
     with engine.begin() as conn:
-        _require(
-            conn.execute(
-                sa.text(
-                    "UPDATE onceflow_schedules SET paused = true, updated_at = now()"
-                    " WHERE name = :n RETURNING name"
-                ),
-                {"n": name},
-            ).first(),
-            name,
-        )
+        _require(conn.execute(_PAUSE, {"n": name}).first(), name)
     return get_schedule(engine, name)
+
+
+_LOCK_SPEC = sa.text(
+    "SELECT cron, every_seconds, timezone, paused FROM onceflow_schedules"
+    " WHERE name = :n FOR UPDATE"
+)
+_RESUME = sa.text(
+    # a tick buffered before the pause is dropped: it would fire at
+    # once, while resume promises the first tick after now
+    "UPDATE onceflow_schedules SET paused = false, next_fire_at = :next,"
+    " buffered_tick_at = NULL, updated_at = now() WHERE name = :n"
+)
 
 
 def resume_schedule(engine: Engine, name: str, now: datetime | None = None) -> ScheduleView:
     """Fire again, from the first tick after now."""
     with engine.begin() as conn:
         at = judged_at(conn, now)
-        row = _require(
-            conn.execute(
-                sa.text(
-                    "SELECT cron, every_seconds, timezone, paused FROM onceflow_schedules"
-                    " WHERE name = :n FOR UPDATE"
-                ),
-                {"n": name},
-            ).first(),
-            name,
-        )
+        row = _require(conn.execute(_LOCK_SPEC, {"n": name}).first(), name)
         if row.paused:
             spec = TickSpec(row.cron, row.every_seconds, row.timezone)
-            conn.execute(
-                sa.text(
-                    # a tick buffered before the pause is dropped: it would fire at
-                    # once, while resume promises the first tick after now
-                    "UPDATE onceflow_schedules SET paused = false, next_fire_at = :next,"
-                    " buffered_tick_at = NULL, updated_at = now() WHERE name = :n"
-                ),
-                {"n": name, "next": spec.next_after(at)},
-            )
+            conn.execute(_RESUME, {"n": name, "next": spec.next_after(at)})
     return get_schedule(engine, name)
+
+
+_DELETE = sa.text("DELETE FROM onceflow_schedules WHERE name = :n RETURNING name")
 
 
 def delete_schedule(engine: Engine, name: str) -> None:
     """Delete a schedule (its ticks' instances and their history stay)."""
     with engine.begin() as conn:
-        _require(
-            conn.execute(
-                sa.text("DELETE FROM onceflow_schedules WHERE name = :n RETURNING name"),
-                {"n": name},
-            ).first(),
-            name,
-        )
+        _require(conn.execute(_DELETE, {"n": name}).first(), name)
 
 
 def _require(row: Any, name: str) -> Any:

@@ -33,29 +33,33 @@ class StoredJobIds:
         return self.instances & self.task_runs
 
 
+_INSTANCE_IDS = sa.text("SELECT job_id FROM onceflow_instances")
+_TASK_RUN_IDS = sa.text("SELECT job_id FROM onceflow_task_runs")
+_INSIDE_IDS = sa.text("SELECT job_id FROM onceflow_jobs WHERE origin IN (:schedule, :child)")
+
+
 def stored_job_ids(engine: Engine) -> StoredJobIds:
     """Both sets, read in one transaction (a consistent snapshot)."""
     with engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn:
-        instances = conn.execute(sa.text("SELECT job_id FROM onceflow_instances")).scalars()
+        instances = conn.execute(_INSTANCE_IDS).scalars()
         instance_ids = frozenset(instances)
-        tasks = conn.execute(sa.text("SELECT job_id FROM onceflow_task_runs")).scalars()
+        tasks = conn.execute(_TASK_RUN_IDS).scalars()
         task_ids = frozenset(tasks)
         inside = conn.execute(
-            sa.text("SELECT job_id FROM onceflow_jobs WHERE origin IN (:schedule, :child)"),
-            {"schedule": Origin.SCHEDULE.value, "child": Origin.CHILD.value},
+            _INSIDE_IDS, {"schedule": Origin.SCHEDULE.value, "child": Origin.CHILD.value}
         ).scalars()
         inside_ids = frozenset(inside) & instance_ids
     return StoredJobIds(instance_ids, task_ids, inside_ids)
+
+
+_MISMATCH_IDS = sa.text(
+    "SELECT DISTINCT job_id FROM onceflow_duplicate_deliveries WHERE workflow_match IS FALSE"
+)
 
 
 def workflow_mismatch_job_ids(engine: Engine) -> frozenset[str]:
     """Job ids delivered again under another workflow (or task) type: the first type
     won and the other delivery started nothing - reported, not a violation."""
     with engine.connect() as conn:
-        rows = conn.execute(
-            sa.text(
-                "SELECT DISTINCT job_id FROM onceflow_duplicate_deliveries"
-                " WHERE workflow_match IS FALSE"
-            )
-        )
+        rows = conn.execute(_MISMATCH_IDS)
         return frozenset(rows.scalars())

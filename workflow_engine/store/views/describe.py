@@ -161,23 +161,23 @@ def describe_instance(engine: Engine, job_id: str) -> InstanceView | None:
     return InstanceView(**fields, steps=steps, children=children)
 
 
+_TASK_RUN_STATUS = sa.text(
+    "SELECT t.job_id, t.task, t.status, t.attempts, t.error, t.created_at,"
+    " t.finished_at, j.request_id, j.submitted_at,"
+    " (SELECT count(*) FROM onceflow_duplicate_deliveries d"
+    "   WHERE d.job_id = t.job_id) AS duplicates"
+    " FROM onceflow_task_runs t JOIN onceflow_jobs j USING (job_id)"
+    " WHERE t.job_id = :j"
+)
+
+
 def job_status(engine: Engine, job_id: str) -> dict[str, Any] | None:
     """A job's state, whatever it became: a workflow instance or a plain task run."""
     view = describe_instance(engine, job_id)
     if view is not None:
         return {"kind": JobKind.WORKFLOW, **view.to_dict()}
     with engine.connect() as conn:
-        row = conn.execute(
-            sa.text(
-                "SELECT t.job_id, t.task, t.status, t.attempts, t.error, t.created_at,"
-                " t.finished_at, j.request_id, j.submitted_at,"
-                " (SELECT count(*) FROM onceflow_duplicate_deliveries d"
-                "   WHERE d.job_id = t.job_id) AS duplicates"
-                " FROM onceflow_task_runs t JOIN onceflow_jobs j USING (job_id)"
-                " WHERE t.job_id = :j"
-            ),
-            {"j": job_id},
-        ).one_or_none()
+        row = conn.execute(_TASK_RUN_STATUS, {"j": job_id}).one_or_none()
     if row is None:
         return None
     return {"kind": JobKind.TASK, **dict(row._mapping)}

@@ -66,17 +66,17 @@ class Stranded:
     later: int = 0
 
 
+_LIVE_ENGINES = sa.text(
+    "SELECT engine_id, workflows, extract(epoch FROM now() - last_seen_at)"
+    " FROM onceflow_engines"
+    " WHERE last_seen_at > now() - make_interval(secs => :stale)"
+    " ORDER BY engine_id"
+)
+
+
 def live_engines(engine: Engine, stale_seconds: float) -> list[LiveEngine]:
     with engine.connect() as conn:
-        rows = conn.execute(
-            sa.text(
-                "SELECT engine_id, workflows, extract(epoch FROM now() - last_seen_at)"
-                " FROM onceflow_engines"
-                " WHERE last_seen_at > now() - make_interval(secs => :stale)"
-                " ORDER BY engine_id"
-            ),
-            {"stale": stale_seconds},
-        )
+        rows = conn.execute(_LIVE_ENGINES, {"stale": stale_seconds})
         return [LiveEngine(e, dict(w), float(age)) for e, w, age in rows]
 
 

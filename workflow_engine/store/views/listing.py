@@ -326,8 +326,11 @@ def _check_sort(sort: str) -> str:
 
 
 def _list_sql(
-    f: InstanceFilter, sort: Sort, after: tuple[datetime, str] | None
-) -> tuple[str, dict[str, Any]]:
+    f: InstanceFilter, sort: Sort, after: tuple[datetime, str] | None, *, explain: bool = False
+) -> tuple[sa.TextClause, dict[str, Any]]:
+    """The page query for ``f`` (``EXPLAIN`` of it with ``explain``) and its parameters;
+    built per call, since the WHERE clause, the sort column and the keyset are the
+    filter's own."""
     column = _check_sort(sort)
     where, params = where_clause(f)
     if after is not None:
@@ -349,7 +352,7 @@ def _list_sql(
         f" AND d.job_received_at = {_JOB_RECEIVED.format(job_id='p.job_id')}) d ON true"
         f" ORDER BY p.{column} DESC, p.job_id DESC"
     )
-    return sql, params
+    return sa.text(("EXPLAIN " if explain else "") + sql), params
 
 
 def list_page(
@@ -367,7 +370,7 @@ def list_page(
     sql, params = _list_sql(f, sort, after)
     params["limit"] = limit + 1  # one more: is there a next page?
     with engine.connect() as conn:
-        found = conn.execute(sa.text(sql), params).all()
+        found = conn.execute(sql, params).all()
     rows = [
         InstanceRow(
             job_id=r.job_id,
@@ -391,27 +394,32 @@ def list_page(
     return Page(rows, next_cursor)
 
 
+def _count_sql(where: str, capped: bool) -> sa.TextClause:
+    """The count for a filter's WHERE clause (``capped``: stopping at ``:cap``); built
+    per call, since the WHERE clause is the filter's own."""
+    if not capped:
+        return sa.text(f"SELECT count(*) FROM onceflow_instances i WHERE {where}")
+    return sa.text(
+        f"SELECT count(*) FROM (SELECT 1 FROM onceflow_instances i WHERE {where} LIMIT :cap) s"
+    )
+
+
 def count_matching(engine: Engine, f: InstanceFilter, cap: int | None = None) -> int:
     """How many instances match; with ``cap``, stop counting there (``min(n, cap)``),
     which keeps a console's "10,000+" cheap on a big table."""
     where, params = where_clause(f)
-    if cap is None:
-        sql = f"SELECT count(*) FROM onceflow_instances i WHERE {where}"
-    else:
-        sql = (
-            f"SELECT count(*) FROM (SELECT 1 FROM onceflow_instances i WHERE {where} LIMIT :cap) s"
-        )
+    if cap is not None:
         params["cap"] = max(cap, 0)
     with engine.connect() as conn:
-        return int(conn.execute(sa.text(sql), params).scalar_one())
+        return int(conn.execute(_count_sql(where, cap is not None), params).scalar_one())
 
 
 def explain_list(engine: Engine, f: InstanceFilter, sort: Sort = "created") -> str:
     """The ``EXPLAIN`` text of :func:`list_page`'s first-page query for ``f``."""
-    sql, params = _list_sql(f, sort, None)
+    sql, params = _list_sql(f, sort, None, explain=True)
     params["limit"] = 51
     with engine.connect() as conn:
-        lines = conn.execute(sa.text("EXPLAIN " + sql), params).scalars().all()
+        lines = conn.execute(sql, params).scalars().all()
     return "\n".join(lines)
 
 
@@ -432,6 +440,15 @@ LEFT JOIN onceflow_instances i
  AND i.{column} >= date_trunc('minute', now()) - make_interval(mins => :minutes - 1)
 GROUP BY m.minute ORDER BY m.minute
 """
+_CREATED_PER_MINUTE = sa.text(_PER_MINUTE.format(column="created_at"))
+_FINISHED_PER_MINUTE = sa.text(_PER_MINUTE.format(column="finished_at"))
+_STATUS_COUNTS = sa.text(
+    "SELECT workflow, status, count(*) AS n FROM onceflow_instances"
+    " GROUP BY workflow, status ORDER BY workflow, status"
+)
+_DEAD_LETTER_REASONS = sa.text(
+    "SELECT reason, count(*) AS n FROM onceflow_dead_letters GROUP BY reason ORDER BY reason"
+)
 
 
 def overview(engine: Engine, minutes: int = 15) -> Overview:
@@ -441,25 +458,11 @@ def overview(engine: Engine, minutes: int = 15) -> Overview:
         raise InvalidFilter("minutes must be between 1 and 1440")
     counts: dict[str, dict[InstanceStatus, int]] = {}
     with engine.connect() as conn:
-        for r in conn.execute(
-            sa.text(
-                "SELECT workflow, status, count(*) AS n FROM onceflow_instances"
-                " GROUP BY workflow, status ORDER BY workflow, status"
-            )
-        ):
+        for r in conn.execute(_STATUS_COUNTS):
             counts.setdefault(r.workflow, {})[InstanceStatus(r.status)] = int(r.n)
-        created = conn.execute(
-            sa.text(_PER_MINUTE.format(column="created_at")), {"minutes": minutes}
-        ).all()
-        finished = conn.execute(
-            sa.text(_PER_MINUTE.format(column="finished_at")), {"minutes": minutes}
-        ).all()
-        dead = conn.execute(
-            sa.text(
-                "SELECT reason, count(*) AS n FROM onceflow_dead_letters"
-                " GROUP BY reason ORDER BY reason"
-            )
-        ).all()
+        created = conn.execute(_CREATED_PER_MINUTE, {"minutes": minutes}).all()
+        finished = conn.execute(_FINISHED_PER_MINUTE, {"minutes": minutes}).all()
+        dead = conn.execute(_DEAD_LETTER_REASONS).all()
     return Overview(
         counts=counts,
         created_per_minute=[(r.minute, int(r.n)) for r in created],

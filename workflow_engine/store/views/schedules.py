@@ -31,39 +31,46 @@ class TickView:
     lateness_seconds: float
 
 
+_SCHEDULES = sa.text(f"SELECT {COLUMNS}{FROM} ORDER BY s.name")
+
+
 def list_schedules(engine: Engine) -> list[ScheduleView]:
     with engine.connect() as conn:
-        rows = conn.execute(sa.text(f"SELECT {COLUMNS}{FROM} ORDER BY s.name"))
+        rows = conn.execute(_SCHEDULES)
         return [schedule_view(r) for r in rows]
+
+
+_NEXT_FIRE_TIMES = sa.text("SELECT name, paused, next_fire_at FROM onceflow_schedules")
 
 
 def next_fire_times(engine: Engine) -> dict[str, datetime | None]:
     """Each schedule's next fire time (None while paused): the scheduler's gauge."""
     with engine.connect() as conn:
-        rows = conn.execute(sa.text("SELECT name, paused, next_fire_at FROM onceflow_schedules"))
+        rows = conn.execute(_NEXT_FIRE_TIMES)
         return {r.name: None if r.paused else r.next_fire_at for r in rows}
+
+
+_SCHEDULE = sa.text(f"SELECT {COLUMNS}{FROM} WHERE s.name = :n")
 
 
 def get_schedule(engine: Engine, name: str) -> ScheduleView:
     with engine.connect() as conn:
-        row = conn.execute(
-            sa.text(f"SELECT {COLUMNS}{FROM} WHERE s.name = :n"), {"n": name}
-        ).one_or_none()
+        row = conn.execute(_SCHEDULE, {"n": name}).one_or_none()
     if row is None:
         raise ScheduleNotFound(f"no schedule named {name!r}")
     return schedule_view(row)
 
 
+_TICK_OF = sa.text(
+    "SELECT schedule, tick_at, trigger, fired_at, lateness_seconds"
+    " FROM onceflow_schedule_ticks WHERE job_id = :j"
+)
+
+
 def tick_of(engine: Engine, job_id: str) -> TickView | None:
     """Which schedule and tick created this job, if a schedule did."""
     with engine.connect() as conn:
-        row = conn.execute(
-            sa.text(
-                "SELECT schedule, tick_at, trigger, fired_at, lateness_seconds"
-                " FROM onceflow_schedule_ticks WHERE job_id = :j"
-            ),
-            {"j": job_id},
-        ).one_or_none()
+        row = conn.execute(_TICK_OF, {"j": job_id}).one_or_none()
     if row is None:
         return None
     return TickView(

@@ -17,13 +17,17 @@ class TraceEvent:
     layer: str
 
 
+_TRACE = sa.text("SELECT * FROM job_trace(:j)")
+_HOLD_REASON = sa.text("SELECT now(), onceflow_hold_reason(:j)")
+
+
 def job_trace(engine: Engine, job_id: str) -> list[TraceEvent]:
     """The timeline, and last, when the job waits to be claimed, why it is held back
     (flow control: ``onceflow_hold_reason``, migration 0009)."""
     with engine.connect() as conn:
-        rows = conn.execute(sa.text("SELECT * FROM job_trace(:j)"), {"j": job_id})
+        rows = conn.execute(_TRACE, {"j": job_id})
         events = [TraceEvent(*row) for row in rows]
-        held = conn.execute(sa.text("SELECT now(), onceflow_hold_reason(:j)"), {"j": job_id}).one()
+        held = conn.execute(_HOLD_REASON, {"j": job_id}).one()
         if held[1] is not None:
             events.append(TraceEvent(held[0], "held back", held[1], "engine"))
         return events

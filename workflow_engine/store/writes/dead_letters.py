@@ -160,36 +160,39 @@ def _view(r: Any) -> DeadLetterView:
     )
 
 
+_FOR_JOB = sa.text(
+    f"SELECT {_COLUMNS} FROM onceflow_dead_letters WHERE job_id = :j"
+    " ORDER BY created_at, source_topic, source_partition, source_offset"
+)
+
+
 def dead_letters_for(engine: Engine, job_id: str) -> list[DeadLetterView]:
     """Every dead-lettered record that named ``job_id``, oldest first."""
     with engine.connect() as conn:
-        rows = conn.execute(
-            sa.text(
-                f"SELECT {_COLUMNS} FROM onceflow_dead_letters WHERE job_id = :j"
-                " ORDER BY created_at, source_topic, source_partition, source_offset"
-            ),
-            {"j": job_id},
-        )
+        rows = conn.execute(_FOR_JOB, {"j": job_id})
         return [_view(r) for r in rows]
+
+
+_COUNTS = sa.text("SELECT reason, count(*) FROM onceflow_dead_letters GROUP BY reason")
 
 
 def dead_letter_counts(engine: Engine) -> dict[DeadLetterReason, int]:
     """How many source records were dead-lettered, by reason (reasons with none omitted)."""
     with engine.connect() as conn:
-        rows = conn.execute(
-            sa.text("SELECT reason, count(*) FROM onceflow_dead_letters GROUP BY reason")
-        )
+        rows = conn.execute(_COUNTS)
         return {DeadLetterReason(reason): int(n) for reason, n in rows}
+
+
+# The position spelled as the ``onceflow-dlq-source`` header spells it.
+_SOURCES = sa.text(
+    "SELECT source_topic || '/' || source_partition || '@' || source_offset,"
+    " reason FROM onceflow_dead_letters"
+)
 
 
 def dead_letter_sources(engine: Engine) -> dict[str, DeadLetterReason]:
     """Every dead-lettered source position (``topic/partition@offset``, the form of the
     ``onceflow-dlq-source`` header) with its reason: what the audit counts as consumed."""
     with engine.connect() as conn:
-        rows = conn.execute(
-            sa.text(
-                "SELECT source_topic || '/' || source_partition || '@' || source_offset,"
-                " reason FROM onceflow_dead_letters"
-            )
-        )
+        rows = conn.execute(_SOURCES)
         return {source: DeadLetterReason(reason) for source, reason in rows}

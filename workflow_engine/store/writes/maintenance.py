@@ -52,6 +52,10 @@ _LIVE_PARENT = (
 )
 
 
+_TRY_PRUNE_LOCK = sa.text("SELECT pg_try_advisory_lock(:k)")
+_PRUNE_UNLOCK = sa.text("SELECT pg_advisory_unlock(:k)")
+
+
 def prune(
     engine: Engine,
     instance_seconds: float,
@@ -67,9 +71,7 @@ def prune(
     trail has its own retention (``operator_action_seconds``), whatever the instances'.
     """
     with engine.connect() as conn:
-        locked = conn.execute(
-            sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": PRUNE_LOCK_KEY}
-        ).scalar()
+        locked = conn.execute(_TRY_PRUNE_LOCK, {"k": PRUNE_LOCK_KEY}).scalar()
         conn.commit()
         if not locked:
             return {}
@@ -84,8 +86,25 @@ def prune(
             )
         finally:
             conn.rollback()
-            conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": PRUNE_LOCK_KEY})
+            conn.execute(_PRUNE_UNLOCK, {"k": PRUNE_LOCK_KEY})
             conn.commit()
+
+
+_NOW = sa.text("SELECT now()")
+_PRUNE_INSTANCES = sa.text(
+    "DELETE FROM onceflow_instances i"
+    " WHERE i.status = ANY(:terminal) AND i.finished_at < :before"
+    f" AND NOT ({_LIVE_PARENT})"
+)
+_PRUNE_TASK_RUNS = sa.text(
+    "DELETE FROM onceflow_task_runs WHERE status <> :pending AND finished_at < :before"
+)
+# A job-id record goes only once its instance or task run has gone.
+_PRUNE_JOB_IDS = sa.text(
+    "DELETE FROM onceflow_jobs j WHERE j.received_at < :before"
+    " AND NOT EXISTS (SELECT 1 FROM onceflow_instances i WHERE i.job_id = j.job_id)"
+    " AND NOT EXISTS (SELECT 1 FROM onceflow_task_runs t WHERE t.job_id = j.job_id)"
+)
 
 
 def _prune_locked(
@@ -96,23 +115,17 @@ def _prune_locked(
     ahead: int,
     operator_action_retention: timedelta,
 ) -> dict[str, int]:
-    now: datetime = conn.execute(sa.text("SELECT now()")).scalar_one()
+    now: datetime = conn.execute(_NOW).scalar_one()
     conn.commit()
     created = partitions.ensure_partitions(conn, now, interval, ahead)
     attempts = partitions.retire_expired(conn, partitions.STEP_ATTEMPTS, now - instance_retention)
     with conn.begin():
         instances = conn.execute(
-            sa.text(
-                "DELETE FROM onceflow_instances i"
-                " WHERE i.status = ANY(:terminal) AND i.finished_at < :before"
-                f" AND NOT ({_LIVE_PARENT})"
-            ),
+            _PRUNE_INSTANCES,
             {"before": now - instance_retention - interval, "terminal": sorted(TERMINAL_STATUSES)},
         ).rowcount
         tasks = conn.execute(
-            sa.text(
-                "DELETE FROM onceflow_task_runs WHERE status <> :pending AND finished_at < :before"
-            ),
+            _PRUNE_TASK_RUNS,
             {"before": now - instance_retention - interval, "pending": str(TaskRunStatus.PENDING)},
         ).rowcount
     duplicates = partitions.retire_expired(
@@ -120,12 +133,7 @@ def _prune_locked(
     )
     with conn.begin():
         job_ids = conn.execute(
-            sa.text(
-                "DELETE FROM onceflow_jobs j WHERE j.received_at < :before"
-                " AND NOT EXISTS (SELECT 1 FROM onceflow_instances i WHERE i.job_id = j.job_id)"
-                " AND NOT EXISTS (SELECT 1 FROM onceflow_task_runs t WHERE t.job_id = j.job_id)"
-            ),
-            {"before": now - job_id_retention - interval},
+            _PRUNE_JOB_IDS, {"before": now - job_id_retention - interval}
         ).rowcount
     orphans = sum(partitions.delete_orphans(conn, t) for t in partitions.PARTITIONED_TABLES)
     with conn.begin():
@@ -150,18 +158,16 @@ class StatusCounts:
     runnable_due: int
 
 
+_COUNTS = sa.text("SELECT workflow, status, count(*) FROM onceflow_instances GROUP BY 1, 2")
+_RUNNABLE_DUE = sa.text(
+    "SELECT count(*) FROM onceflow_instances WHERE status = ANY(:runnable) AND run_after <= now()"
+)
+
+
 def status_counts(engine: Engine) -> StatusCounts:
     with engine.connect() as conn:
-        counts = conn.execute(
-            sa.text("SELECT workflow, status, count(*) FROM onceflow_instances GROUP BY 1, 2")
-        ).all()
-        backlog = conn.execute(
-            sa.text(
-                "SELECT count(*) FROM onceflow_instances"
-                " WHERE status = ANY(:runnable) AND run_after <= now()"
-            ),
-            {"runnable": sorted(RUNNABLE_STATUSES)},
-        ).scalar()
+        counts = conn.execute(_COUNTS).all()
+        backlog = conn.execute(_RUNNABLE_DUE, {"runnable": sorted(RUNNABLE_STATUSES)}).scalar()
     return StatusCounts(
         {(workflow, InstanceStatus(status)): n for workflow, status, n in counts}, backlog or 0
     )

@@ -34,7 +34,10 @@ def announce(engine: Engine, engine_id: str, workflows: dict[str, str]) -> None:
         )
 
 
+_RETIRE = sa.text("DELETE FROM onceflow_engines WHERE engine_id = :e")
+
+
 def retire(engine: Engine, engine_id: str) -> None:
     """Remove this engine's row (clean shutdown)."""
     with engine.begin() as conn:
-        conn.execute(sa.text("DELETE FROM onceflow_engines WHERE engine_id = :e"), {"e": engine_id})
+        conn.execute(_RETIRE, {"e": engine_id})

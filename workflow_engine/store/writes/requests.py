@@ -24,14 +24,13 @@ from workflow_engine.store.writes import children
 LOST = "lost"
 
 
+_REQUEST = sa.text(
+    "UPDATE onceflow_instances SET requested_action = :a, updated_at = now() WHERE job_id = :j"
+)
+
+
 def _request(conn: Connection, job_id: str, action: ControlAction | None) -> None:
-    conn.execute(
-        sa.text(
-            "UPDATE onceflow_instances SET requested_action = :a, updated_at = now()"
-            " WHERE job_id = :j"
-        ),
-        {"a": action, "j": job_id},
-    )
+    conn.execute(_REQUEST, {"a": action, "j": job_id})
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +42,12 @@ class Transition:
     changed: bool = True  # False: it was already so (pausing a paused instance)
     runnable: bool = False  # it became claimable: wake the engines
     refused: str | None = None  # why the action does not apply to it
+
+
+_RESUME = sa.text(
+    "UPDATE onceflow_instances SET status = :queued, run_after = now(),"
+    " updated_at = now() WHERE job_id = :j"
+)
 
 
 def transition(
@@ -63,13 +68,7 @@ def transition(
         if status != InstanceStatus.PAUSED:
             return Transition(status, changed=False, refused=f"{job_id} is {status}, not paused")
         # Queued at once: replay re-suspends a sleep or wait that is not over yet.
-        conn.execute(
-            sa.text(
-                "UPDATE onceflow_instances SET status = :queued, run_after = now(),"
-                " updated_at = now() WHERE job_id = :j"
-            ),
-            {"j": job_id, "queued": str(InstanceStatus.QUEUED)},
-        )
+        conn.execute(_RESUME, {"j": job_id, "queued": str(InstanceStatus.QUEUED)})
         return Transition(InstanceStatus.QUEUED, runnable=True)
     if action != BulkAction.RESTART and status in TERMINAL_STATUSES:
         refusal = (
@@ -94,21 +93,31 @@ def transition(
     return Transition(InstanceStatus.QUEUED, runnable=True)
 
 
+_TERMINATE = sa.text(
+    "UPDATE onceflow_instances SET status = :terminated, finished_at = now(),"
+    " updated_at = now(), lease_owner = NULL, lease_expires_at = NULL,"
+    " requested_action = NULL, error = 'terminated by operator' WHERE job_id = :j"
+    " RETURNING parent_job_id"
+)
+
+
 def apply_terminate(conn: Connection, job_id: str) -> None:
     """Terminate an instance no engine runs; close its children by their policy; wake
     its parent if it awaits it (the parent's ``child_result`` raises)."""
     parent = conn.execute(
-        sa.text(
-            "UPDATE onceflow_instances SET status = :terminated, finished_at = now(),"
-            " updated_at = now(), lease_owner = NULL, lease_expires_at = NULL,"
-            " requested_action = NULL, error = 'terminated by operator' WHERE job_id = :j"
-            " RETURNING parent_job_id"
-        ),
-        {"j": job_id, "terminated": str(InstanceStatus.TERMINATED)},
+        _TERMINATE, {"j": job_id, "terminated": str(InstanceStatus.TERMINATED)}
     ).scalar()
     close_children(conn, job_id)
     if parent is not None:
         children.wake_parents(conn, [(parent, job_id)])
+
+
+# Locked in job-id order, like every multi-row write, to avoid deadlocks.
+_LOCK_CLOSING_CHILDREN = sa.text(
+    "SELECT job_id, status, requested_action FROM onceflow_instances"
+    " WHERE parent_job_id = :j AND parent_close_policy = :policy"
+    " AND status <> ALL(:final) ORDER BY job_id FOR UPDATE"
+)
 
 
 def close_children(conn: Connection, job_id: str) -> int:
@@ -117,11 +126,7 @@ def close_children(conn: Connection, job_id: str) -> int:
     a running child is asked, and its engine applies it at its next step boundary, which
     closes its own children in turn); ``"abandon"`` children are left to run."""
     rows = conn.execute(
-        sa.text(
-            "SELECT job_id, status, requested_action FROM onceflow_instances"
-            " WHERE parent_job_id = :j AND parent_close_policy = :policy"
-            " AND status <> ALL(:final) ORDER BY job_id FOR UPDATE"
-        ),
+        _LOCK_CLOSING_CHILDREN,
         {
             "j": job_id,
             "policy": str(ParentClosePolicy.TERMINATE),
@@ -134,36 +139,52 @@ def close_children(conn: Connection, job_id: str) -> int:
     return len(rows)
 
 
+_FORGET_ATTEMPTS = sa.text("DELETE FROM onceflow_step_attempts WHERE job_id = :j")
+_FORGET_STEPS = sa.text("DELETE FROM onceflow_steps WHERE job_id = :j")
+# Events not consumed yet stay: the restarted run may still wait for them.
+_FORGET_CONSUMED_EVENTS = sa.text(
+    "DELETE FROM onceflow_events WHERE job_id = :j AND consumed_at IS NOT NULL"
+)
+_RESTART = sa.text(
+    "UPDATE onceflow_instances SET status = :queued, run_after = now(), started_at = NULL,"
+    " finished_at = NULL, result = NULL, error = NULL, lease_owner = NULL,"
+    " lease_expires_at = NULL, requested_action = NULL, restart_count = restart_count + 1,"
+    " updated_at = now() WHERE job_id = :j"
+)
+
+
 def apply_restart(conn: Connection, job_id: str) -> None:
     """Forget the history and queue the instance to run from its first step."""
     # Attempts first, explicitly: no foreign key cascades into the partitioned
     # attempts table (migration 0012), and the restarted steps count attempts from 1.
-    conn.execute(sa.text("DELETE FROM onceflow_step_attempts WHERE job_id = :j"), {"j": job_id})
-    conn.execute(sa.text("DELETE FROM onceflow_steps WHERE job_id = :j"), {"j": job_id})
-    conn.execute(
-        sa.text("DELETE FROM onceflow_events WHERE job_id = :j AND consumed_at IS NOT NULL"),
-        {"j": job_id},
-    )
-    conn.execute(
-        sa.text(
-            "UPDATE onceflow_instances SET status = :queued, run_after = now(), started_at = NULL,"
-            " finished_at = NULL, result = NULL, error = NULL, lease_owner = NULL,"
-            " lease_expires_at = NULL, requested_action = NULL, restart_count = restart_count + 1,"
-            " updated_at = now() WHERE job_id = :j"
-        ),
-        {"j": job_id, "queued": str(InstanceStatus.QUEUED)},
-    )
+    conn.execute(_FORGET_ATTEMPTS, {"j": job_id})
+    conn.execute(_FORGET_STEPS, {"j": job_id})
+    conn.execute(_FORGET_CONSUMED_EVENTS, {"j": job_id})
+    conn.execute(_RESTART, {"j": job_id, "queued": str(InstanceStatus.QUEUED)})
+
+
+_PAUSE = sa.text(
+    "UPDATE onceflow_instances SET status = :paused, lease_owner = NULL,"
+    " lease_expires_at = NULL, requested_action = NULL, run_after = now(),"
+    " updated_at = now() WHERE job_id = :j"
+)
 
 
 def apply_pause(conn: Connection, job_id: str) -> None:
-    conn.execute(
-        sa.text(
-            "UPDATE onceflow_instances SET status = :paused, lease_owner = NULL,"
-            " lease_expires_at = NULL, requested_action = NULL, run_after = now(),"
-            " updated_at = now() WHERE job_id = :j"
-        ),
-        {"j": job_id, "paused": str(InstanceStatus.PAUSED)},
-    )
+    conn.execute(_PAUSE, {"j": job_id, "paused": str(InstanceStatus.PAUSED)})
+
+
+# The request as it stands now, under the row lock, and only while this engine holds it.
+_LOCK_REQUESTED = sa.text(
+    "SELECT requested_action FROM onceflow_instances"
+    f" WHERE job_id = :j AND {lease_held()} FOR UPDATE"
+)
+# A withdrawn request: the lease goes and the instance is claimable again.
+_REQUEUE = sa.text(
+    "UPDATE onceflow_instances SET status = :queued, run_after = now(),"
+    " lease_owner = NULL, lease_expires_at = NULL, updated_at = now()"
+    " WHERE job_id = :j"
+)
 
 
 @retry_on_deadlock
@@ -176,25 +197,12 @@ def apply_requested(engine: Engine, lease: Lease, job_id: str) -> tuple[str, str
     the instance back to the queue: the run has already unwound, and its next claim
     replays it from its history."""
     with engine.begin() as conn:
-        row = conn.execute(
-            sa.text(
-                "SELECT requested_action FROM onceflow_instances"
-                f" WHERE job_id = :j AND {lease_held()} FOR UPDATE"
-            ),
-            {"j": job_id, **lease._asdict()},
-        ).one_or_none()
+        row = conn.execute(_LOCK_REQUESTED, {"j": job_id, **lease._asdict()}).one_or_none()
         if row is None:
             return LOST, None
         action = row.requested_action
         if action is None:
-            conn.execute(
-                sa.text(
-                    "UPDATE onceflow_instances SET status = :queued, run_after = now(),"
-                    " lease_owner = NULL, lease_expires_at = NULL, updated_at = now()"
-                    " WHERE job_id = :j"
-                ),
-                {"j": job_id, "queued": str(InstanceStatus.QUEUED)},
-            )
+            conn.execute(_REQUEUE, {"j": job_id, "queued": str(InstanceStatus.QUEUED)})
             _notify(conn)
             return InstanceStatus.QUEUED, None
         if action == ControlAction.PAUSE:

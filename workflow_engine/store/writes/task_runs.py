@@ -33,18 +33,18 @@ class PendingTask:
     attempts: int
 
 
+_PENDING = sa.text(
+    "SELECT job_id, task, params, attempts FROM onceflow_task_runs"
+    " WHERE job_id = ANY(:ids) AND status = :pending ORDER BY job_id"
+)
+
+
 def pending(engine: Engine, job_ids: Sequence[str]) -> list[PendingTask]:
     """The task runs among ``job_ids`` that still have to run (new or interrupted)."""
     if not job_ids:
         return []
     with engine.connect() as conn:
-        rows = conn.execute(
-            sa.text(
-                "SELECT job_id, task, params, attempts FROM onceflow_task_runs"
-                " WHERE job_id = ANY(:ids) AND status = :pending ORDER BY job_id"
-            ),
-            {"ids": list(job_ids), "pending": str(TaskRunStatus.PENDING)},
-        )
+        rows = conn.execute(_PENDING, {"ids": list(job_ids), "pending": str(TaskRunStatus.PENDING)})
         return [PendingTask(*row) for row in rows]
 
 
@@ -58,21 +58,27 @@ class TaskRunState:
     attempts: int
 
 
+_STATES = sa.text(
+    "SELECT job_id, task, status, attempts FROM onceflow_task_runs WHERE job_id = ANY(:ids)"
+)
+
+
 def states(engine: Engine, job_ids: Sequence[str]) -> dict[str, TaskRunState]:
     """The task runs among ``job_ids``, by job id."""
     if not job_ids:
         return {}
     with engine.connect() as conn:
-        rows = conn.execute(
-            sa.text(
-                "SELECT job_id, task, status, attempts FROM onceflow_task_runs"
-                " WHERE job_id = ANY(:ids)"
-            ),
-            {"ids": list(job_ids)},
-        ).all()
+        rows = conn.execute(_STATES, {"ids": list(job_ids)}).all()
     return {
         r.job_id: TaskRunState(r.job_id, r.task, TaskRunStatus(r.status), r.attempts) for r in rows
     }
+
+
+_REOPEN = sa.text(
+    "UPDATE onceflow_task_runs SET status = :pending, finished_at = NULL"
+    " WHERE job_id = ANY(:ids) AND status = :dead"
+    " RETURNING job_id, task, status, attempts"
+)
 
 
 def reopen(engine: Engine, job_ids: Sequence[str]) -> dict[str, TaskRunState]:
@@ -84,11 +90,7 @@ def reopen(engine: Engine, job_ids: Sequence[str]) -> dict[str, TaskRunState]:
         return {}
     with engine.begin() as conn:
         rows = conn.execute(
-            sa.text(
-                "UPDATE onceflow_task_runs SET status = :pending, finished_at = NULL"
-                " WHERE job_id = ANY(:ids) AND status = :dead"
-                " RETURNING job_id, task, status, attempts"
-            ),
+            _REOPEN,
             {
                 "ids": sorted(set(job_ids)),
                 "pending": str(TaskRunStatus.PENDING),
@@ -98,6 +100,16 @@ def reopen(engine: Engine, job_ids: Sequence[str]) -> dict[str, TaskRunState]:
     return {
         r.job_id: TaskRunState(r.job_id, r.task, TaskRunStatus(r.status), r.attempts) for r in rows
     }
+
+
+# The guard (still pending, attempts below this one) makes a second run of the same
+# attempt, after a commit whose outcome was unknown, change nothing.
+_RECORD_ATTEMPT = sa.text(
+    "UPDATE onceflow_task_runs SET attempts = :attempt, status = :status,"
+    " result = CAST(:result AS jsonb), error = :error,"
+    " finished_at = CASE WHEN :status = :pending THEN NULL ELSE now() END"
+    " WHERE job_id = :job_id AND status = :pending AND attempts < :attempt"
+)
 
 
 def record_attempt(
@@ -117,12 +129,7 @@ def record_attempt(
     status = TaskRunStatus.PENDING if outcome == RETRY else TaskRunStatus(outcome)
     with engine.begin() as conn:
         conn.execute(
-            sa.text(
-                "UPDATE onceflow_task_runs SET attempts = :attempt, status = :status,"
-                " result = CAST(:result AS jsonb), error = :error,"
-                " finished_at = CASE WHEN :status = :pending THEN NULL ELSE now() END"
-                " WHERE job_id = :job_id AND status = :pending AND attempts < :attempt"
-            ),
+            _RECORD_ATTEMPT,
             {
                 "job_id": job_id,
                 "attempt": attempt,

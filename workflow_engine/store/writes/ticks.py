@@ -97,17 +97,17 @@ def upsert_declared(
     return conflicts
 
 
+_SECONDS_UNTIL_NEXT_FIRE = sa.text(
+    "SELECT extract(epoch FROM min(next_fire_at)"
+    " - coalesce(CAST(:now AS timestamptz), now()))"
+    " FROM onceflow_schedules WHERE NOT paused"
+)
+
+
 def seconds_until_next_fire(engine: Engine, now: datetime | None = None) -> float | None:
     """How long until the next active schedule is due (None: there is none)."""
     with engine.connect() as conn:
-        value = conn.execute(
-            sa.text(
-                "SELECT extract(epoch FROM min(next_fire_at)"
-                " - coalesce(CAST(:now AS timestamptz), now()))"
-                " FROM onceflow_schedules WHERE NOT paused"
-            ),
-            {"now": now},
-        ).scalar()
+        value = conn.execute(_SECONDS_UNTIL_NEXT_FIRE, {"now": now}).scalar()
     return None if value is None else float(value)
 
 
