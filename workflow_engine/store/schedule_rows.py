@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""A schedule's row as every schedule module reads it (:class:`ScheduleView`, its
+columns), the time a schedule is judged at, the insert both the operators' create and
+the declared upsert share, and the schedules' errors."""
 
 from __future__ import annotations
 

@@ -116,18 +116,31 @@ def available_migrations(migration_set: MigrationSet = PRODUCT) -> list[Migratio
     return sorted(found, key=lambda m: m.version)
 
 
+_MIGRATION_LOCK = sa.text("SELECT pg_advisory_xact_lock(:k)")
+
+# The statements on a migration set's record table name that table, which comes from a
+# MigrationSet in code, never from input: templates, made statements by _on_table.
+_CREATE_RECORD_TABLE = (
+    "CREATE TABLE IF NOT EXISTS {table} ("
+    " version integer NOT NULL CONSTRAINT {table}_pkey PRIMARY KEY,"
+    " name text NOT NULL,"
+    " applied_at timestamptz NOT NULL DEFAULT now(),"
+    " checksum text)"
+)
+_ADD_CHECKSUM = "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS checksum text"
+_APPLIED = "SELECT version, checksum FROM {table}"
+_SET_CHECKSUM = "UPDATE {table} SET checksum = :c WHERE version = :v"
+_RECORD = "INSERT INTO {table} (version, name, checksum) VALUES (:v, :n, :c)"
+
+
+def _on_table(template: str, table: str) -> sa.TextClause:
+    """One of the record-table templates above, on the migration set's own table."""
+    return sa.text(template.format(table=table))
+
+
 def _ensure_record_table(conn: Connection, table: str) -> None:
-    # The table name comes from a MigrationSet in code, never from input.
-    conn.execute(
-        sa.text(
-            f"CREATE TABLE IF NOT EXISTS {table} ("
-            f" version integer NOT NULL CONSTRAINT {table}_pkey PRIMARY KEY,"
-            " name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now(),"
-            " checksum text)"
-        )
-    )
-    conn.execute(sa.text(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS checksum text"))
+    conn.execute(_on_table(_CREATE_RECORD_TABLE, table))
+    conn.execute(_on_table(_ADD_CHECKSUM, table))
 
 
 def migrate(engine: Engine, migration_set: MigrationSet = PRODUCT) -> list[Migration]:
@@ -139,17 +152,15 @@ def migrate(engine: Engine, migration_set: MigrationSet = PRODUCT) -> list[Migra
     applied: list[Migration] = []
     table = migration_set.table
     with engine.begin() as conn:
-        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
+        conn.execute(_MIGRATION_LOCK, {"k": MIGRATION_LOCK_KEY})
         _ensure_record_table(conn, table)
-        done: dict[int, str | None] = dict(
-            conn.execute(sa.text(f"SELECT version, checksum FROM {table}")).all()
-        )
+        done: dict[int, str | None] = dict(conn.execute(_on_table(_APPLIED, table)).all())
         for migration in available_migrations(migration_set):
             if migration.version in done:
                 recorded = done[migration.version]
                 if recorded is None:  # applied before checksums were kept
                     conn.execute(
-                        sa.text(f"UPDATE {table} SET checksum = :c WHERE version = :v"),
+                        _on_table(_SET_CHECKSUM, table),
                         {"c": migration.checksum, "v": migration.version},
                     )
                 elif recorded != migration.checksum:
@@ -166,7 +177,7 @@ def migrate(engine: Engine, migration_set: MigrationSet = PRODUCT) -> list[Migra
             cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
             cursor.execute(migration.sql)
             conn.execute(
-                sa.text(f"INSERT INTO {table} (version, name, checksum) VALUES (:v, :n, :c)"),
+                _on_table(_RECORD, table),
                 {"v": migration.version, "n": migration.name, "c": migration.checksum},
             )
             applied.append(migration)
@@ -177,6 +188,9 @@ def migrate(engine: Engine, migration_set: MigrationSet = PRODUCT) -> list[Migra
                 extra={"event": "schema.migrated", "version": migration.version},
             )
     return applied
+
+
+_CURRENT_SCHEMA = sa.text("SELECT current_schema()")
 
 
 def grant_app_role(
@@ -193,7 +207,7 @@ def grant_app_role(
     with engine.begin() as conn:
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
         who = sql.Identifier(role)
-        schema = conn.execute(sa.text("SELECT current_schema()")).scalar()
+        schema = conn.execute(_CURRENT_SCHEMA).scalar()
         cursor.execute(
             sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), who)
         )

@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""Schedules as read: the list, one schedule, the next fire times (the scheduler's
+gauge), and which schedule and tick created a job (``instances describe``)."""
 
 from __future__ import annotations
 

@@ -233,6 +233,9 @@ def _with_histories(rows: Sequence[Any], history: dict[str, list[RecordedStep]])
     ]
 
 
+_JIT_OFF = "SET LOCAL jit = off"
+
+
 def _claim_flows(
     conn: sa.Connection,
     controlled: dict[str, FlowControl],
@@ -254,7 +257,7 @@ def _claim_flows(
     # The flow claim's row estimate on a deep backlog (~141k for 20k rows) is past the
     # JIT threshold: JIT then took ~55 ms of a ~60 ms claim whose execution is ~5 ms.
     # Off for the rest of this transaction only.
-    conn.exec_driver_sql("SET LOCAL jit = off")
+    conn.exec_driver_sql(_JIT_OFF)
     # A random first workflow, so one busy workflow does not always fill the batch.
     start = random.randrange(len(locked))
     rows: list[Any] = []

@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""An engine's presence in ``onceflow_engines``: announced (with the workflow versions
+it has) every third of a lease, removed on a clean stop. What is read of it (live
+engines, instances no live engine can run) is :mod:`workflow_engine.store.views.engines`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""TODO docstring."""
+"""What a control action does to one locked instance, and the requests an engine applies.
+
+:func:`transition` is the per-instance rule every operator action goes through (the
+one-instance operations and bulk alike): an instance no engine runs changes at once, one
+that an engine runs gets a ``requested_action``. :func:`apply_requested` is the engine's
+side: it carries out the request as it stands under the row lock, at the run's next step
+boundary, fenced by the run's lease."""
 
 from __future__ import annotations
 

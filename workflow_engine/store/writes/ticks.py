@@ -1,4 +1,9 @@
-"""TODO docstring."""
+"""Schedule firing: the engines' scheduler takes due schedules in batches (``FOR UPDATE
+SKIP LOCKED``), creates their ticks through the one create path
+(:func:`~workflow_engine.store.writes.create.create_instances_in`), so a tick's job id
+(``<schedule>@<UTC instant>``) meets the unique constraint and can never make two
+instances, and moves ``next_fire_at`` past them in the same transaction. Also the upsert
+of the schedules declared in code."""
 
 from __future__ import annotations
 
