@@ -179,7 +179,10 @@ def test_an_instance_of_a_workflow_the_engine_lacks_waits_for_an_engine_that_has
     run_until(settings, db, lambda: status(db, "u2") == "complete")
     assert status(db, "u1") == "queued"
     stranded = views.instances_without_engine(db, stale_seconds=60)
-    assert [(s.workflow, s.version, s.count) for s in stranded] == [("no-such-workflow", None, 1)]
+    # this test's instances only: a sample schedule's tick, fired by the engine before it
+    # stopped, is stranded too once that engine has retired (CI, 2026-12-01)
+    ours = [(s.workflow, s.version, s.count) for s in stranded if s.workflow != "tick-workflow"]
+    assert ours == [("no-such-workflow", None, 1)]
 
 
 @pytest.mark.timeout(120)
