@@ -25,14 +25,14 @@ from workflow_engine.store.operations import BulkRunner
 STATIC = Path(__file__).parent / "static"
 
 
-def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
+def create_app(settings: Settings, db: Engine | None = None) -> FastAPI:
     if not settings.auth_disabled and not settings.api_keys:
         raise ValueError(
             "the console needs API keys (ONCEFLOW_API_KEYS; `onceflow keys new`)"
             " or ONCEFLOW_AUTH_DISABLED=true for development"
         )
-    engine = engine if engine is not None else shared_engine(settings.database_url)
-    state = Console(settings, engine, Gatekeeper(settings), BulkRunner(engine))
+    db = db if db is not None else shared_engine(settings.database_url)
+    state = Console(settings, db, Gatekeeper(settings), BulkRunner(db))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -28,7 +28,7 @@ class Console:
     """Everything a request needs, built once per process (``create_app``)."""
 
     settings: Settings
-    engine: Engine
+    db: Engine
     gate: Gatekeeper
     bulk: BulkRunner  # the process's one runner of bulk operations (also resumes cut-off ones)
 

@@ -77,7 +77,7 @@ async def refused(request: Request, c: Console, exc: Denied) -> None:
         job_id=request.path_params.get("job_id"),
         detail=f"{exc.status} {request.method} {request.url.path}: {exc.message}",
     )
-    await run_in_threadpool(operations.record_quietly, c.engine, e)
+    await run_in_threadpool(operations.record_quietly, c.db, e)
 
 
 def record_login(
@@ -87,7 +87,7 @@ def record_login(
     actor = Actor.console(key_name or "(unknown key)", _peer(request))
     result = ActionResult.OK if refusal is None else ActionResult.REFUSED
     e = operations.entry(actor, OperatorAction.LOGIN, result, detail=refusal)
-    operations.record_quietly(c.engine, e)
+    operations.record_quietly(c.db, e)
 
 
 def record_logout(request: Request, c: Console) -> None:
@@ -95,4 +95,4 @@ def record_logout(request: Request, c: Console) -> None:
     if who is None:  # not logged in: nothing to record
         return
     e = operations.entry(Actor.console(who.name, _peer(request)), OperatorAction.LOGOUT)
-    operations.record_quietly(c.engine, e)
+    operations.record_quietly(c.db, e)

@@ -189,13 +189,13 @@ def not_progressing(
     )
 
 
-def run_audit(settings: Settings, engine: Engine) -> AuditReport:
+def run_audit(settings: Settings, db: Engine) -> AuditReport:
     report = AuditReport(settings.jobs_topic, settings.consumer_group)
     first_at = time.monotonic()
     lags = _lags(settings)
     report.lag = sum(p.lag for p in lags.values())
 
-    dead_sources = _dead_letter_sources(settings, engine, report)
+    dead_sources = _dead_letter_sources(settings, db, report)
 
     consumed: dict[str, bool] = {}  # job id -> some record of it was consumed and kept
     seen: set[str] = set()
@@ -221,7 +221,7 @@ def run_audit(settings: Settings, engine: Engine) -> AuditReport:
         else:
             consumed.setdefault(job_id, False)
 
-    stored = stored_job_ids(engine)
+    stored = stored_job_ids(db)
     report.instances, report.task_runs = len(stored.instances), len(stored.task_runs)
     report.job_ids = len(seen)
     report.consumed_job_ids = sum(1 for v in consumed.values() if v)
@@ -237,12 +237,12 @@ def run_audit(settings: Settings, engine: Engine) -> AuditReport:
     report.doubled = sorted(stored.doubled)
     report.started_inside = len(stored.started_inside)
     report.unknown_origin = len(stored.all - seen - stored.started_inside)
-    report.workflow_mismatch_job_ids = len(workflow_mismatch_job_ids(engine))
+    report.workflow_mismatch_job_ids = len(workflow_mismatch_job_ids(db))
     report.not_progressing = not_progressing(settings, lags, first_at)
     return report
 
 
-def _dead_letter_sources(settings: Settings, engine: Engine, report: AuditReport) -> dict[str, str]:
+def _dead_letter_sources(settings: Settings, db: Engine, report: AuditReport) -> dict[str, str]:
     """Every dead-lettered source position (``topic/partition@offset``) with its reason
     code: the DLQ topic's headers, completed by ``onceflow_dead_letters`` (the table
     wins on the reason; the topic may have lost old records to retention)."""
@@ -254,7 +254,7 @@ def _dead_letter_sources(settings: Settings, engine: Engine, report: AuditReport
         if source:
             reason = headers.get(HEADER_DLQ_REASON)
             sources[source.decode()] = reason.decode() if reason else "unknown"
-    sources.update({source: str(r) for source, r in dead_letter_sources(engine).items()})
+    sources.update({source: str(r) for source, r in dead_letter_sources(db).items()})
     return sources
 
 

@@ -105,17 +105,17 @@ def migrate(grant_to: str | None, with_modules: tuple[str, ...]) -> None:
     from workflow_engine.store import migrate as run_migrations
 
     sets = (PRODUCT, *(migration_set_of(module) for module in with_modules))
-    engine = make_engine(_settings().database_url, pool_size=1)
-    check_connection(engine)
+    db = make_engine(_settings().database_url, pool_size=1)
+    check_connection(db)
     for migration_set in sets:
-        applied = run_migrations(engine, migration_set)
+        applied = run_migrations(db, migration_set)
         click.echo(
             f"{migration_set.name}: applied {len(applied)} migration(s)"
             if applied
             else f"{migration_set.name}: schema is up to date"
         )
     if grant_to:
-        tables = grant_app_role(engine, grant_to, sets)
+        tables = grant_app_role(db, grant_to, sets)
         click.echo(f"granted {grant_to} read/write on {len(tables)} tables")
 
 
@@ -205,13 +205,13 @@ def instances_describe(workflow: str, job_id: str, as_json: bool) -> None:
     from onceflow_cli.schedules import render_tick
     from workflow_engine.store.views import describe_instance
 
-    engine = _db()
-    view = describe_instance(engine, job_id)
+    db = _db()
+    view = describe_instance(db, job_id)
     if view is None or view.workflow != workflow:
         # Say what the id *is* (another workflow's instance, a task run, a dead letter)
         # rather than "no instance": a wrong guess at the type is the usual mistake.
-        raise OnceflowError(describe_elsewhere(engine, workflow, job_id, view))
-    tick_line, tick = render_tick(engine, job_id)  # which schedule and tick, if one
+        raise OnceflowError(describe_elsewhere(db, workflow, job_id, view))
+    tick_line, tick = render_tick(db, job_id)  # which schedule and tick, if one
     if as_json:
         doc = {**view.to_dict(), "schedule_tick": tick}
         click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2, default=str))

@@ -84,9 +84,9 @@ def audit_actions(
         "result": result,
     }
     f = ActionFilter.from_params({k: v for k, v in given.items() if v is not None})
-    engine, cursor, shown = connect(get_settings()), None, 0
+    db, cursor, shown = connect(get_settings()), None, 0
     while shown < limit:
-        page = list_actions(engine, f, cursor, min(500, limit - shown))
+        page = list_actions(db, f, cursor, min(500, limit - shown))
         for e in page.rows:
             click.echo(orjson.dumps(e.to_dict()) if as_json else render_action(e))
         shown += len(page.rows)

@@ -80,9 +80,7 @@ def render_trace(job_id: str, events: list[TraceEvent]) -> str:
     return "\n".join(lines)
 
 
-def describe_elsewhere(
-    engine: Engine, workflow: str, job_id: str, view: InstanceView | None
-) -> str:
+def describe_elsewhere(db: Engine, workflow: str, job_id: str, view: InstanceView | None) -> str:
     """Why ``instances describe <workflow> <job_id>`` found no such instance: the id
     belongs to another workflow, is a task run, was dead-lettered, or is unknown."""
     if view is not None:
@@ -90,13 +88,13 @@ def describe_elsewhere(
             f"job id {job_id!r} belongs to workflow {view.workflow!r}"
             f" (status {view.status}), not {workflow!r}"
         )
-    status = job_status(engine, job_id)
+    status = job_status(db, job_id)
     if status is not None:
         return (
             f"job id {job_id!r} is a task run of {status['task']!r}"
             f" (status {status['status']}), not an instance of {workflow!r}"
         )
-    dead = dead_letters_for(engine, job_id)
+    dead = dead_letters_for(db, job_id)
     if dead:
         return f"job id {job_id!r} has no instance: it was " + render_dead_letter(dead[-1])
     return f"no instance of {workflow!r} with job id {job_id!r}"

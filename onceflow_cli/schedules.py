@@ -147,11 +147,11 @@ def backfill(name: str, start: str, end: str, dry_run: bool) -> None:
         click.echo(f"created {r.created} instances ({r.existing} existed already)")
 
 
-def render_tick(engine: Any, job_id: str) -> tuple[str | None, dict[str, Any] | None]:
+def render_tick(db: Any, job_id: str) -> tuple[str | None, dict[str, Any] | None]:
     """What ``instances describe`` adds for a schedule's tick: a line and a JSON field."""
     from workflow_engine.store.views import tick_of
 
-    tick = tick_of(engine, job_id)
+    tick = tick_of(db, job_id)
     if tick is None:
         return None, None
     line = (

@@ -61,12 +61,12 @@ class Ingest:
             producer,
         )
 
-    def bulk_runner(self, engine: Engine) -> BulkRunner:
-        """The process's one bulk runner (created on first use, on ``engine``)."""
+    def bulk_runner(self, db: Engine) -> BulkRunner:
+        """The process's one bulk runner (created on first use, on ``db``)."""
         if self.bulk is None:
             from workflow_engine.store.operations import BulkRunner
 
-            self.bulk = BulkRunner(engine)
+            self.bulk = BulkRunner(db)
         return self.bulk
 
     def sender(self) -> JobSender:

@@ -134,8 +134,8 @@ class InstanceCreator:
 
 def _build_handler(settings: Settings) -> BatchHandler:
     registry = load_workflow_modules(settings.workflow_modules)
-    engine = make_engine(settings.database_url, pool_size=settings.streams_concurrency + 1)
-    return BatchHandler(settings, engine, lambda: dlq_producer(settings), registry)
+    db = make_engine(settings.database_url, pool_size=settings.streams_concurrency + 1)
+    return BatchHandler(settings, db, lambda: dlq_producer(settings), registry)
 
 
 def dlq_producer(settings: Settings) -> Producer:

@@ -85,15 +85,13 @@ class BatchHandler:
     def __init__(
         self,
         settings: Settings,
-        engine: Engine,
+        db: Engine,
         make_dlq_producer: Callable[[], Producer],
         registry: Registry,
     ) -> None:
         self.settings = settings
-        self.engine = engine
-        self.dead_letters = DeadLetterWriter(
-            settings, engine, make_dlq_producer, self.with_db_retry
-        )
+        self.db = db
+        self.dead_letters = DeadLetterWriter(settings, db, make_dlq_producer, self.with_db_retry)
         #: Registered names decide what a record is: a workflow, a task, or a dead letter.
         self.registry = registry
         # The records of the batch being handled, by position: a delivery that must be
@@ -132,7 +130,7 @@ class BatchHandler:
         if not deliveries:
             return
         first = _first_by_job(deliveries)
-        todo = await asyncio.to_thread(self.with_db_retry, writes.pending, self.engine, list(first))
+        todo = await asyncio.to_thread(self.with_db_retry, writes.pending, self.db, list(first))
         slots = asyncio.Semaphore(self.settings.streams_concurrency)
 
         def dead_letter(job_id: str, reason: DeadLetterReason, detail: str) -> None:
@@ -142,7 +140,7 @@ class BatchHandler:
             async with slots:
                 await asyncio.to_thread(
                     run_task,
-                    self.engine,
+                    self.db,
                     self.registry.task(pending.task),
                     pending,
                     dead_letter,
@@ -176,7 +174,7 @@ class BatchHandler:
         try:
             started = time.perf_counter()
             started_ns = time.time_ns()
-            result = self.with_db_retry(create_instances, self.engine, chunk)
+            result = self.with_db_retry(create_instances, self.db, chunk)
             DB_LATENCY.observe(time.perf_counter() - started)
         except sa_exc.DBAPIError as exc:
             # The database refused the batch for a reason that retrying will not fix
@@ -206,7 +204,7 @@ class BatchHandler:
         middle = len(chunk) // 2
         for half in (chunk[:middle], chunk[middle:]):
             try:
-                total.add(self.with_db_retry(create_instances, self.engine, half))
+                total.add(self.with_db_retry(create_instances, self.db, half))
             except sa_exc.DBAPIError as exc:
                 total.add(self._create_isolating(half, exc))
         return total

@@ -131,12 +131,12 @@ class DeadLetterWriter:
     def __init__(
         self,
         settings: Settings,
-        engine: Engine,
+        db: Engine,
         make_producer: Callable[[], Producer],
         with_db_retry: Callable[..., Any],
     ) -> None:
         self.settings = settings
-        self.engine = engine
+        self.db = db
         self.make_producer = make_producer
         self.with_db_retry = with_db_retry
         self.producer = make_producer()
@@ -226,7 +226,7 @@ class DeadLetterWriter:
     def _record(self, done: list[_Pending]) -> None:
         rows = [_row(p, self.settings.dlq_topic) for p in done]
         try:
-            self.with_db_retry(record_dead_letters, self.engine, rows)
+            self.with_db_retry(record_dead_letters, self.db, rows)
         except sa_exc.DBAPIError as exc:
             # The letters are safe on the topic; the table is their index. Say so loudly.
             log.error(

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 def run_task(
-    engine: Engine,
+    db: Engine,
     definition: TaskDef | None,
     pending: PendingTask,
     dead_letter: Callable[[str, DeadLetterReason, str], None],
@@ -41,7 +41,7 @@ def run_task(
     to success or the dead-letter topic; return the outcome."""
     if definition is None:  # unregistered since it was accepted: nothing can run it here
         unknown = (DeadLetterReason.UNKNOWN_TYPE, f"unknown task {pending.task!r}")
-        return _give_up(engine, pending, pending.attempts + 1, unknown, dead_letter, with_db_retry)
+        return _give_up(db, pending, pending.attempts + 1, unknown, dead_letter, with_db_retry)
     attempt = pending.attempts
     while True:
         attempt += 1
@@ -55,21 +55,21 @@ def run_task(
             if final:
                 detail = f"task {pending.task!r} failed after {attempt} attempt(s): {error}"
                 failed = (DeadLetterReason.TASK_FAILED, detail)
-                return _give_up(engine, pending, attempt, failed, dead_letter, with_db_retry)
-            with_db_retry(record_attempt, engine, pending.job_id, attempt, RETRY, None, error)
+                return _give_up(db, pending, attempt, failed, dead_letter, with_db_retry)
+            with_db_retry(record_attempt, db, pending.job_id, attempt, RETRY, None, error)
             _report(pending, attempt, RETRY, error)
             time.sleep(definition.delay)
             continue
         succeeded = TaskRunStatus.SUCCEEDED
         try:
-            with_db_retry(record_attempt, engine, pending.job_id, attempt, succeeded, encoded, None)
+            with_db_retry(record_attempt, db, pending.job_id, attempt, succeeded, encoded, None)
         except sa_exc.DBAPIError as exc:
             # Refused for good (with_db_retry retries the rest): a result jsonb cannot
             # hold, say. Raised from here it stopped the batch, and every restart ran
             # the task again; dead-lettered, the partition moves on.
             detail = f"task {pending.task!r} ran, but the database refused its result: "
             refused = (DeadLetterReason.DATABASE_REFUSED, detail + refusal(exc))
-            return _give_up(engine, pending, attempt, refused, dead_letter, with_db_retry)
+            return _give_up(db, pending, attempt, refused, dead_letter, with_db_retry)
         _report(pending, attempt, succeeded)
         return succeeded
 
@@ -89,12 +89,12 @@ def _report(pending: PendingTask, attempt: int, outcome: str, error: str | None 
 
 
 def _give_up(
-    engine, pending, attempt: int, why: tuple[DeadLetterReason, str], dead_letter, with_db_retry
+    db, pending, attempt: int, why: tuple[DeadLetterReason, str], dead_letter, with_db_retry
 ) -> str:
     reason, detail = why
     dead_letter(pending.job_id, reason, detail)
     dead = TaskRunStatus.DEAD_LETTERED
-    with_db_retry(record_attempt, engine, pending.job_id, attempt, dead, None, detail)
+    with_db_retry(record_attempt, db, pending.job_id, attempt, dead, None, detail)
     TASKS.labels(pending.task, dead).inc()
     log.warning(
         "task dead-lettered: %s",

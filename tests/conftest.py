@@ -58,10 +58,10 @@ def template_db(base_settings) -> Iterator[str]:
 
     name = f"onceflow_tpl_{uuid.uuid4().hex[:8]}"
     url = recreate_database(base_settings.database_url, name)
-    engine = make_engine(url, pool_size=1)
-    migrate(engine)
-    migrate(engine, onceflow_examples.MIGRATIONS)
-    engine.dispose()
+    db = make_engine(url, pool_size=1)
+    migrate(db)
+    migrate(db, onceflow_examples.MIGRATIONS)
+    db.dispose()
     yield name
     admin = make_engine(database_url_for(base_settings.database_url, "postgres"), pool_size=1)
     with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
@@ -91,9 +91,9 @@ def db_url(base_settings, template_db) -> Iterator[str]:
 def db(db_url):
     from workflow_engine.store import make_engine
 
-    engine = make_engine(db_url, pool_size=4)
-    yield engine
-    engine.dispose()
+    db = make_engine(db_url, pool_size=4)
+    yield db
+    db.dispose()
 
 
 @pytest.fixture

@@ -42,7 +42,7 @@ def send_event(
     c: ConsoleDep,
     actor: Operator,
 ) -> Response:
-    view = describe_instance(c.engine, job_id)
+    view = describe_instance(c.db, job_id)
     if view is None:
         raise HTTPException(404, f"no instance with job id {job_id!r}")
     event_type, raw = form.get("event_type").strip(), form.get("payload").strip() or "null"
@@ -73,9 +73,7 @@ def send_event(
             },
             400 if error else 200,
         )
-    event_id = operations.send_event(
-        c.engine, view.workflow, job_id, event_type, payload, actor=actor
-    )
+    event_id = operations.send_event(c.db, view.workflow, job_id, event_type, payload, actor=actor)
     ACTIONS.labels("send-event").inc()
     log.info("event sent", extra={"event": "console.send_event", "job_id": job_id})
     return RedirectResponse(
@@ -95,7 +93,7 @@ def instance_action(
     operation = _CONTROL.get(action)
     if operation is None:
         raise HTTPException(404, f"no action {action!r}")
-    view = describe_instance(c.engine, job_id)
+    view = describe_instance(c.db, job_id)
     if view is None:
         raise HTTPException(404, f"no instance with job id {job_id!r}")
     if not _confirmed(form):
@@ -113,7 +111,7 @@ def instance_action(
                 "back": f"/instances/{quote(job_id)}",
             },
         )
-    result = operation(c.engine, view.workflow, job_id, actor=actor)
+    result = operation(c.db, view.workflow, job_id, actor=actor)
     ACTIONS.labels(action).inc()
     log.info("instance %s", action, extra={"event": f"console.{action}", "job_id": job_id})
     return RedirectResponse(
@@ -130,7 +128,7 @@ def start_bulk(request: Request, form: ControlForm, c: ConsoleDep, actor: Operat
     # Refused before counting: the empty filter would match every instance.
     f = operations.refuse_empty(InstanceFilter.from_params(form.as_dict()))
     if not _confirmed(form):
-        n = count_matching(c.engine, f)
+        n = count_matching(c.db, f)
         return render(
             request,
             "confirm.html",
@@ -154,11 +152,11 @@ def start_bulk(request: Request, form: ControlForm, c: ConsoleDep, actor: Operat
 
 @router.get("/bulk", dependencies=[Depends(reader)])
 def bulk_list(request: Request, c: ConsoleDep) -> Response:
-    return render(request, "bulk_list.html", {"operations": operations.recent_bulk(c.engine)})
+    return render(request, "bulk_list.html", {"operations": operations.recent_bulk(c.db)})
 
 
 def _operation(c: Console, op_id: int) -> Any:
-    op = operations.bulk_status(c.engine, op_id)
+    op = operations.bulk_status(c.db, op_id)
     if op is None:
         raise HTTPException(404, f"no bulk operation {op_id}")
     return op

@@ -24,7 +24,7 @@ def audit_page(request: Request, c: ConsoleDep) -> Response:
     query = dict(request.query_params)
     f = ActionFilter.from_params(query)
     cursor = query.get("cursor") or None
-    page = list_actions(c.engine, f, cursor, PAGE)
+    page = list_actions(c.db, f, cursor, PAGE)
     params = f.as_params()
     next_url = None
     if page.next_cursor:

@@ -73,7 +73,7 @@ def redrive_records(
     chosen = records if every else [r for r in records if _key(r) in wanted]
     if form.get("confirm") != "yes" or not chosen:
         fields: dict[str, Any] = {"reason": reason, "all": "yes" if every else ""}
-        planned = redrive_letters(c.settings, c.engine, chosen, dry_run=True)
+        planned = redrive_letters(c.settings, c.db, chosen, dry_run=True)
         return render(
             request,
             "confirm.html",
@@ -93,7 +93,7 @@ def redrive_records(
             },
             200 if chosen else 400,
         )
-    report = redrive_letters(c.settings, c.engine, chosen, actor=actor)
+    report = redrive_letters(c.settings, c.db, chosen, actor=actor)
     sent = report.count(Verdict.REDRIVEN)
     REDRIVES.inc(sent)
     log.info(

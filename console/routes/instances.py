@@ -37,8 +37,8 @@ def instances_page(request: Request, c: ConsoleDep) -> Response:
     if sort not in SORTS:
         sort = "created"
     cursor = query.get("cursor") or None
-    page = list_page(c.engine, f, sort=sort, cursor=cursor)  # type: ignore[arg-type]
-    count = count_matching(c.engine, f, cap=COUNT_CAP)
+    page = list_page(c.db, f, sort=sort, cursor=cursor)  # type: ignore[arg-type]
+    count = count_matching(c.db, f, cap=COUNT_CAP)
     params = f.as_params()
     next_url = None
     if page.next_cursor:
@@ -62,16 +62,16 @@ def instances_page(request: Request, c: ConsoleDep) -> Response:
 
 @router.get("/instances/{job_id}")
 def instance_page(request: Request, job_id: str, c: ConsoleDep, done: str = "") -> Response:
-    view = describe_instance(c.engine, job_id)
+    view = describe_instance(c.db, job_id)
     if view is None:
         raise HTTPException(404, f"no instance with job id {job_id!r}")
     context = {
         "view": view,
-        "outputs": step_results(c.engine, job_id),
-        "trace": job_trace(c.engine, job_id),
-        "dead_letters": dead_letters_for(c.engine, job_id),
+        "outputs": step_results(c.db, job_id),
+        "trace": job_trace(c.db, job_id),
+        "dead_letters": dead_letters_for(c.db, job_id),
         "operator_actions": list_actions(
-            c.engine, ActionFilter(job_id=job_id), limit=OPERATOR_ACTIONS_SHOWN
+            c.db, ActionFilter(job_id=job_id), limit=OPERATOR_ACTIONS_SHOWN
         ),
         "terminal": view.status in TERMINAL_STATUSES,
         "paused": view.status == InstanceStatus.PAUSED,

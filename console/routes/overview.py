@@ -43,7 +43,7 @@ def _lag(c: Console) -> tuple[list[PartitionLag], str | None]:
 
 
 def _context(c: Console) -> dict[str, Any]:
-    view = overview(c.engine, minutes=15)
+    view = overview(c.db, minutes=15)
     lag, lag_error = _lag(c)
     return {
         "view": view,

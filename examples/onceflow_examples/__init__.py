@@ -50,8 +50,8 @@ def _record_side_effect(params: dict[str, Any]) -> dict[str, Any]:
     time.sleep(float(params.get("step_seconds", 0.05)))
     if params.get("flaky") and step.name == "reserve stock" and step.attempt == 1:
         raise TransientError("warehouse timed out")
-    engine = shared_engine(get_settings().database_url)
-    with engine.begin() as conn:
+    db = shared_engine(get_settings().database_url)
+    with db.begin() as conn:
         conn.execute(
             sa.text(
                 "INSERT INTO onceflow_demo_side_effects (job_id, step, idempotency_key,"
@@ -126,9 +126,9 @@ def send_welcome_email(params: dict[str, Any]) -> dict[str, Any]:
     """A single-step job: no workflow, just the queue's retries and a dead-letter topic."""
     if params.get("fail"):
         raise MailServerDown("mail server refused the connection")
-    engine = shared_engine(get_settings().database_url)
+    db = shared_engine(get_settings().database_url)
     key = f"{params.get('job_id', '')}:send-welcome-email"
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(
             sa.text(
                 "INSERT INTO onceflow_demo_side_effects (job_id, step, idempotency_key,"
@@ -155,10 +155,10 @@ class EffectCounts:
         return sum(1 for j in job_ids for s in steps if self.per_step.get((j, s), 0) != 1)
 
 
-def side_effect_counts(engine: Engine) -> EffectCounts:
+def side_effect_counts(db: Engine) -> EffectCounts:
     """Every execution of a side effect (``onceflow_demo_side_effects``): a step that
     ran twice shows as two rows."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         per_step = {
             (j, s): int(n)
             for j, s, n in conn.execute(
@@ -170,10 +170,10 @@ def side_effect_counts(engine: Engine) -> EffectCounts:
     return EffectCounts(sum(per_step.values()), per_step)
 
 
-def applied_effect_counts(engine: Engine) -> EffectCounts:
+def applied_effect_counts(db: Engine) -> EffectCounts:
     """What the idempotent "external system" applied (``onceflow_demo_applied_effects``):
     one row per idempotency key, with how many times it was asked to apply it."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(
             sa.text(
                 "SELECT job_id, step, count(*), coalesce(sum(executions - 1), 0)"

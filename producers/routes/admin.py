@@ -101,7 +101,7 @@ def _guarded(op: Callable[[], T]) -> T:
 
 @router.get("", dependencies=_READ)
 def list_instances(
-    engine: DbDep,
+    db: DbDep,
     workflow: str | None = None,
     status: InstanceStatus | None = None,
     created_from: datetime | None = None,
@@ -133,11 +133,11 @@ def list_instances(
         version=version or None,
     )
     limit = max(1, min(limit, views.MAX_LIMIT))
-    page = _filtered(lambda: views.list_page(engine, f, sort, cursor or None, limit))
+    page = _filtered(lambda: views.list_page(db, f, sort, cursor or None, limit))
     return {
         "instances": [asdict(row) for row in page.rows],
         "next_cursor": page.next_cursor,
-        "count": views.count_matching(engine, f) if count else None,
+        "count": views.count_matching(db, f) if count else None,
     }
 
 
@@ -189,7 +189,7 @@ def _op_body(op: operations.BulkOperation) -> dict[str, Any]:
 
 @router.post("/bulk/{action}", status_code=202)
 def start_bulk(
-    action: BulkAction, body: BulkIn, engine: DbDep, ingest: IngestDep, actor: BulkOperator
+    action: BulkAction, body: BulkIn, db: DbDep, ingest: IngestDep, actor: BulkOperator
 ) -> Any:
     """Apply ``action`` to every instance the filter matches, in the background (the
     process's bulk runner, which also resumes operations a dead process left running);
@@ -198,33 +198,33 @@ def start_bulk(
     starts, which records the refusal in the audit trail (a dry run is not recorded)."""
     f = _filtered(lambda: views.InstanceFilter.parse(body.filter))
     if body.dry_run:
-        n = views.count_matching(engine, _filtered(lambda: operations.refuse_empty(f)))
+        n = views.count_matching(db, _filtered(lambda: operations.refuse_empty(f)))
         return JSONResponse(
             {"action": str(action), "filter": f.describe(), "dry_run": True, "count": n}
         )
-    op = _filtered(lambda: ingest.bulk_runner(engine).submit(action, f, actor=actor))
+    op = _filtered(lambda: ingest.bulk_runner(db).submit(action, f, actor=actor))
     return _op_body(op)
 
 
 @router.get("/bulk", dependencies=_READ)
-def recent_bulk(engine: DbDep, limit: int = 20) -> list[dict[str, Any]]:
-    return [_op_body(op) for op in operations.recent_bulk(engine, max(1, min(limit, 200)))]
+def recent_bulk(db: DbDep, limit: int = 20) -> list[dict[str, Any]]:
+    return [_op_body(op) for op in operations.recent_bulk(db, max(1, min(limit, 200)))]
 
 
 @router.get("/bulk/{op_id}", dependencies=_READ)
-def bulk_progress(op_id: int, engine: DbDep) -> dict[str, Any]:
-    op = operations.bulk_status(engine, op_id)
+def bulk_progress(op_id: int, db: DbDep) -> dict[str, Any]:
+    op = operations.bulk_status(db, op_id)
     if op is None:
         raise RequestError(404, "not_found", f"no bulk operation #{op_id}")
     return _op_body(op)
 
 
 @router.get("/{workflow}/{job_id}", dependencies=_READ)
-def describe(workflow: str, job_id: str, engine: DbDep) -> dict[str, Any]:
-    view = describe_instance(engine, job_id)
+def describe(workflow: str, job_id: str, db: DbDep) -> dict[str, Any]:
+    view = describe_instance(db, job_id)
     if view is None or view.workflow != workflow:
         raise RequestError(404, "not_found", f"no instance of {workflow!r} with job id {job_id!r}")
-    tick = tick_of(engine, job_id)  # which schedule and tick created it, if one did
+    tick = tick_of(db, job_id)  # which schedule and tick created it, if one did
     return {**view.to_dict(), "schedule_tick": asdict(tick) if tick else None}
 
 
@@ -233,8 +233,8 @@ def _add_control_route(name: str, operation: Callable[..., Any]) -> None:
     # FastAPI resolves in the module's globals, where a local alias is not.
     acting = Depends(operator(OperatorAction(name)))
 
-    def op(workflow: str, job_id: str, engine: DbDep, actor: Actor = acting) -> ControlOut:
-        result = _guarded(lambda: operation(engine, workflow, job_id, actor=actor))
+    def op(workflow: str, job_id: str, db: DbDep, actor: Actor = acting) -> ControlOut:
+        result = _guarded(lambda: operation(db, workflow, job_id, actor=actor))
         return ControlOut(**result.__dict__)
 
     router.add_api_route(
@@ -258,13 +258,11 @@ def send_event(
     workflow: str,
     job_id: str,
     event: EventIn,
-    engine: DbDep,
+    db: DbDep,
     actor: EventOperator,
     _exact: Annotated[None, Depends(exact_body)],  # after the key is checked
 ) -> dict[str, Any]:
     event_id = _guarded(
-        lambda: operations.send_event(
-            engine, workflow, job_id, event.type, event.payload, actor=actor
-        )
+        lambda: operations.send_event(db, workflow, job_id, event.type, event.payload, actor=actor)
     )
     return {"job_id": job_id, "event_id": event_id, "type": event.type}

@@ -32,7 +32,7 @@ _READ = [Depends(require("jobs:read", audit_as=OperatorAction.REQUEST))]
 
 @router.get("/audit", dependencies=_READ)
 def audit_trail(
-    engine: DbDep,
+    db: DbDep,
     actor: str | None = None,
     action: OperatorAction | None = None,
     job_id: str | None = None,
@@ -54,7 +54,7 @@ def audit_trail(
     }
     try:
         f = views.ActionFilter.from_params({k: str(v) for k, v in given.items() if v is not None})
-        page = views.list_actions(engine, f, cursor or None, limit)
+        page = views.list_actions(db, f, cursor or None, limit)
     except views.InvalidAuditFilter as exc:
         raise RequestError(400, "invalid_filter", str(exc)) from None
     return {"actions": [e.to_dict() for e in page.rows], "next_cursor": page.next_cursor}

@@ -313,13 +313,13 @@ def _kafka_unreachable(
 @status_router.get(
     "/{job_id}", dependencies=[Depends(require("jobs:read", audit_as=OperatorAction.REQUEST))]
 )
-def get_job(job_id: str, ingest: IngestDep, engine: DbDep) -> Any:
+def get_job(job_id: str, ingest: IngestDep, db: DbDep) -> Any:
     """What became of a job: its instance or task run; 410 when its record was
     dead-lettered (why and where); else how far the queue is behind (404 with the lag)."""
-    found = job_status(engine, job_id)
+    found = job_status(db, job_id)
     if found is not None:
         return found
-    dead = dead_letters_for(engine, job_id)
+    dead = dead_letters_for(db, job_id)
     if dead:
         raise HTTPException(410, _dead_lettered(job_id, dead))
     try:

@@ -97,12 +97,12 @@ def _body(view: views.ScheduleView) -> dict[str, Any]:
 
 
 @router.get("", dependencies=_READ)
-def list_schedules(engine: DbDep) -> list[dict[str, Any]]:
-    return [_body(v) for v in views.list_schedules(engine)]
+def list_schedules(db: DbDep) -> list[dict[str, Any]]:
+    return [_body(v) for v in views.list_schedules(db)]
 
 
 @router.post("", dependencies=[*_CONTROL, Depends(exact_body)], status_code=201)
-def create_schedule(body: ScheduleIn, engine: DbDep) -> dict[str, Any]:
+def create_schedule(body: ScheduleIn, db: DbDep) -> dict[str, Any]:
     """Create a schedule; it first fires at its first tick after now."""
 
     def create() -> views.ScheduleView:
@@ -116,37 +116,37 @@ def create_schedule(body: ScheduleIn, engine: DbDep) -> dict[str, Any]:
             body.overlap,
             body.max_catchup,
         )
-        return operations.create_schedule(engine, d)
+        return operations.create_schedule(db, d)
 
     return _body(_guarded(create))
 
 
 @router.get("/{name}", dependencies=_READ)
-def get_schedule(name: str, engine: DbDep) -> dict[str, Any]:
-    return _body(_guarded(lambda: views.get_schedule(engine, name)))
+def get_schedule(name: str, db: DbDep) -> dict[str, Any]:
+    return _body(_guarded(lambda: views.get_schedule(db, name)))
 
 
 @router.post("/{name}/pause", dependencies=_CONTROL)
-def pause_schedule(name: str, engine: DbDep) -> dict[str, Any]:
-    return _body(_guarded(lambda: operations.pause_schedule(engine, name)))
+def pause_schedule(name: str, db: DbDep) -> dict[str, Any]:
+    return _body(_guarded(lambda: operations.pause_schedule(db, name)))
 
 
 @router.post("/{name}/resume", dependencies=_CONTROL)
-def resume_schedule(name: str, engine: DbDep) -> dict[str, Any]:
-    return _body(_guarded(lambda: operations.resume_schedule(engine, name)))
+def resume_schedule(name: str, db: DbDep) -> dict[str, Any]:
+    return _body(_guarded(lambda: operations.resume_schedule(db, name)))
 
 
 @router.delete("/{name}", dependencies=_CONTROL, status_code=204)
-def delete_schedule(name: str, engine: DbDep) -> Response:
-    _guarded(lambda: operations.delete_schedule(engine, name))
+def delete_schedule(name: str, db: DbDep) -> Response:
+    _guarded(lambda: operations.delete_schedule(db, name))
     return Response(status_code=204)
 
 
 @router.post("/{name}/backfill", dependencies=_CONTROL)
-def backfill(name: str, body: BackfillIn, engine: DbDep) -> dict[str, Any]:
+def backfill(name: str, body: BackfillIn, db: DbDep) -> dict[str, Any]:
     """One instance per tick of ``[start, end]``; ``dry_run`` only counts them."""
     start, end = _utc(body.start), _utc(body.end)
-    result = _guarded(lambda: operations.backfill(engine, name, start, end, body.dry_run))
+    result = _guarded(lambda: operations.backfill(db, name, start, end, body.dry_run))
     return asdict(result)
 
 

@@ -62,8 +62,8 @@ def test_demo_exactly_one_instance_per_job(cli_env, tmp_path):
     assert proof["records_in_topic"] == proof["records_acknowledged"] > 200
 
     # Re-check independently, with our own SQL, on the database the demo used.
-    engine = make_engine(proof["database_url"], pool_size=1)
-    with engine.connect() as conn:
+    db = make_engine(proof["database_url"], pool_size=1)
+    with db.connect() as conn:
 
         def q(sql):
             return conn.execute(sa.text(sql)).scalar()
@@ -90,7 +90,7 @@ def test_demo_exactly_one_instance_per_job(cli_env, tmp_path):
             == 10
         )
         db_url = proof["database_url"]
-    engine.dispose()
+    db.dispose()
 
     described = run_cli(
         "instances",

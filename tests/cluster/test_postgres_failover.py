@@ -182,20 +182,20 @@ def test_a_write_refused_by_a_standby_is_transient_and_drops_the_connection(
     """What a pooled connection meets when its server was demoted but lives on: reads
     (and the pool's pre-ping) work, writes are refused; that must mean "retry elsewhere"."""
     standby = next(n for n in NODES if n != formation.primary())
-    engine = make_engine(
+    db = make_engine(
         f"postgresql://postgres@127.0.0.1:{formation.port(standby)}/{formation.database}",
         pool_size=1,
     )
     try:
-        with engine.connect() as conn:
+        with db.connect() as conn:
             assert conn.exec_driver_sql("SELECT pg_is_in_recovery()").scalar() is True
-        with pytest.raises(sa.exc.DBAPIError) as caught, engine.begin() as conn:
+        with pytest.raises(sa.exc.DBAPIError) as caught, db.begin() as conn:
             conn.exec_driver_sql("CREATE TABLE onceflow_ha_probe (x int)")
         assert getattr(caught.value.orig, "pgcode", None) == "25006"
         assert caught.value.connection_invalidated
         assert is_transient(caught.value)
     finally:
-        engine.dispose()
+        db.dispose()
 
 
 def test_nothing_acknowledged_is_lost_when_the_primary_dies(

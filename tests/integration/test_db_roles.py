@@ -55,8 +55,8 @@ def test_app_role_works_but_cannot_change_the_schema(db, db_url, app_role):
         app.dispose()
 
 
-def _privileges(engine, role: str, table: str) -> set[str]:
-    with engine.connect() as conn:
+def _privileges(db, role: str, table: str) -> set[str]:
+    with db.connect() as conn:
         return {
             privilege
             for privilege in ("SELECT", "INSERT", "UPDATE", "DELETE")

@@ -145,9 +145,9 @@ def test_an_instance_another_worker_committed_meanwhile_is_flagged(db):
 @pytest.fixture
 def fresh_db(base_settings) -> Iterator[sa.Engine]:
     name = f"onceflow_s_{uuid.uuid4().hex[:10]}"
-    engine = make_engine(recreate_database(base_settings.database_url, name), pool_size=2)
-    yield engine
-    engine.dispose()
+    db = make_engine(recreate_database(base_settings.database_url, name), pool_size=2)
+    yield db
+    db.dispose()
     admin = make_engine(database_url_for(base_settings.database_url, "postgres"), pool_size=1)
     with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

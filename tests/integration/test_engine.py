@@ -75,7 +75,7 @@ def status(db, job_id):
 def run_until(settings, db, done, timeout=30.0):
     async def main():
         runner = EngineRunner(
-            settings.model_copy(update={"engine_poll_interval_seconds": 0.1}), REGISTRY, engine=db
+            settings.model_copy(update={"engine_poll_interval_seconds": 0.1}), REGISTRY, db=db
         )
         task = asyncio.create_task(runner.run())
         deadline = time.monotonic() + timeout

@@ -97,7 +97,7 @@ class Harness:
         self.runner = EngineRunner(
             settings.model_copy(update={"engine_poll_interval_seconds": 0.05}),
             REGISTRY,
-            engine=db,
+            db=db,
             clock=self.clock,
         )
         self.loop = asyncio.new_event_loop()

@@ -71,7 +71,7 @@ def _run_engine_until(settings, db, done, timeout: float) -> None:
 
     async def main() -> None:
         runner = EngineRunner(
-            settings.model_copy(update={"engine_poll_interval_seconds": 0.05}), REGISTRY, engine=db
+            settings.model_copy(update={"engine_poll_interval_seconds": 0.05}), REGISTRY, db=db
         )
         task = asyncio.create_task(runner.run())
         deadline = time.monotonic() + timeout

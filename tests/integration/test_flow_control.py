@@ -78,7 +78,7 @@ def run_until(settings, db, done, timeout=60.0, **overrides):
         runner = EngineRunner(
             settings.model_copy(update={"engine_poll_interval_seconds": 0.05, **overrides}),
             REGISTRY,
-            engine=db,
+            db=db,
         )
         task = asyncio.create_task(runner.run())
         deadline = time.monotonic() + timeout

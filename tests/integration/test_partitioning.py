@@ -40,9 +40,9 @@ def fresh_db(base_settings) -> Iterator[tuple[Engine, str]]:
     """An empty database (no migrations at all) and its URL."""
     name = f"onceflow_s_{uuid.uuid4().hex[:10]}"
     url = recreate_database(base_settings.database_url, name)
-    engine = make_engine(url, pool_size=2)
-    yield engine, url
-    engine.dispose()
+    db = make_engine(url, pool_size=2)
+    yield db, url
+    db.dispose()
     admin = make_engine(database_url_for(base_settings.database_url, "postgres"), pool_size=1)
     with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
@@ -411,11 +411,11 @@ def test_the_app_role_can_run_retention(db, db_url):
 
 
 def test_the_migration_converts_existing_history_in_place(fresh_db, monkeypatch):
-    engine, _ = fresh_db
+    db, _ = fresh_db
     before = [m for m in available_migrations() if m.version < 12]
     monkeypatch.setattr("workflow_engine.store.schema.available_migrations", lambda *_: before)
-    migrate(engine)
-    with engine.begin() as conn:
+    migrate(db)
+    with db.begin() as conn:
         conn.execute(
             sa.text(
                 "INSERT INTO onceflow_jobs (job_id, type_name, params_digest, source_topic,"
@@ -434,11 +434,11 @@ def test_the_migration_converts_existing_history_in_place(fresh_db, monkeypatch)
             )
         )
     monkeypatch.undo()
-    assert [m.version for m in migrate(engine)] == [
+    assert [m.version for m in migrate(db)] == [
         m.version for m in available_migrations() if m.version >= 12
     ]
     counts = _where(
-        engine,
+        db,
         "SELECT (SELECT count(DISTINCT tableoid) FROM onceflow_step_attempts),"
         " (SELECT count(*) FROM onceflow_step_attempts),"
         " (SELECT count(DISTINCT tableoid) FROM onceflow_duplicate_deliveries),"
@@ -448,5 +448,5 @@ def test_the_migration_converts_existing_history_in_place(fresh_db, monkeypatch)
     # ten days of rows -> ten daily partitions each (plus the days ahead, empty)
     assert counts == [(10, 10, 10, 10, 10)]
     # the identity continues after the moved rows
-    create_instances(engine, [Delivery(JobEnvelope("m0", "wf", {}), "t", 2, 0)])
-    assert _where(engine, "SELECT max(id) FROM onceflow_duplicate_deliveries") == [(11,)]
+    create_instances(db, [Delivery(JobEnvelope("m0", "wf", {}), "t", 2, 0)])
+    assert _where(db, "SELECT max(id) FROM onceflow_duplicate_deliveries") == [(11,)]

@@ -30,9 +30,9 @@ def fresh_db(base_settings) -> Iterator[tuple[Engine, str]]:
     """An empty database (no migrations at all) and its URL."""
     name = f"onceflow_s_{uuid.uuid4().hex[:10]}"
     url = recreate_database(base_settings.database_url, name)
-    engine = make_engine(url, pool_size=2)
-    yield engine, url
-    engine.dispose()
+    db = make_engine(url, pool_size=2)
+    yield db, url
+    db.dispose()
     admin = make_engine(database_url_for(base_settings.database_url, "postgres"), pool_size=1)
     with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
@@ -42,14 +42,14 @@ def fresh_db(base_settings) -> Iterator[tuple[Engine, str]]:
 @pytest.fixture
 def product_db(fresh_db) -> tuple[Engine, str]:
     """A database migrated with the product migrations only."""
-    engine, _ = fresh_db
-    applied = migrate(engine)
+    db, _ = fresh_db
+    applied = migrate(db)
     assert [m.label for m in applied] == [m.label for m in available_migrations()]
     return fresh_db
 
 
-def _tables(engine: Engine) -> set[str]:
-    with engine.connect() as conn:
+def _tables(db: Engine) -> set[str]:
+    with db.connect() as conn:
         rows = conn.execute(
             # Partitions of the history tables (0012) are not tables of their own.
             sa.text(
@@ -82,35 +82,35 @@ def test_the_committed_schema_is_what_the_migrations_produce(product_db):
 
 
 def test_the_product_creates_exactly_its_declared_tables(product_db):
-    engine, _ = product_db
-    tables = _tables(engine)
+    db, _ = product_db
+    tables = _tables(db)
     assert tables == {*PRODUCT.tables, PRODUCT.table}
     assert not [t for t in tables if t.startswith("onceflow_demo_")]
 
 
 def test_the_examples_create_exactly_their_declared_tables(product_db):
-    engine, _ = product_db
-    before = _tables(engine)
+    db, _ = product_db
+    before = _tables(db)
     examples = onceflow_examples.MIGRATIONS
-    assert migrate(engine, examples)
-    assert _tables(engine) - before == {*examples.tables, examples.table}
-    assert migrate(engine, examples) == []
+    assert migrate(db, examples)
+    assert _tables(db) - before == {*examples.tables, examples.table}
+    assert migrate(db, examples) == []
 
 
 def test_migrating_twice_applies_nothing_the_second_time(product_db):
-    engine, _ = product_db
-    assert migrate(engine) == []
-    with engine.connect() as conn:
+    db, _ = product_db
+    assert migrate(db) == []
+    with db.connect() as conn:
         recorded = conn.execute(sa.text(f"SELECT version FROM {PRODUCT.table}")).scalars()
         assert sorted(recorded) == [m.version for m in available_migrations()]
 
 
 def test_missing_checksums_are_backfilled(product_db):
-    engine, _ = product_db
-    with engine.begin() as conn:  # as migrated before checksums were recorded
+    db, _ = product_db
+    with db.begin() as conn:  # as migrated before checksums were recorded
         conn.execute(sa.text(f"UPDATE {PRODUCT.table} SET checksum = NULL"))
-    assert migrate(engine) == []
-    with engine.connect() as conn:
+    assert migrate(db) == []
+    with db.connect() as conn:
         recorded = dict(
             conn.execute(sa.text(f"SELECT version, checksum FROM {PRODUCT.table}")).all()
         )
@@ -132,19 +132,19 @@ def _scratch_set(root: Path, monkeypatch) -> MigrationSet:
 
 
 def test_an_edited_applied_migration_is_refused(fresh_db, tmp_path, monkeypatch):
-    engine, _ = fresh_db
+    db, _ = fresh_db
     scratch = _scratch_set(tmp_path, monkeypatch)
     files = tmp_path / scratch.package
     (files / "0002_b.sql").write_text("CREATE TABLE scratch_b (id int);\n")
-    assert [m.label for m in migrate(engine, scratch)] == ["0002_b"]
+    assert [m.label for m in migrate(db, scratch)] == ["0002_b"]
 
     # Edit the applied migration, and add a pending one that sorts before it.
     (files / "0002_b.sql").write_text("CREATE TABLE scratch_b (id bigint);\n")
     (files / "0001_a.sql").write_text("CREATE TABLE scratch_a (id int);\n")
     with pytest.raises(MigrationEdited, match=r"migration 0002_b of scratch was edited"):
-        migrate(engine, scratch)
-    assert "scratch_a" not in _tables(engine)  # the whole run was refused
+        migrate(db, scratch)
+    assert "scratch_a" not in _tables(db)  # the whole run was refused
 
     (files / "0002_b.sql").write_text("CREATE TABLE scratch_b (id int);\n")  # restored
-    assert [m.label for m in migrate(engine, scratch)] == ["0001_a"]
-    assert {"scratch_a", "scratch_b"} <= _tables(engine)
+    assert [m.label for m in migrate(db, scratch)] == ["0001_a"]
+    assert {"scratch_a", "scratch_b"} <= _tables(db)

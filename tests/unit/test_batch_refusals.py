@@ -94,7 +94,7 @@ def test_the_refused_records_are_isolated_and_the_rest_created_in_order(
     poison = {"job_5", "job_11"}
     transactions: list[list[str]] = []
 
-    def create_instances(engine, deliveries):
+    def create_instances(db, deliveries):
         ids = [d.envelope.job_id for d in deliveries]
         transactions.append(ids)
         if poison & set(ids):

@@ -29,8 +29,8 @@ def test_urls(given: str, expected: str) -> None:
 
 
 def test_a_multi_host_url_reaches_libpq_as_host_and_port_lists() -> None:
-    engine = make_engine(MULTI, pool_size=1)
-    dsn = dict(part.split("=", 1) for part in libpq_dsn(engine).split())
+    db = make_engine(MULTI, pool_size=1)
+    dsn = dict(part.split("=", 1) for part in libpq_dsn(db).split())
     assert dsn["host"] == "10.0.0.1,10.0.0.2"
     assert dsn["port"] == "5432,5433"
     assert dsn["target_session_attrs"] == "read-write"

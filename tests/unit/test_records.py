@@ -280,9 +280,9 @@ def _writer(monkeypatch, dlq):
     monkeypatch.setattr(module.time, "sleep", slept.append)
     writer = module.DeadLetterWriter(
         Settings(kafka_max_message_bytes=1024 * 1024),
-        engine=None,
+        db=None,
         make_producer=lambda: dlq,
-        with_db_retry=lambda fn, engine, rows: recorded.extend(rows),
+        with_db_retry=lambda fn, db, rows: recorded.extend(rows),
     )
     return writer, slept, recorded
 

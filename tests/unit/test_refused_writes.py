@@ -49,7 +49,7 @@ class RefusingRuntime:
             return cast(T, Started(1, AT))
         return cast(T, None)
 
-    async def db(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    async def call_db(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise AssertionError(f"not expected here: {fn.__name__}")
 
 

@@ -62,7 +62,7 @@ class FakeRuntime:
             return cast(T, Started(attempt, AT))
         return cast(T, None)
 
-    async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def call_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         self.db_calls.append(fn.__name__)
         raise AssertionError(f"replay should not touch the database ({fn.__name__})")
 
@@ -326,7 +326,7 @@ def test_a_held_checkpoint_is_written_before_a_database_call():
             order.append(type(write).__name__)
             return await super().write(write)
 
-        async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        async def call_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             order.append(fn.__name__)
             return cast(T, (None, False))  # begin_wait: (wake, not due)
 

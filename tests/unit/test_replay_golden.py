@@ -139,7 +139,7 @@ class ReplayRunner(EngineRunner):
     (no database: its engine is never used)."""
 
     def __init__(self, store: HistoryStore) -> None:
-        super().__init__(Settings(), REGISTRY, engine=cast(Engine, object()))
+        super().__init__(Settings(), REGISTRY, db=cast(Engine, object()))
         self.store = store
         self._reads: dict[Callable[..., Any], Callable[..., Any]] = {
             writes.begin_wait: store.begin_wait,
@@ -155,7 +155,7 @@ class ReplayRunner(EngineRunner):
         # A StartStep (a step about to run again), a FinishStep or a Chain of them.
         raise self.store.refuse(f"write {write!r}")
 
-    async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def call_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         served = self._reads.get(fn)
         if served is None:  # a marker, a closed wait, a child started, a control...
             raise self.store.refuse(f"store call {fn.__name__}{args[1:]!r}")

@@ -178,7 +178,7 @@ def test_a_sleep_that_suspends_records_no_span_yet(exported):
     async def begin_wait_not_due(fn, *args, **kwargs):
         return wake, False
 
-    rt.db = begin_wait_not_due  # type: ignore[method-assign]
+    rt.call_db = begin_wait_not_due  # type: ignore[method-assign]
 
     async def workflow() -> None:
         await ctx.sleep("nap", 60)

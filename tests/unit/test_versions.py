@@ -133,7 +133,7 @@ class MarkerRuntime:
             return cast(T, Started(1, datetime(2025, 1, 1, tzinfo=UTC)))
         return cast(T, None)
 
-    async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def call_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         assert fn.__name__ == "record_marker", fn.__name__
         _owner, _job, position, name = args
         self.markers.append((position, name))

@@ -25,7 +25,7 @@ from sqlalchemy.engine import Engine
 from onceflow.vocabulary import TERMINAL_STATUSES, InstanceStatus
 
 
-def seed_for_bench(engine: Engine, n: int, workflow_count: int = 4, prefix: str = "bench_") -> int:
+def seed_for_bench(db: Engine, n: int, workflow_count: int = 4, prefix: str = "bench_") -> int:
     """Insert ``n`` instances (and their job rows) in two statements with
     ``generate_series``, spread over the last 30 days and over every status, then
     ANALYZE: the data of ``onceflow bench console-list``. Never for a real database."""
@@ -37,7 +37,7 @@ def seed_for_bench(engine: Engine, n: int, workflow_count: int = 4, prefix: str 
         "st": statuses,
         "final": sorted(TERMINAL_STATUSES),
     }
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(
             sa.text(
                 "INSERT INTO onceflow_jobs (job_id, type_name, params_digest, source_topic,"
@@ -81,12 +81,12 @@ HISTORY_TABLES = (
 _DUPLICATES = "onceflow_duplicate_deliveries"
 
 
-def add_later_columns(engine: Engine) -> None:
+def add_later_columns(db: Engine) -> None:
     """At schema 0011: the columns today's store code reads that came later, the
     duplicates' partition key (unindexed, filled like 0012 fills it) and the instances'
     duplicate flags (migration 0015, unfilled: the bench's duplicates are not what its
     queries time)."""
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(sa.text(f"ALTER TABLE {_DUPLICATES} ADD job_received_at timestamptz"))
         conn.execute(
             sa.text(
@@ -96,16 +96,16 @@ def add_later_columns(engine: Engine) -> None:
         )
 
 
-def drop_later_columns(engine: Engine) -> None:
+def drop_later_columns(db: Engine) -> None:
     """Undo :func:`add_later_columns`, so that migrations 0012 and 0015 add them."""
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(sa.text(f"ALTER TABLE {_DUPLICATES} DROP COLUMN job_received_at"))
         conn.execute(
             sa.text("ALTER TABLE onceflow_instances DROP COLUMN duplicated, DROP COLUMN mismatched")
         )
 
 
-def fill_history(engine: Engine, rows: int, start: datetime, queued: int) -> dict[str, int]:
+def fill_history(db: Engine, rows: int, start: datetime, queued: int) -> dict[str, int]:
     """The history, in five INSERT … SELECT generate_series statements (``rows``
     step-attempt rows, ``queued`` instances left to claim); the rows per table."""
     m = max(rows // 3, queued * 2)
@@ -143,27 +143,27 @@ def fill_history(engine: Engine, rows: int, start: datetime, queued: int) -> dic
         " FROM generate_series(3, :m, 3) g",
     ]
     for sql in statements:
-        with engine.begin() as conn:
+        with db.begin() as conn:
             conn.execute(sa.text(sql), p)
-    analyze(engine)
-    with engine.connect() as conn:
+    analyze(db)
+    with db.connect() as conn:
         return {
             t: conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar_one()
             for t in HISTORY_TABLES
         }
 
 
-def analyze(engine: Engine) -> None:
+def analyze(db: Engine) -> None:
     """VACUUM ANALYZE, as autovacuum soon would: measuring while it still works through
     freshly written tables (or 0012's new partitions) times its cache invalidations."""
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+    with db.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         for table in HISTORY_TABLES:
             conn.exec_driver_sql(f"VACUUM (ANALYZE) {table}")
 
 
-def vacuum(engine: Engine) -> None:
+def vacuum(db: Engine) -> None:
     """The VACUUM that a DELETE leaves owed."""
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+    with db.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql("VACUUM " + ", ".join(HISTORY_TABLES))
 
 
@@ -175,10 +175,10 @@ _LEAVES = (
 )
 
 
-def table_sizes(engine: Engine) -> dict[str, dict[str, int]]:
+def table_sizes(db: Engine) -> dict[str, dict[str, int]]:
     """Heap and index bytes per table, summed over the partitions of a partitioned one."""
     out = {}
-    with engine.connect() as conn:
+    with db.connect() as conn:
         for table in HISTORY_TABLES:
             heap, index, leaves = conn.execute(
                 sa.text(
@@ -191,13 +191,13 @@ def table_sizes(engine: Engine) -> dict[str, dict[str, int]]:
     return out
 
 
-def vacuum_stats(engine: Engine, settle: float = 0.0) -> dict[str, dict[str, Any]]:
+def vacuum_stats(db: Engine, settle: float = 0.0) -> dict[str, dict[str, Any]]:
     """``pg_stat_user_tables`` per table (partitions summed; the latest autovacuum)."""
     out = {}
     # An idle backend reports its counters at most 10 s after committing (PG 15
     # shared-memory statistics, PGSTAT_IDLE_INTERVAL): after a change, wait that out.
     time.sleep(settle)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         for table in HISTORY_TABLES:
             row = conn.execute(
                 sa.text(
@@ -216,10 +216,10 @@ def vacuum_stats(engine: Engine, settle: float = 0.0) -> dict[str, dict[str, Any
     return out
 
 
-def insert_attempts(engine: Engine, attempt: int, after_job: int) -> None:
+def insert_attempts(db: Engine, attempt: int, after_job: int) -> None:
     """10,000 more step attempts (number ``attempt``) on position 0 of the jobs after
     job number ``after_job``: a burst of the engine's writes."""
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(
             sa.text(
                 "INSERT INTO onceflow_step_attempts (job_id, position, attempt, engine_id)"
@@ -231,10 +231,10 @@ def insert_attempts(engine: Engine, attempt: int, after_job: int) -> None:
         )
 
 
-def delete_finished_instances(engine: Engine, before: datetime) -> int:
+def delete_finished_instances(db: Engine, before: datetime) -> int:
     """Retention as onceflow ran it before 0012: DELETE the instances finished before
     ``before`` (cascading to their steps, and their attempts while not partitioned)."""
-    with engine.begin() as conn:
+    with db.begin() as conn:
         return int(
             conn.execute(
                 sa.text(
@@ -245,8 +245,8 @@ def delete_finished_instances(engine: Engine, before: datetime) -> int:
         )
 
 
-def count_attempts_before(engine: Engine, cutoff: datetime) -> int:
-    with engine.connect() as conn:
+def count_attempts_before(db: Engine, cutoff: datetime) -> int:
+    with db.connect() as conn:
         return int(
             conn.execute(
                 sa.text("SELECT count(*) FROM onceflow_step_attempts WHERE started_at < :c"),
@@ -255,7 +255,7 @@ def count_attempts_before(engine: Engine, cutoff: datetime) -> int:
         )
 
 
-def server_now(engine: Engine) -> datetime:
-    with engine.connect() as conn:
+def server_now(db: Engine) -> datetime:
+    with db.connect() as conn:
         now: datetime = conn.execute(sa.text("SELECT now()")).scalar_one()
     return now

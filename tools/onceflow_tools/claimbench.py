@@ -47,7 +47,7 @@ async def _limited(ctx: Any, params: dict[str, Any]) -> None:
     return None
 
 
-def _fill(engine: sa.Engine, jobs: int, limited: int) -> None:
+def _fill(db: sa.Engine, jobs: int, limited: int) -> None:
     offset = 0
     for workflow_name, count, priority in ((PLAIN, jobs, 5), (LIMITED, limited, 1)):
         for start in range(0, count, 5000):
@@ -63,8 +63,8 @@ def _fill(engine: sa.Engine, jobs: int, limited: int) -> None:
                     )
                 )
                 offset += 1
-            create_instances(engine, batch)
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            create_instances(db, batch)
+    with db.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text("VACUUM ANALYZE onceflow_instances"))
 
 
@@ -77,24 +77,24 @@ _REQUEUE = sa.text(
 def measure(base_url: str, jobs: int, rounds: int, limited_share: float = 0.25) -> dict[str, Any]:
     name = f"onceflow_claimbench_{uuid.uuid4().hex[:8]}"
     url = recreate_database(base_url, name)
-    engine = make_engine(url, pool_size=2)
+    db = make_engine(url, pool_size=2)
     try:
-        migrate(engine)
+        migrate(db)
         limited = int(jobs * limited_share)
-        _fill(engine, jobs, limited)
+        _fill(db, jobs, limited)
         versions = {w: v for w, v in registered_versions().items() if w in (PLAIN, LIMITED)}
         flows = {w: f for w, f in REGISTRY.flows().items() if w == LIMITED}
         times, first_limited = [], None
         for n in range(rounds):
             started = time.perf_counter()
-            got = writes.claim(engine, "bench", 32, 30, versions=versions, flows=flows)
+            got = writes.claim(db, "bench", 32, 30, versions=versions, flows=flows)
             times.append((time.perf_counter() - started) * 1000)
             if first_limited is None:
                 first_limited = sum(c.workflow == LIMITED for c in got)
-            with engine.begin() as conn:
+            with db.begin() as conn:
                 conn.execute(_REQUEUE, {"ids": [c.job_id for c in got]})
             if n % 20 == 19:
-                with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                with db.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                     conn.execute(sa.text("VACUUM onceflow_instances"))
         times.sort()
         return {
@@ -106,7 +106,7 @@ def measure(base_url: str, jobs: int, rounds: int, limited_share: float = 0.25) 
             "limited_in_first_batch": first_limited,
         }
     finally:
-        engine.dispose()
+        db.dispose()
         admin = make_engine(database_url_for(base_url, "postgres"), pool_size=1)
         with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

@@ -41,8 +41,8 @@ class InstanceCounts:
         return self.count(*TERMINAL_STATUSES)
 
 
-def instance_counts(engine: Engine) -> InstanceCounts:
-    with engine.connect() as conn:
+def instance_counts(db: Engine) -> InstanceCounts:
+    with db.connect() as conn:
         rows = conn.execute(
             sa.text("SELECT status, count(*) FROM onceflow_instances GROUP BY status")
         ).all()
@@ -55,10 +55,10 @@ def instance_counts(engine: Engine) -> InstanceCounts:
     )
 
 
-def count_instances(engine: Engine, *statuses: InstanceStatus) -> int:
+def count_instances(db: Engine, *statuses: InstanceStatus) -> int:
     """Instances in any of ``statuses`` (all instances if none is given): one count,
     cheap enough to poll while a benchmark runs."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         if not statuses:
             n = conn.execute(sa.text("SELECT count(*) FROM onceflow_instances")).scalar()
         else:
@@ -69,9 +69,9 @@ def count_instances(engine: Engine, *statuses: InstanceStatus) -> int:
     return int(n or 0)
 
 
-def instance_job_ids(engine: Engine) -> frozenset[str]:
+def instance_job_ids(db: Engine) -> frozenset[str]:
     """The job id of every instance in the store."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return frozenset(conn.execute(sa.text("SELECT job_id FROM onceflow_instances")).scalars())
 
 
@@ -84,8 +84,8 @@ class DuplicateCounts:
     mismatches: int  # a resubmission whose params differ from the first one's
 
 
-def duplicate_counts(engine: Engine) -> DuplicateCounts:
-    with engine.connect() as conn:
+def duplicate_counts(db: Engine) -> DuplicateCounts:
+    with db.connect() as conn:
         row = conn.execute(
             sa.text(
                 "SELECT count(*), count(*) FILTER (WHERE redelivery),"
@@ -109,8 +109,8 @@ class Consumption:
         return self.instances + self.duplicates
 
 
-def consumption(engine: Engine) -> Consumption:
-    with engine.connect() as conn:
+def consumption(db: Engine) -> Consumption:
+    with db.connect() as conn:
         row = conn.execute(
             sa.text(
                 "SELECT (SELECT count(*) FROM onceflow_instances),"
@@ -120,10 +120,10 @@ def consumption(engine: Engine) -> Consumption:
     return Consumption(int(row[0]), int(row[1]))
 
 
-def checkpoints_written_twice(engine: Engine) -> int:
+def checkpoints_written_twice(db: Engine) -> int:
     """Step positions with more than one completed attempt (must be 0: a step's
     checkpoint is written once)."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         n = conn.execute(
             sa.text(
                 "SELECT count(*) FROM (SELECT job_id, position FROM onceflow_step_attempts"
@@ -134,10 +134,10 @@ def checkpoints_written_twice(engine: Engine) -> int:
     return int(n or 0)
 
 
-def running_by_owner(engine: Engine) -> dict[str, int]:
+def running_by_owner(db: Engine) -> dict[str, int]:
     """Running instances per lease owner (an engine's id, ``host:pid:suffix``): the chaos
     run stops an engine while it holds work, so that it wakes up as a zombie."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(
             sa.text(
                 "SELECT lease_owner, count(*) FROM onceflow_instances"
@@ -184,10 +184,10 @@ def _like_prefix(prefix: str) -> str:
     return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
-def latency(engine: Engine, job_id_prefix: str = "") -> Latency:
+def latency(db: Engine, job_id_prefix: str = "") -> Latency:
     """End-to-end latency of the complete jobs whose id starts with ``job_id_prefix``,
     from the database's own timestamps (one clock for every process)."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         row = conn.execute(
             _LATENCY_SQL,
             {"complete": str(InstanceStatus.COMPLETE), "pattern": _like_prefix(job_id_prefix)},
@@ -195,23 +195,23 @@ def latency(engine: Engine, job_id_prefix: str = "") -> Latency:
     return Latency(*(float(v or 0) for v in row))
 
 
-def _seconds(engine: Engine, sql: str) -> float:
-    with engine.connect() as conn:
+def _seconds(db: Engine, sql: str) -> float:
+    with db.connect() as conn:
         return float(conn.execute(sa.text(sql)).scalar() or 0.0)
 
 
-def run_span_seconds(engine: Engine) -> float:
+def run_span_seconds(db: Engine) -> float:
     """From the first instance started to the last one finished."""
     return _seconds(
-        engine,
+        db,
         "SELECT extract(epoch FROM max(finished_at) - min(started_at)) FROM onceflow_instances",
     )
 
 
-def receipt_span_seconds(engine: Engine) -> float:
+def receipt_span_seconds(db: Engine) -> float:
     """From the first record consumed to the last one (first deliveries and duplicates)."""
     return _seconds(
-        engine,
+        db,
         "SELECT extract(epoch FROM max(t) - min(t)) FROM (SELECT received_at AS t"
         " FROM onceflow_jobs UNION ALL"
         " SELECT received_at FROM onceflow_duplicate_deliveries) x",
@@ -227,9 +227,9 @@ WHERE j.job_id = :job_id GROUP BY j.submitted_at
 )
 
 
-def submit_to_first_step_seconds(engine: Engine, job_id: str) -> float | None:
+def submit_to_first_step_seconds(db: Engine, job_id: str) -> float | None:
     """From a job's submission to its first step attempt (None: no step yet); the
     fairness bench's figure."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         value = conn.execute(_FIRST_STEP, {"job_id": job_id}).scalar()
     return None if value is None else float(value)

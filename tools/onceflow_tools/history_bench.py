@@ -49,10 +49,10 @@ SETTLE_SECONDS = 11.0
 QUEUED = 1000
 
 
-def _apply(engine: Engine, versions: Callable[[int], bool]) -> float:
+def _apply(db: Engine, versions: Callable[[int], bool]) -> float:
     """Apply the product migrations whose number passes ``versions``; seconds taken."""
     started = time.perf_counter()
-    with engine.begin() as conn:
+    with db.begin() as conn:
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
         for migration in available_migrations():
             if versions(migration.version):
@@ -75,7 +75,7 @@ def _timed(call: Callable[[], object], runs: int) -> dict[str, float]:
 
 
 def _latencies(
-    engine: Engine, job_ids: list[str], attempt: int, middle: int
+    db: Engine, job_ids: list[str], attempt: int, middle: int
 ) -> dict[str, dict[str, float]]:
     ids = iter(job_ids * 4)
     everything = views.InstanceFilter()
@@ -84,38 +84,38 @@ def _latencies(
     claimed: list[tuple[str, int]] = []
 
     def claim() -> None:
-        batch = writes.claim(engine, owner, 32, 30.0)
+        batch = writes.claim(db, owner, 32, 30.0)
         claimed.extend((c.job_id, c.claim_count) for c in batch)
 
     out = {
         "claim 32": _timed(claim, 10),
-        "describe": _timed(lambda: describe_instance(engine, next(ids)), len(job_ids)),
-        "job_trace": _timed(lambda: views.job_trace(engine, next(ids)), len(job_ids)),
-        "console list, first page": _timed(lambda: views.list_page(engine, everything), 10),
-        "console list, has duplicates": _timed(lambda: views.list_page(engine, duplicated), 10),
+        "describe": _timed(lambda: describe_instance(db, next(ids)), len(job_ids)),
+        "job_trace": _timed(lambda: views.job_trace(db, next(ids)), len(job_ids)),
+        "console list, first page": _timed(lambda: views.list_page(db, everything), 10),
+        "console list, has duplicates": _timed(lambda: views.list_page(db, duplicated), 10),
         "console count, cap 10000": _timed(
-            lambda: views.count_matching(engine, everything, cap=10000), 10
+            lambda: views.count_matching(db, everything, cap=10000), 10
         ),
     }
-    writes.release(engine, owner, claimed)
+    writes.release(db, owner, claimed)
 
     def insert_attempts() -> None:
-        benchsql.insert_attempts(engine, attempt, middle + random.randrange(1000))
+        benchsql.insert_attempts(db, attempt, middle + random.randrange(1000))
 
     out["insert 10k attempts"] = _timed(insert_attempts, 1)
     return out
 
 
-def _retention_before(engine: Engine, cutoff: datetime) -> dict[str, Any]:
+def _retention_before(db: Engine, cutoff: datetime) -> dict[str, Any]:
     """One day of instance retention as onceflow ran it before 0012: DELETE the
     instances, cascading to their steps and step attempts row by row."""
-    attempts = benchsql.count_attempts_before(engine, cutoff)
+    attempts = benchsql.count_attempts_before(db, cutoff)
     t0 = time.perf_counter()
-    instances = benchsql.delete_finished_instances(engine, cutoff)
+    instances = benchsql.delete_finished_instances(db, cutoff)
     seconds = time.perf_counter() - t0
-    stats = benchsql.vacuum_stats(engine, SETTLE_SECONDS)
+    stats = benchsql.vacuum_stats(db, SETTLE_SECONDS)
     t0 = time.perf_counter()
-    benchsql.vacuum(engine)
+    benchsql.vacuum(db)
     return {
         "seconds": seconds,
         "removed": {"instances": instances, "step_attempts": attempts},
@@ -124,18 +124,18 @@ def _retention_before(engine: Engine, cutoff: datetime) -> dict[str, Any]:
     }
 
 
-def _retention_after(engine: Engine, start: datetime, end: datetime) -> dict[str, Any]:
+def _retention_after(db: Engine, start: datetime, end: datetime) -> dict[str, Any]:
     """The same day of retention with 0012: a :func:`writes.prune` round drops the
     attempt partitions ending by ``end`` (job-id retention set far out, so only the
     attempts move), then the instances of that day are deleted as the next round
     would (one partition interval later), cascading to their steps only."""
-    now = benchsql.server_now(engine)
-    attempts = benchsql.count_attempts_before(engine, end)
+    now = benchsql.server_now(db)
+    attempts = benchsql.count_attempts_before(db, end)
     t0 = time.perf_counter()
-    pruned = writes.prune(engine, (now - end).total_seconds(), 3650 * 86400.0)
+    pruned = writes.prune(db, (now - end).total_seconds(), 3650 * 86400.0)
     drop_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
-    instances = benchsql.delete_finished_instances(engine, end)
+    instances = benchsql.delete_finished_instances(db, end)
     delete_seconds = time.perf_counter() - t0
     return {
         "seconds": drop_seconds + delete_seconds,
@@ -146,55 +146,55 @@ def _retention_after(engine: Engine, start: datetime, end: datetime) -> dict[str
             "instances": pruned["instances"] + instances,
             "step_attempts": attempts,
         },
-        "stats_after": benchsql.vacuum_stats(engine, SETTLE_SECONDS),
+        "stats_after": benchsql.vacuum_stats(db, SETTLE_SECONDS),
     }
 
 
 def history(database_url: str, rows: int) -> dict[str, Any]:
     name = f"onceflow_hist_{uuid.uuid4().hex[:6]}"
-    engine = make_engine(recreate_database(database_url, name), pool_size=2)
+    db = make_engine(recreate_database(database_url, name), pool_size=2)
     result: dict[str, Any] = {"scenario": "history", "rows": rows, "database": name}
     try:
-        _apply(engine, lambda v: v < 12)
+        _apply(db, lambda v: v < 12)
         # Today's store code reads columns that came later: "before" has them, dropped
         # before 0012 runs.
-        benchsql.add_later_columns(engine)
+        benchsql.add_later_columns(db)
         day = timedelta(days=1)
         start = writes.aligned(datetime.now(UTC) - DAYS * day, day)
         click.echo(f"  … filling {rows} attempt rows into {name}", err=True)
         t0 = time.perf_counter()
-        result["counts"] = benchsql.fill_history(engine, rows, start, QUEUED)
+        result["counts"] = benchsql.fill_history(db, rows, start, QUEUED)
         result["fill_seconds"] = time.perf_counter() - t0
         m = result["counts"]["onceflow_jobs"]
         sample = [f"h{g:010d}" for g in random.Random(7).sample(range(m // 10, m - QUEUED), 50)]
         click.echo("  … measuring before (0011)", err=True)
         before: dict[str, Any] = {
-            "sizes": benchsql.table_sizes(engine),
-            "stats": benchsql.vacuum_stats(engine),
+            "sizes": benchsql.table_sizes(db),
+            "stats": benchsql.vacuum_stats(db),
         }
-        before["latency"] = _latencies(engine, sample, 2, m // 2)
+        before["latency"] = _latencies(db, sample, 2, m // 2)
         click.echo("  … retention before (DELETE)", err=True)
-        before["retention"] = _retention_before(engine, start + day)
-        before["sizes_after_retention"] = benchsql.table_sizes(engine)
+        before["retention"] = _retention_before(db, start + day)
+        before["sizes_after_retention"] = benchsql.table_sizes(db)
         result["before"] = before
         click.echo("  … migration 0012", err=True)
-        benchsql.drop_later_columns(engine)
-        result["migration_seconds"] = _apply(engine, lambda v: v == 12)
-        _apply(engine, lambda v: v > 12)  # what today's store code reads; not timed
-        benchsql.analyze(engine)
+        benchsql.drop_later_columns(db)
+        result["migration_seconds"] = _apply(db, lambda v: v == 12)
+        _apply(db, lambda v: v > 12)  # what today's store code reads; not timed
+        benchsql.analyze(db)
         click.echo("  … measuring after (0012)", err=True)
         after: dict[str, Any] = {
-            "sizes": benchsql.table_sizes(engine),
-            "stats": benchsql.vacuum_stats(engine),
+            "sizes": benchsql.table_sizes(db),
+            "stats": benchsql.vacuum_stats(db),
         }
-        after["latency"] = _latencies(engine, sample, 3, m // 2)
+        after["latency"] = _latencies(db, sample, 3, m // 2)
         click.echo("  … retention after (drop partitions)", err=True)
-        after["retention"] = _retention_after(engine, start + day, start + 2 * day)
-        after["sizes_after_retention"] = benchsql.table_sizes(engine)
+        after["retention"] = _retention_after(db, start + day, start + 2 * day)
+        after["sizes_after_retention"] = benchsql.table_sizes(db)
         result["after"] = after
         return result
     finally:
-        engine.dispose()
+        db.dispose()
         drop_database(database_url, name)
 
 

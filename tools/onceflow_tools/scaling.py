@@ -150,14 +150,14 @@ class PgCounters:
 
     def __init__(self, db: Engine) -> None:
         self.db = db
-        self._engine = sa.create_engine(db.url, poolclass=NullPool)
+        self._db = sa.create_engine(db.url, poolclass=NullPool)
         self._conn: sa.Connection | None = None
         self.lsn, self.xact_commit, self.oid = "0/0", 0, 0
 
     def __enter__(self) -> PgCounters:
         with self.db.begin() as conn:
             conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS pg_walinspect"))
-        self._conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        self._conn = self._db.connect().execution_options(isolation_level="AUTOCOMMIT")
         self._conn.execute(
             sa.text("SELECT pg_create_physical_replication_slot(:n, true, true)"),
             {"n": f"onceflow_bench_{os.getpid()}_{int(time.time() * 1000)}"},
@@ -168,7 +168,7 @@ class PgCounters:
     def __exit__(self, *exc: object) -> None:
         if self._conn is not None:
             self._conn.close()  # the session ends: its temporary slot is dropped
-        self._engine.dispose()
+        self._db.dispose()
 
     def _read(self) -> tuple[str, int, int]:
         """(WAL flushed up to, commits so far, database oid). The flush position: the

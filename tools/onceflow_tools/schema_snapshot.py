@@ -40,9 +40,9 @@ HEADER = """\
 _DROPPED_PREFIXES = ("--", "SET ", "SELECT pg_catalog.set_config(", "\\restrict", "\\unrestrict")
 
 
-def pg_dump_for(engine: sa.Engine) -> Path:
+def pg_dump_for(db: sa.Engine) -> Path:
     """The ``pg_dump`` of the server's major version, else the newest one on PATH."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         major = int(conn.execute(sa.text("SHOW server_version_num")).scalar_one()) // 10000
     packaged = Path(f"/usr/lib/postgresql/{major}/bin/pg_dump")
     if packaged.exists():
@@ -72,11 +72,11 @@ def dump_schema(database_url: str) -> str:
     """The normalised schema of the database at ``database_url``."""
     # pg_dump takes the libpq form of the URL, without SQLAlchemy's driver name.
     url = make_url(sqlalchemy_url(database_url)).set(drivername="postgresql")
-    engine = make_engine(database_url, pool_size=1)
+    db = make_engine(database_url, pool_size=1)
     try:
-        pg_dump = pg_dump_for(engine)
+        pg_dump = pg_dump_for(db)
     finally:
-        engine.dispose()
+        db.dispose()
     result = subprocess.run(
         [
             str(pg_dump),
@@ -105,11 +105,11 @@ def product_schema(base_url: str) -> str:
     name = f"onceflow_snapshot_{uuid.uuid4().hex[:8]}"
     url = recreate_database(base_url, name)
     try:
-        engine = make_engine(url, pool_size=1)
+        db = make_engine(url, pool_size=1)
         try:
-            migrate(engine, PRODUCT)
+            migrate(db, PRODUCT)
         finally:
-            engine.dispose()
+            db.dispose()
         return dump_schema(url)
     finally:
         admin = make_engine(database_url_for(base_url, "postgres"), pool_size=1)

@@ -61,14 +61,14 @@ class WriteStore(Protocol):
 class PostgresWrites:
     """The engine's :class:`WriteStore`: the store's SQL, run off the event loop."""
 
-    engine: Engine
+    db: Engine
     owner: str
 
     async def apply_batch(self, writes: Sequence[Write[Any]]) -> list[Answer]:
-        return await asyncio.to_thread(write_batch, self.engine, self.owner, writes)
+        return await asyncio.to_thread(write_batch, self.db, self.owner, writes)
 
     async def apply_each(self, writes: Sequence[Write[Any]]) -> list[Answer]:
-        return await asyncio.to_thread(write_each, self.engine, self.owner, writes)
+        return await asyncio.to_thread(write_each, self.db, self.owner, writes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -216,7 +216,7 @@ class WorkflowContext:
     ) -> T:
         await self.flush()
         async with self._writing:
-            return await self._rt.db(fn, *args, **kwargs)
+            return await self._rt.call_db(fn, *args, **kwargs)
 
     def idempotency_key(self, step_name: str) -> str:
         return idempotency_key(self.job_id, step_name)

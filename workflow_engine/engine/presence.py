@@ -40,10 +40,10 @@ class PresenceConfig:
 
 class Presence(Service):
     def __init__(
-        self, engine: Engine, engine_id: str, versions: dict[str, str], config: PresenceConfig
+        self, db: Engine, engine_id: str, versions: dict[str, str], config: PresenceConfig
     ) -> None:
         super().__init__()
-        self.engine = engine
+        self.db = db
         self.engine_id = engine_id
         self.versions = dict(versions)
         self.config = config
@@ -55,7 +55,7 @@ class Presence(Service):
             WORKFLOW_VERSION.labels(workflow, version).set(1)
         while True:
             try:
-                await asyncio.to_thread(writes.announce, self.engine, self.engine_id, self.versions)
+                await asyncio.to_thread(writes.announce, self.db, self.engine_id, self.versions)
                 await self._count()
             except Exception:
                 log.exception("presence failed", extra={"event": "engine.presence_error"})
@@ -63,7 +63,7 @@ class Presence(Service):
 
     async def _count(self) -> None:
         stranded = await asyncio.to_thread(
-            views.instances_without_engine, self.engine, ENGINE_STALE_SECONDS
+            views.instances_without_engine, self.db, ENGINE_STALE_SECONDS
         )
         INSTANCES_WITHOUT_ENGINE.clear()
         reported, self._reported = self._reported, {}
@@ -90,4 +90,4 @@ class Presence(Service):
     async def stop(self) -> None:
         await super().stop()
         with contextlib.suppress(Exception):
-            await asyncio.to_thread(writes.retire, self.engine, self.engine_id)
+            await asyncio.to_thread(writes.retire, self.db, self.engine_id)

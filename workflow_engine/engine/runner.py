@@ -86,7 +86,7 @@ class EngineRunner:
         self,
         settings: Settings,
         registry: Registry,
-        engine: Engine | None = None,
+        db: Engine | None = None,
         default_retry: RetryPolicy | None = None,
         clock: SystemClock | FakeClock | None = None,
     ) -> None:
@@ -96,7 +96,7 @@ class EngineRunner:
         self.configs = engine_configs(settings)  # the services' configs, checked here
         # Connections: the group-commit writers, the claim loop, the rescuer and
         # maintenance, and the rare single writes (sleeps, waits) — not one per instance.
-        self.engine = engine or make_engine(
+        self.db = db or make_engine(
             settings.database_url, pool_size=max(6, min(settings.engine_concurrency, 16))
         )
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{str(ULID())[-6:]}"
@@ -113,23 +113,23 @@ class EngineRunner:
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
-        self.batcher = WriteBatcher(PostgresWrites(self.engine, self.owner), self.configs.batcher)
+        self.batcher = WriteBatcher(PostgresWrites(self.db, self.owner), self.configs.batcher)
         self._traced = tracing.enabled()
 
     async def write(self, write: Write[T]) -> T:
         """A lease-guarded write, committed together with other instances' writes."""
         return await self.batcher.write(write)
 
-    async def db(
+    async def call_db(
         self, fn: Callable[Concatenate[Engine, P], T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
         """Run a blocking store function off the event loop."""
-        return await asyncio.to_thread(fn, self.engine, *args, **kwargs)
+        return await asyncio.to_thread(fn, self.db, *args, **kwargs)
 
     # --- main loops ---------------------------------------------------------------
 
     async def run(self) -> None:
-        listener = Listener(libpq_dsn(self.engine), self._wake.set)
+        listener = Listener(libpq_dsn(self.db), self._wake.set)
         listener.start()
         log.info(
             "engine started",
@@ -157,11 +157,11 @@ class EngineRunner:
         c = self.configs
         return [
             LeaseKeeper(self.batcher, self._inflight, c.lease_keeper),
-            Rescuer(self.engine, c.rescuer),
-            Maintenance(self.engine, c.maintenance),
-            Presence(self.engine, self.owner, self.registry.versions(), c.presence),
+            Rescuer(self.db, c.rescuer),
+            Maintenance(self.db, c.maintenance),
+            Presence(self.db, self.owner, self.registry.versions(), c.presence),
             Scheduler(
-                self.engine,
+                self.db,
                 self.clock,
                 c.scheduler,
                 self.registry.schedules(),
@@ -198,7 +198,7 @@ class EngineRunner:
         """Claim up to ``limit`` instances; ``None`` if the claim failed."""
         started = time.perf_counter()
         try:
-            claimed = await self.db(
+            claimed = await self.call_db(
                 writes.claim,
                 self.owner,
                 limit,
@@ -220,7 +220,7 @@ class EngineRunner:
         """Sleep until the next timer falls due, a notification, or the poll interval."""
         poll = self.settings.engine_poll_interval_seconds
         try:
-            due = await self.db(writes.seconds_until_next_due, self.clock.db_now())
+            due = await self.call_db(writes.seconds_until_next_due, self.clock.db_now())
         except Exception:
             return poll
         if due is None or due <= 0:
@@ -249,7 +249,7 @@ class EngineRunner:
         await self._step_code_returned(unfinished)
         if unfinished:
             await failpoints.hit_async("engine.before_release")
-            released = await self.db(writes.release, self.owner, unfinished)
+            released = await self.call_db(writes.release, self.owner, unfinished)
             log.info(
                 "released unfinished instances",
                 extra={"event": "engine.released", "count": released},
@@ -389,7 +389,7 @@ class EngineRunner:
         delay = 0.1
         while not self._stopping.is_set():
             try:
-                given = await self.db(writes.release, self.owner, [(job_id, claim)])
+                given = await self.call_db(writes.release, self.owner, [(job_id, claim)])
             except Exception as exc:
                 if not is_transient(exc):
                     return
@@ -424,7 +424,7 @@ class EngineRunner:
     async def _suspend(self, inst: writes.Claimed, wait: Suspended) -> None:
         await failpoints.hit_async("engine.before_suspend", inst.job_id)
         try:
-            runnable = await self.db(
+            runnable = await self.call_db(
                 writes.suspend,
                 Lease(self.owner, inst.claim_count),
                 inst.job_id,
@@ -453,7 +453,7 @@ class EngineRunner:
     async def _apply_control(self, inst: writes.Claimed, seen: ControlAction) -> None:
         """Apply the request the run stopped for (``seen``), or what replaced it."""
         await failpoints.hit_async("engine.before_control_apply", inst.job_id)
-        new_status, action = await self.db(
+        new_status, action = await self.call_db(
             writes.apply_requested, Lease(self.owner, inst.claim_count), inst.job_id
         )
         if new_status == InstanceStatus.TERMINATED:
@@ -512,7 +512,7 @@ def run_engine(settings: Settings) -> None:
     registry = load_workflow_modules(settings.workflow_modules)
     names = registry.workflow_names()
     runner = EngineRunner(settings, registry)
-    check_connection(runner.engine)
+    check_connection(runner.db)
     serve_metrics_and_health(
         settings.engine_metrics_port, lambda: {"postgres": database_ready(settings.database_url)}
     )

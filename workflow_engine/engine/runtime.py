@@ -56,8 +56,8 @@ class Runtime(Protocol):
         """A lease-guarded write, group-committed with other instances' writes."""
         ...
 
-    async def db(
+    async def call_db(
         self, fn: Callable[Concatenate[Engine, P], T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
-        """Run a blocking store function (``fn(engine, *args)``) off the event loop."""
+        """Run a blocking store function (``fn(db, *args)``) off the event loop."""
         ...

@@ -66,14 +66,14 @@ class Scheduler(Service):
 
     def __init__(
         self,
-        engine: Engine,
+        db: Engine,
         clock: SystemClock | FakeClock,
         config: SchedulerConfig,
         declared: Sequence[ScheduleDef] = (),
         versions: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
-        self.engine = engine
+        self.db = db
         self.clock = clock
         self.config = config
         self.declared = tuple(declared)
@@ -97,9 +97,7 @@ class Scheduler(Service):
     async def _until_next(self) -> float:
         """Sleep until the next tick is due (a tick fires within milliseconds, not up to
         a whole interval late), at most the interval (schedules made meanwhile)."""
-        due = await asyncio.to_thread(
-            writes.seconds_until_next_fire, self.engine, self.clock.db_now()
-        )
+        due = await asyncio.to_thread(writes.seconds_until_next_fire, self.db, self.clock.db_now())
         interval = self.config.interval_seconds
         if due is None:
             return interval
@@ -107,7 +105,7 @@ class Scheduler(Service):
 
     async def _upsert_declared(self) -> None:
         taken = await asyncio.to_thread(
-            writes.upsert_declared, self.engine, self.declared, self.clock.db_now()
+            writes.upsert_declared, self.db, self.declared, self.clock.db_now()
         )
         for name in taken:
             log.warning(
@@ -123,7 +121,7 @@ class Scheduler(Service):
         await failpoints.hit_async("engine.before_tick_fire")
         reports = await asyncio.to_thread(
             writes.fire_due,
-            self.engine,
+            self.db,
             self.clock.db_now(),
             self.config.grace_seconds,
             versions=self.versions,
@@ -165,7 +163,7 @@ class Scheduler(Service):
         self._passes += 1
         if self._passes % GAUGE_EVERY_PASSES != 1:
             return
-        times = await asyncio.to_thread(views.next_fire_times, self.engine)
+        times = await asyncio.to_thread(views.next_fire_times, self.db)
         SCHEDULE_NEXT_FIRE.clear()
         for name, next_fire in times.items():
             # Counters start at 0 for every schedule, so rate() and increase() see a

@@ -138,16 +138,16 @@ class RescuerConfig:
 
 
 class Rescuer(Service):
-    def __init__(self, engine: Engine, config: RescuerConfig) -> None:
+    def __init__(self, db: Engine, config: RescuerConfig) -> None:
         super().__init__()
-        self.engine = engine
+        self.db = db
         self.config = config
 
     async def run(self) -> None:
         while True:
             try:
                 await failpoints.hit_async("engine.before_rescue")
-                rescued = await asyncio.to_thread(writes.rescue_expired, self.engine)
+                rescued = await asyncio.to_thread(writes.rescue_expired, self.db)
             except Exception:
                 log.exception("rescue failed", extra={"event": "engine.rescue_error"})
                 rescued = []
@@ -180,9 +180,9 @@ class MaintenanceConfig:
 class Maintenance(Service):
     """Retention and the gauges that need a query; one engine at a time prunes."""
 
-    def __init__(self, engine: Engine, config: MaintenanceConfig) -> None:
+    def __init__(self, db: Engine, config: MaintenanceConfig) -> None:
         super().__init__()
-        self.engine = engine
+        self.db = db
         self.config = config
 
     async def run(self) -> None:
@@ -201,7 +201,7 @@ class Maintenance(Service):
         c = self.config
         pruned = await asyncio.to_thread(
             writes.prune,
-            self.engine,
+            self.db,
             instance_seconds=c.retention_instances_seconds,
             job_id_seconds=c.retention_job_ids_seconds,
             partition_seconds=c.partition_seconds,
@@ -212,7 +212,7 @@ class Maintenance(Service):
             PRUNED.labels(kind).inc(count)
 
     async def _count(self) -> None:
-        counts = await asyncio.to_thread(writes.status_counts, self.engine)
+        counts = await asyncio.to_thread(writes.status_counts, self.db)
         INSTANCES_BY_STATUS.clear()
         for (workflow, status), n in counts.by_workflow_status.items():
             INSTANCES_BY_STATUS.labels(workflow, status).set(n)

@@ -63,15 +63,15 @@ def _hosts_as_query(url: str) -> str:
 
 
 def make_engine(database_url: str, pool_size: int = 8) -> Engine:
-    engine = sa.create_engine(
+    db = sa.create_engine(
         sqlalchemy_url(database_url),
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,
         future=True,
     )
-    sa.event.listen(engine, "handle_error", _not_primary_is_a_disconnect)
-    return engine
+    sa.event.listen(db, "handle_error", _not_primary_is_a_disconnect)
+    return db
 
 
 def _not_primary_is_a_disconnect(context: ExceptionContext) -> None:
@@ -186,10 +186,10 @@ def refusal(exc: BaseException, max_chars: int = 500) -> str:
     return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
 
 
-def libpq_dsn(engine: Engine) -> str:
+def libpq_dsn(db: Engine) -> str:
     """The engine's connection parameters as a libpq DSN, multi-host included (for the
     connections that do not go through the pool: LISTEN)."""
-    _, params = engine.dialect.create_connect_args(engine.url)
+    _, params = db.dialect.create_connect_args(db.url)
     return psycopg2.extensions.make_dsn(**params)
 
 
@@ -205,12 +205,12 @@ _PING = sa.text("SELECT 1")
 _DRIVER_PING = "SELECT 1"
 
 
-def check_connection(engine: Engine) -> None:
+def check_connection(db: Engine) -> None:
     try:
-        with engine.connect() as conn:
+        with db.connect() as conn:
             conn.execute(_PING)
     except sa.exc.OperationalError as exc:
-        raise ServiceUnavailable(f"PostgreSQL unreachable at {engine.url!r}: {exc.orig}") from None
+        raise ServiceUnavailable(f"PostgreSQL unreachable at {db.url!r}: {exc.orig}") from None
 
 
 def database_ready(database_url: str) -> bool:

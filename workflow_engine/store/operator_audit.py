@@ -188,12 +188,12 @@ def record(
     return e
 
 
-def record_quietly(engine: Engine, e: ActionEntry) -> ActionEntry:
+def record_quietly(db: Engine, e: ActionEntry) -> ActionEntry:
     """Commit ``e`` in its own transaction and announce it; when the database cannot
     take it, announce it anyway (``audit_id: null``) and say why, never raise: a
     refusal or an error stays what it was for the caller."""
     try:
-        with engine.begin() as conn:
+        with db.begin() as conn:
             e = insert(conn, e)
     except Exception as exc:
         log.warning(
@@ -248,7 +248,7 @@ def failure_detail(exc: BaseException) -> str:
 
 @contextmanager
 def failures_recorded(
-    engine: Engine, actor: Actor | None, action: OperatorAction, **kw: Any
+    db: Engine, actor: Actor | None, action: OperatorAction, **kw: Any
 ) -> Iterator[None]:
     """Record the block's exception (refused or error, :func:`outcome_of`) for ``actor``
     in its own transaction, and re-raise it. The block's own transaction has rolled
@@ -258,7 +258,7 @@ def failures_recorded(
     except Exception as exc:
         if actor is not None:
             failed = entry(actor, action, outcome_of(exc), detail=failure_detail(exc), **kw)
-            record_quietly(engine, failed)
+            record_quietly(db, failed)
         raise
 
 
@@ -352,7 +352,7 @@ def _page_sql(where: list[str]) -> sa.TextClause:
 
 
 def list_actions(
-    engine: Engine, f: ActionFilter | None = None, cursor: str | None = None, limit: int = 50
+    db: Engine, f: ActionFilter | None = None, cursor: str | None = None, limit: int = 50
 ) -> ActionPage:
     """A page of the trail, newest first; ``next_cursor`` fetches the older one. Only
     the conditions ``f`` sets enter the statement, so a job id or an actor is served by
@@ -367,7 +367,7 @@ def list_actions(
     if before is not None:
         where.append("id < :id_before")
         params["id_before"] = before
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(_page_sql(where), params).all()
     page = [_row(r) for r in rows[:limit]]
     more = len(rows) > limit

@@ -143,7 +143,7 @@ def _ensure_record_table(conn: Connection, table: str) -> None:
     conn.execute(_on_table(_ADD_CHECKSUM, table))
 
 
-def migrate(engine: Engine, migration_set: MigrationSet = PRODUCT) -> list[Migration]:
+def migrate(db: Engine, migration_set: MigrationSet = PRODUCT) -> list[Migration]:
     """Apply every pending migration of ``migration_set``; return those applied now.
 
     Raises :class:`MigrationEdited` (and applies nothing) when an applied migration's
@@ -151,7 +151,7 @@ def migrate(engine: Engine, migration_set: MigrationSet = PRODUCT) -> list[Migra
     """
     applied: list[Migration] = []
     table = migration_set.table
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(_MIGRATION_LOCK, {"k": MIGRATION_LOCK_KEY})
         _ensure_record_table(conn, table)
         done: dict[int, str | None] = dict(conn.execute(_on_table(_APPLIED, table)).all())
@@ -194,7 +194,7 @@ _CURRENT_SCHEMA = sa.text("SELECT current_schema()")
 
 
 def grant_app_role(
-    engine: Engine, role: str, migration_sets: tuple[MigrationSet, ...] = (PRODUCT,)
+    db: Engine, role: str, migration_sets: tuple[MigrationSet, ...] = (PRODUCT,)
 ) -> list[str]:
     """Let ``role`` read and write the rows of the given sets' tables, and nothing more.
 
@@ -204,7 +204,7 @@ def grant_app_role(
     (the examples'); never a table no migration set declares. Identifiers are quoted
     by the driver, never spliced into SQL text.
     """
-    with engine.begin() as conn:
+    with db.begin() as conn:
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
         who = sql.Identifier(role)
         schema = conn.execute(_CURRENT_SCHEMA).scalar()

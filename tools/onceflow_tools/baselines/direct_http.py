@@ -60,13 +60,13 @@ def _json(body: object, status: int, headers: dict[str, str] | None = None) -> R
     return Response(orjson.dumps(body), status, headers, media_type="application/json")
 
 
-def insert_jobs(engine: Engine, jobs: list[JobIn]) -> tuple[list[str], list[str]]:
+def insert_jobs(db: Engine, jobs: list[JobIn]) -> tuple[list[str], list[str]]:
     """Insert the jobs in one statement and one transaction: (all ids, ids already there)."""
     unique: dict[str, JobIn] = {}
     for job in jobs:  # the same id twice in one request: written once, first wins
         unique.setdefault(job.job_id or new_job_id(), job)
     ids = list(unique)
-    with engine.begin() as conn:  # waits up to pool_timeout for a pooled connection
+    with db.begin() as conn:  # waits up to pool_timeout for a pooled connection
         inserted = set(
             conn.execute(
                 INSERT_JOBS,
@@ -80,9 +80,9 @@ def insert_jobs(engine: Engine, jobs: list[JobIn]) -> tuple[list[str], list[str]
     return ids, [job_id for job_id in ids if job_id not in inserted]
 
 
-def stored_jobs(engine: Engine, id_prefix: str) -> int:
+def stored_jobs(db: Engine, id_prefix: str) -> int:
     """Jobs the baseline stored whose id starts with ``id_prefix`` (its own table)."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         n = conn.execute(
             text("SELECT count(*) FROM onceflow_baseline_jobs WHERE starts_with(job_id, :p)"),
             {"p": id_prefix},
@@ -93,16 +93,16 @@ def stored_jobs(engine: Engine, id_prefix: str) -> int:
 def create_app(database_url: str, pool_size: int, pool_timeout: float) -> FastAPI:
     # psycopg2, as the rest of onceflow. No pool_pre_ping: a dead connection costs one 503
     # (the pool is then invalidated and refilled), not a round trip on every request.
-    engine = create_engine(
+    db = create_engine(
         sqlalchemy_url(database_url), pool_size=pool_size, max_overflow=0, pool_timeout=pool_timeout
     )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        with engine.begin() as conn:
+        with db.begin() as conn:
             conn.execute(CREATE_TABLE)
         yield
-        engine.dispose()
+        db.dispose()
 
     app = FastAPI(title="onceflow no-buffer baseline", lifespan=lifespan)
 
@@ -116,7 +116,7 @@ def create_app(database_url: str, pool_size: int, pool_timeout: float) -> FastAP
         except RequestError as exc:
             return _json(exc.body.model_dump(), exc.status, exc.headers)
         try:  # blocking DB work on the threadpool, as a sync FastAPI endpoint would run it
-            ids, duplicates = await run_in_threadpool(insert_jobs, engine, jobs)
+            ids, duplicates = await run_in_threadpool(insert_jobs, db, jobs)
         except (PoolTimeout, OperationalError, InterfaceError) as exc:
             reason = "pool_timeout" if isinstance(exc, PoolTimeout) else "database_unavailable"
             message = str(exc).splitlines()[0]

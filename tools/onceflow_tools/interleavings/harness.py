@@ -62,7 +62,7 @@ class EngineHarness:
         self.runner = EngineRunner(
             settings.model_copy(update={"engine_poll_interval_seconds": 0.05, **update}),
             REGISTRY,
-            engine=db,
+            db=db,
             clock=self.clock,
         )
         self.loop = asyncio.new_event_loop()

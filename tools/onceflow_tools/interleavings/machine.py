@@ -84,9 +84,9 @@ class Databases:
         self.template = template or f"onceflow_iltpl_{uuid.uuid4().hex[:8]}"
         if self._own_template:
             self._run(f'CREATE DATABASE "{self.template}"')
-            engine = make_engine(database_url_for(base_url, self.template), pool_size=1)
-            migrate(engine)
-            engine.dispose()
+            db = make_engine(database_url_for(base_url, self.template), pool_size=1)
+            migrate(db)
+            db.dispose()
 
     def _run(self, sql: str) -> None:
         with self._admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:

@@ -125,7 +125,7 @@ def _op(row: Row) -> BulkOperation:
 
 
 def start_bulk(
-    engine: Engine, action: BulkAction, f: InstanceFilter, *, actor: Actor | None = None
+    db: Engine, action: BulkAction, f: InstanceFilter, *, actor: Actor | None = None
 ) -> BulkOperation:
     """Record a bulk operation and the job ids ``f`` matches now (``total``); nothing is
     applied yet (:func:`run_bulk` does). An operation matching nothing is complete.
@@ -135,8 +135,8 @@ def start_bulk(
     the operation's id) commits with the operation; a refusal is recorded on its own."""
     action = BulkAction(action)
     audit_as = OperatorAction.of_bulk(action)
-    with operator_audit.failures_recorded(engine, actor, audit_as, filter=f.as_params()):
-        op, audited = _start(engine, action, f, actor)
+    with operator_audit.failures_recorded(db, actor, audit_as, filter=f.as_params()):
+        op, audited = _start(db, action, f, actor)
     operator_audit.announce(audited)
     return op
 
@@ -165,12 +165,12 @@ _SET_TOTAL = sa.text(
 
 
 def _start(
-    engine: Engine, action: BulkAction, f: InstanceFilter, actor: Actor | None
+    db: Engine, action: BulkAction, f: InstanceFilter, actor: Actor | None
 ) -> tuple[BulkOperation, operator_audit.ActionEntry | None]:
     refuse_empty(f)
     where, params = where_clause(f)
     audited = None
-    with engine.begin() as conn:
+    with db.begin() as conn:
         op_id = conn.execute(_INSERT_OPERATION, {"a": str(action), "f": f.describe()}).scalar_one()
         total = conn.execute(_snapshot_items(where), {**params, "op": op_id}).rowcount
         row = conn.execute(_SET_TOTAL, {"n": total, "op": op_id}).one()
@@ -197,8 +197,8 @@ def _start(
 _OPERATION = sa.text(f"SELECT {_COLUMNS} FROM onceflow_bulk_operations WHERE id = :id")
 
 
-def bulk_status(engine: Engine, op_id: int) -> BulkOperation | None:
-    with engine.connect() as conn:
+def bulk_status(db: Engine, op_id: int) -> BulkOperation | None:
+    with db.connect() as conn:
         row = conn.execute(_OPERATION, {"id": op_id}).one_or_none()
     return _op(row) if row is not None else None
 
@@ -206,9 +206,9 @@ def bulk_status(engine: Engine, op_id: int) -> BulkOperation | None:
 _RECENT = sa.text(f"SELECT {_COLUMNS} FROM onceflow_bulk_operations ORDER BY id DESC LIMIT :n")
 
 
-def recent_bulk(engine: Engine, limit: int = 20) -> list[BulkOperation]:
+def recent_bulk(db: Engine, limit: int = 20) -> list[BulkOperation]:
     """The latest operations, newest first."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(_RECENT, {"n": max(1, limit)}).all()
     return [_op(r) for r in rows]
 
@@ -225,10 +225,10 @@ _UNLEASED = sa.text(
 )
 
 
-def unleased(engine: Engine) -> list[int]:
+def unleased(db: Engine) -> list[int]:
     """Running operations no process holds the lease of (its runner died or stopped),
     oldest first: what a runner resumes."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         ids = conn.execute(_UNLEASED, {"space": LEASE_LOCK_SPACE, "int4": _INT4}).scalars()
         return [int(i) for i in ids]
 
@@ -238,12 +238,12 @@ _RELEASE = sa.text("SELECT pg_advisory_unlock(:space, :key)")
 
 
 @contextmanager
-def leased(engine: Engine, op_id: int) -> Iterator[Connection | None]:
+def leased(db: Engine, op_id: int) -> Iterator[Connection | None]:
     """Hold operation ``op_id``'s lease for the block: the connection to run its batches
     on, or None when another process holds it. The lease is a session-level advisory
     lock, so it ends with the connection: a process that dies releases it at once
     (PostgreSQL sees the socket close), and no transaction stays open between batches."""
-    conn = engine.connect()
+    conn = db.connect()
     try:
         key = {"space": LEASE_LOCK_SPACE, "key": op_id % _INT4}
         taken = conn.execute(_TRY_LEASE, key).scalar()
@@ -271,7 +271,7 @@ def _unlock(conn: Connection, key: dict[str, int]) -> None:
 
 
 def run_bulk(
-    engine: Engine,
+    db: Engine,
     op_id: int,
     batch: int = 500,
     on_progress: Callable[[BulkOperation], None] | None = None,
@@ -287,10 +287,10 @@ def run_bulk(
     a runner to resume."""
     if batch < 1:
         raise ValueError("batch must be at least 1")
-    with leased(engine, op_id) as conn:
+    with leased(db, op_id) as conn:
         if conn is not None:
             return run_leased(conn, op_id, batch, on_progress, should_stop)
-    return _follow(engine, op_id, on_progress, should_stop)
+    return _follow(db, op_id, on_progress, should_stop)
 
 
 def run_leased(
@@ -327,7 +327,7 @@ def run_leased(
 
 
 def _follow(
-    engine: Engine,
+    db: Engine,
     op_id: int,
     on_progress: Callable[[BulkOperation], None] | None,
     should_stop: Callable[[], bool] | None,
@@ -336,7 +336,7 @@ def _follow(
     lease over if that process lets it go before the end."""
     seen = None
     while True:
-        op = bulk_status(engine, op_id)
+        op = bulk_status(db, op_id)
         if op is None:
             raise BulkOperationNotFound(f"no bulk operation #{op_id}")
         if on_progress is not None and (op.done, op.skipped) != seen:
@@ -344,8 +344,8 @@ def _follow(
             on_progress(op)
         if op.finished or (should_stop is not None and should_stop()):
             return op
-        if op_id in unleased(engine):
-            return run_bulk(engine, op_id, on_progress=on_progress, should_stop=should_stop)
+        if op_id in unleased(db):
+            return run_bulk(db, op_id, on_progress=on_progress, should_stop=should_stop)
         time.sleep(FOLLOW_SECONDS)
 
 

@@ -40,9 +40,9 @@ class BulkRunner:
     """Runs bulk operations in a background thread; ``start``, ``submit``, ``stop``."""
 
     def __init__(
-        self, engine: Engine, poll_seconds: float = RESUME_POLL_SECONDS, batch: int = 500
+        self, db: Engine, poll_seconds: float = RESUME_POLL_SECONDS, batch: int = 500
     ) -> None:
-        self.engine = engine
+        self.db = db
         self.poll_seconds = poll_seconds
         self.batch = batch
         self._wake = threading.Event()
@@ -83,7 +83,7 @@ class BulkRunner:
         """Record an operation (:func:`~workflow_engine.store.operations.bulk.start_bulk`, which
         refuses an empty filter and records the ``actor``'s start in the audit trail)
         and have the loop run it now."""
-        op = bulk.start_bulk(self.engine, action, f, actor=actor)
+        op = bulk.start_bulk(self.db, action, f, actor=actor)
         if not op.finished:
             with self._lock:  # the loop's exit checks the wake-up under the same lock
                 self._wake.set()
@@ -99,7 +99,7 @@ class BulkRunner:
         """Run every unleased ``running`` operation to its end (or until stopped);
         how many this call ran."""
         ran = 0
-        for op_id in bulk.unleased(self.engine):
+        for op_id in bulk.unleased(self.db):
             if self._stopping.is_set():
                 break
             ran += self._run(op_id)
@@ -122,7 +122,7 @@ class BulkRunner:
             self._wake.wait(self.poll_seconds)
 
     def _run(self, op_id: int) -> int:
-        with bulk.leased(self.engine, op_id) as conn:
+        with bulk.leased(self.db, op_id) as conn:
             if conn is None:  # another process took it up between the look and the lock
                 return 0
             op = bulk.run_leased(conn, op_id, self.batch, should_stop=self._stopping.is_set)

@@ -66,9 +66,9 @@ def _lock(
 
 @retry_on_deadlock
 def _operate(
-    engine: Engine, action: BulkAction, workflow: str, job_id: str, actor: Actor | None
+    db: Engine, action: BulkAction, workflow: str, job_id: str, actor: Actor | None
 ) -> tuple[ControlResult, ActionEntry | None]:
-    with engine.begin() as conn:
+    with db.begin() as conn:
         status, requested = _lock(conn, workflow, job_id)
         done = transition(conn, job_id, action, status, requested)
         if done.refused is not None:
@@ -91,41 +91,35 @@ def _operate(
 
 
 def _control(
-    engine: Engine, action: BulkAction, workflow: str, job_id: str, actor: Actor | None
+    db: Engine, action: BulkAction, workflow: str, job_id: str, actor: Actor | None
 ) -> ControlResult:
     """One operator action on one instance; with an ``actor``, recorded in the audit
     trail (:mod:`workflow_engine.store.operator_audit`): in the same transaction when it
     applies, in one of its own when it is refused or fails."""
     with operator_audit.failures_recorded(
-        engine, actor, OperatorAction.of_control(action), workflow=workflow, job_id=job_id
+        db, actor, OperatorAction.of_control(action), workflow=workflow, job_id=job_id
     ):
-        result, audited = _operate(engine, action, workflow, job_id, actor)
+        result, audited = _operate(db, action, workflow, job_id, actor)
     operator_audit.announce(audited)
     return result
 
 
-def pause(
-    engine: Engine, workflow: str, job_id: str, *, actor: Actor | None = None
-) -> ControlResult:
-    return _control(engine, BulkAction.PAUSE, workflow, job_id, actor)
+def pause(db: Engine, workflow: str, job_id: str, *, actor: Actor | None = None) -> ControlResult:
+    return _control(db, BulkAction.PAUSE, workflow, job_id, actor)
 
 
-def resume(
-    engine: Engine, workflow: str, job_id: str, *, actor: Actor | None = None
-) -> ControlResult:
-    return _control(engine, BulkAction.RESUME, workflow, job_id, actor)
+def resume(db: Engine, workflow: str, job_id: str, *, actor: Actor | None = None) -> ControlResult:
+    return _control(db, BulkAction.RESUME, workflow, job_id, actor)
 
 
 def terminate(
-    engine: Engine, workflow: str, job_id: str, *, actor: Actor | None = None
+    db: Engine, workflow: str, job_id: str, *, actor: Actor | None = None
 ) -> ControlResult:
-    return _control(engine, BulkAction.TERMINATE, workflow, job_id, actor)
+    return _control(db, BulkAction.TERMINATE, workflow, job_id, actor)
 
 
-def restart(
-    engine: Engine, workflow: str, job_id: str, *, actor: Actor | None = None
-) -> ControlResult:
-    return _control(engine, BulkAction.RESTART, workflow, job_id, actor)
+def restart(db: Engine, workflow: str, job_id: str, *, actor: Actor | None = None) -> ControlResult:
+    return _control(db, BulkAction.RESTART, workflow, job_id, actor)
 
 
 _INSERT_EVENT = sa.text(
@@ -137,7 +131,7 @@ _WAKE = sa.text("UPDATE onceflow_instances SET run_after = now() WHERE job_id = 
 
 
 def send_event(
-    engine: Engine,
+    db: Engine,
     workflow: str,
     job_id: str,
     event_type: str,
@@ -161,9 +155,9 @@ def send_event(
     With an ``actor``, the event and its audit-trail row commit together; a refusal is
     recorded on its own (:func:`_control` does the same for the other actions)."""
     target = {"workflow": workflow, "job_id": job_id}
-    with operator_audit.failures_recorded(engine, actor, OperatorAction.SEND_EVENT, **target):
+    with operator_audit.failures_recorded(db, actor, OperatorAction.SEND_EVENT, **target):
         encoded = check_event(event_type, payload)
-        with engine.begin() as conn:
+        with db.begin() as conn:
             status, _ = _lock(conn, workflow, job_id)
             if status in TERMINAL_STATUSES:
                 raise ControlError(f"{job_id} is {status}; it takes no more events")

@@ -105,11 +105,11 @@ def _job_id(letter: DeadLetterRecord) -> str | None:
         return None
 
 
-def plan(engine: Engine, letters: Sequence[DeadLetterRecord]) -> list[_Plan]:
+def plan(db: Engine, letters: Sequence[DeadLetterRecord]) -> list[_Plan]:
     """What re-driving ``letters`` would do to each, from the database's state now."""
     ids = sorted({j for j in map(_job_id, letters) if j is not None})
-    runs = task_runs.states(engine, ids)
-    instances = _instance_statuses(engine, ids)
+    runs = task_runs.states(db, ids)
+    instances = _instance_statuses(db, ids)
     plans: list[_Plan] = []
     taken: set[str] = set()
     for letter in letters:
@@ -156,10 +156,10 @@ _INSTANCE_STATUSES = sa.text(
 )
 
 
-def _instance_statuses(engine: Engine, job_ids: list[str]) -> dict[str, str]:
+def _instance_statuses(db: Engine, job_ids: list[str]) -> dict[str, str]:
     if not job_ids:
         return {}
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(_INSTANCE_STATUSES, {"ids": job_ids}).all()
     return {job_id: status for job_id, status in rows}
 
@@ -170,7 +170,7 @@ _AUDITED_LETTERS = 50
 
 def redrive_letters(
     settings: Settings,
-    engine: Engine,
+    db: Engine,
     letters: Sequence[DeadLetterRecord],
     dry_run: bool = False,
     timeout: float = 30.0,
@@ -184,15 +184,15 @@ def redrive_letters(
     Kafka did not acknowledge a letter or the re-drive raised. A dry run is not an
     action and is not recorded."""
     if dry_run:
-        return RedriveReport([_outcome(p) for p in plan(engine, letters)], dry_run=True)
+        return RedriveReport([_outcome(p) for p in plan(db, letters)], dry_run=True)
     chosen = _audited_selection(letters)
-    with operator_audit.failures_recorded(engine, actor, OperatorAction.REDRIVE, **chosen):
-        report = _redrive(settings, engine, letters, timeout)
+    with operator_audit.failures_recorded(db, actor, OperatorAction.REDRIVE, **chosen):
+        report = _redrive(settings, db, letters, timeout)
     if actor is not None:
         failed = report.count(Verdict.FAILED) > 0
         result = ActionResult.ERROR if failed else ActionResult.OK
         operator_audit.record_quietly(
-            engine,
+            db,
             operator_audit.entry(
                 actor, OperatorAction.REDRIVE, result, detail=report.summary(), **chosen
             ),
@@ -213,10 +213,10 @@ def _audited_selection(letters: Sequence[DeadLetterRecord]) -> dict[str, Any]:
 
 
 def _redrive(
-    settings: Settings, engine: Engine, letters: Sequence[DeadLetterRecord], timeout: float
+    settings: Settings, db: Engine, letters: Sequence[DeadLetterRecord], timeout: float
 ) -> RedriveReport:
-    plans = plan(engine, letters)
-    reopened = task_runs.reopen(engine, [p.job_id for p in plans if p.reopen and p.job_id])
+    plans = plan(db, letters)
+    reopened = task_runs.reopen(db, [p.job_id for p in plans if p.reopen and p.job_id])
     plans = [_attempt_now(p, reopened) for p in plans]
     sending = [p for p in plans if p.verdict == Verdict.REDRIVEN]
     produced = redrive(settings, [p.letter for p in sending], timeout)

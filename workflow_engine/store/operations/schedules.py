@@ -69,17 +69,17 @@ class BackfillResult:
 _INSERT_UNDECLARED = sa.text(INSERT.format(declared="false"))
 
 
-def create_schedule(engine: Engine, d: ScheduleDef, now: datetime | None = None) -> ScheduleView:
+def create_schedule(db: Engine, d: ScheduleDef, now: datetime | None = None) -> ScheduleView:
     """Create a schedule; its first tick is the first one after now."""
     try:
-        with engine.begin() as conn:
+        with db.begin() as conn:
             values = def_params(d, judged_at(conn, now))
             conn.execute(_INSERT_UNDECLARED, values)
     except IntegrityError as exc:
         if constraint_of(exc) == "onceflow_schedules_pkey":
             raise ScheduleExists(f"a schedule named {d.name!r} exists already") from None
         raise
-    return get_schedule(engine, d.name)
+    return get_schedule(db, d.name)
 
 
 _PAUSE = sa.text(
@@ -87,11 +87,11 @@ _PAUSE = sa.text(
 )
 
 
-def pause_schedule(engine: Engine, name: str) -> ScheduleView:
+def pause_schedule(db: Engine, name: str) -> ScheduleView:
     """Stop firing. Ticks that fall due while paused are not run (not caught up)."""
-    with engine.begin() as conn:
+    with db.begin() as conn:
         _require(conn.execute(_PAUSE, {"n": name}).first(), name)
-    return get_schedule(engine, name)
+    return get_schedule(db, name)
 
 
 _LOCK_SPEC = sa.text(
@@ -106,23 +106,23 @@ _RESUME = sa.text(
 )
 
 
-def resume_schedule(engine: Engine, name: str, now: datetime | None = None) -> ScheduleView:
+def resume_schedule(db: Engine, name: str, now: datetime | None = None) -> ScheduleView:
     """Fire again, from the first tick after now."""
-    with engine.begin() as conn:
+    with db.begin() as conn:
         at = judged_at(conn, now)
         row = _require(conn.execute(_LOCK_SPEC, {"n": name}).first(), name)
         if row.paused:
             spec = TickSpec(row.cron, row.every_seconds, row.timezone)
             conn.execute(_RESUME, {"n": name, "next": spec.next_after(at)})
-    return get_schedule(engine, name)
+    return get_schedule(db, name)
 
 
 _DELETE = sa.text("DELETE FROM onceflow_schedules WHERE name = :n RETURNING name")
 
 
-def delete_schedule(engine: Engine, name: str) -> None:
+def delete_schedule(db: Engine, name: str) -> None:
     """Delete a schedule (its ticks' instances and their history stay)."""
-    with engine.begin() as conn:
+    with db.begin() as conn:
         _require(conn.execute(_DELETE, {"n": name}).first(), name)
 
 
@@ -133,7 +133,7 @@ def _require(row: Any, name: str) -> Any:
 
 
 def backfill(
-    engine: Engine,
+    db: Engine,
     name: str,
     start: datetime,
     end: datetime,
@@ -146,7 +146,7 @@ def backfill(
     Ticks whose job id exists already (fired on time, or backfilled before) collapse
     into the existing instance, like any duplicate; ``existing`` counts them.
     """
-    s = get_schedule(engine, name)
+    s = get_schedule(db, name)
     ticks: BackfillRange = backfill_range(s.spec, start, end, MAX_BACKFILL)
     result = BackfillResult(name, ticks.total, ticks.first, ticks.last, dry_run)
     if dry_run or not ticks.ticks:
@@ -154,7 +154,7 @@ def backfill(
     created = 0
     planned = [(s, PlannedTick(t, TickTrigger.BACKFILL)) for t in ticks.ticks]
     for i in range(0, len(planned), _CHUNK):
-        with engine.begin() as conn:
+        with db.begin() as conn:
             at = judged_at(conn, now)
             fired = create_ticks(conn, planned[i : i + _CHUNK], at, versions or {})
             created += sum(1 for f in fired if f.created)

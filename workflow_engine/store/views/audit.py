@@ -38,9 +38,9 @@ _TASK_RUN_IDS = sa.text("SELECT job_id FROM onceflow_task_runs")
 _INSIDE_IDS = sa.text("SELECT job_id FROM onceflow_jobs WHERE origin IN (:schedule, :child)")
 
 
-def stored_job_ids(engine: Engine) -> StoredJobIds:
+def stored_job_ids(db: Engine) -> StoredJobIds:
     """Both sets, read in one transaction (a consistent snapshot)."""
-    with engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn:
+    with db.connect().execution_options(isolation_level="REPEATABLE READ") as conn:
         instances = conn.execute(_INSTANCE_IDS).scalars()
         instance_ids = frozenset(instances)
         tasks = conn.execute(_TASK_RUN_IDS).scalars()
@@ -57,9 +57,9 @@ _MISMATCH_IDS = sa.text(
 )
 
 
-def workflow_mismatch_job_ids(engine: Engine) -> frozenset[str]:
+def workflow_mismatch_job_ids(db: Engine) -> frozenset[str]:
     """Job ids delivered again under another workflow (or task) type: the first type
     won and the other delivery started nothing - reported, not a violation."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(_MISMATCH_IDS)
         return frozenset(rows.scalars())

@@ -130,8 +130,8 @@ WHERE i.job_id = :job_id
 )
 
 
-def describe_instance(engine: Engine, job_id: str) -> InstanceView | None:
-    with engine.connect() as conn:
+def describe_instance(db: Engine, job_id: str) -> InstanceView | None:
+    with db.connect() as conn:
         row = conn.execute(
             _DESCRIBE_SQL, {"job_id": job_id, "stale": ENGINE_STALE_SECONDS}
         ).one_or_none()
@@ -171,12 +171,12 @@ _TASK_RUN_STATUS = sa.text(
 )
 
 
-def job_status(engine: Engine, job_id: str) -> dict[str, Any] | None:
+def job_status(db: Engine, job_id: str) -> dict[str, Any] | None:
     """A job's state, whatever it became: a workflow instance or a plain task run."""
-    view = describe_instance(engine, job_id)
+    view = describe_instance(db, job_id)
     if view is not None:
         return {"kind": JobKind.WORKFLOW, **view.to_dict()}
-    with engine.connect() as conn:
+    with db.connect() as conn:
         row = conn.execute(_TASK_RUN_STATUS, {"j": job_id}).one_or_none()
     if row is None:
         return None
@@ -197,9 +197,9 @@ _STEP_RESULTS = sa.text(
 )
 
 
-def step_results(engine: Engine, job_id: str) -> dict[int, Any]:
+def step_results(db: Engine, job_id: str) -> dict[int, Any]:
     """What each recorded step of the instance returned, by position (None for one that
     returned nothing or has not finished): the console shows it beside the step. Kept
     out of :func:`describe_instance`, whose view the CLI and the API print whole."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return {r.position: r.result for r in conn.execute(_STEP_RESULTS, {"job_id": job_id})}

@@ -74,15 +74,15 @@ _LIVE_ENGINES = sa.text(
 )
 
 
-def live_engines(engine: Engine, stale_seconds: float) -> list[LiveEngine]:
-    with engine.connect() as conn:
+def live_engines(db: Engine, stale_seconds: float) -> list[LiveEngine]:
+    with db.connect() as conn:
         rows = conn.execute(_LIVE_ENGINES, {"stale": stale_seconds})
         return [LiveEngine(e, dict(w), float(age)) for e, w, age in rows]
 
 
-def instances_without_engine(engine: Engine, stale_seconds: float) -> list[Stranded]:
+def instances_without_engine(db: Engine, stale_seconds: float) -> list[Stranded]:
     """Instances per (workflow, version) that no live engine can run, runnable now or
     later (:class:`Stranded`)."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(_WITHOUT_ENGINE, {"stale": stale_seconds})
         return [Stranded(w, v, due, later) for w, v, due, later in rows]

@@ -356,7 +356,7 @@ def _list_sql(
 
 
 def list_page(
-    engine: Engine,
+    db: Engine,
     f: InstanceFilter,
     sort: Sort = "created",
     cursor: str | None = None,
@@ -369,7 +369,7 @@ def list_page(
     after = decode_cursor(cursor, sort) if cursor else None
     sql, params = _list_sql(f, sort, after)
     params["limit"] = limit + 1  # one more: is there a next page?
-    with engine.connect() as conn:
+    with db.connect() as conn:
         found = conn.execute(sql, params).all()
     rows = [
         InstanceRow(
@@ -404,21 +404,21 @@ def _count_sql(where: str, capped: bool) -> sa.TextClause:
     )
 
 
-def count_matching(engine: Engine, f: InstanceFilter, cap: int | None = None) -> int:
+def count_matching(db: Engine, f: InstanceFilter, cap: int | None = None) -> int:
     """How many instances match; with ``cap``, stop counting there (``min(n, cap)``),
     which keeps a console's "10,000+" cheap on a big table."""
     where, params = where_clause(f)
     if cap is not None:
         params["cap"] = max(cap, 0)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return int(conn.execute(_count_sql(where, cap is not None), params).scalar_one())
 
 
-def explain_list(engine: Engine, f: InstanceFilter, sort: Sort = "created") -> str:
+def explain_list(db: Engine, f: InstanceFilter, sort: Sort = "created") -> str:
     """The ``EXPLAIN`` text of :func:`list_page`'s first-page query for ``f``."""
     sql, params = _list_sql(f, sort, None, explain=True)
     params["limit"] = 51
-    with engine.connect() as conn:
+    with db.connect() as conn:
         lines = conn.execute(sql, params).scalars().all()
     return "\n".join(lines)
 
@@ -451,13 +451,13 @@ _DEAD_LETTER_REASONS = sa.text(
 )
 
 
-def overview(engine: Engine, minutes: int = 15) -> Overview:
+def overview(db: Engine, minutes: int = 15) -> Overview:
     """Instances per workflow and status, created and finished per minute over the last
     ``minutes`` minutes (the current one included), and dead letters per reason."""
     if not 1 <= minutes <= 24 * 60:
         raise InvalidFilter("minutes must be between 1 and 1440")
     counts: dict[str, dict[InstanceStatus, int]] = {}
-    with engine.connect() as conn:
+    with db.connect() as conn:
         for r in conn.execute(_STATUS_COUNTS):
             counts.setdefault(r.workflow, {})[InstanceStatus(r.status)] = int(r.n)
         created = conn.execute(_CREATED_PER_MINUTE, {"minutes": minutes}).all()

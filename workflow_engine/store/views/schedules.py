@@ -35,8 +35,8 @@ class TickView:
 _SCHEDULES = sa.text(f"SELECT {COLUMNS}{FROM} ORDER BY s.name")
 
 
-def list_schedules(engine: Engine) -> list[ScheduleView]:
-    with engine.connect() as conn:
+def list_schedules(db: Engine) -> list[ScheduleView]:
+    with db.connect() as conn:
         rows = conn.execute(_SCHEDULES)
         return [schedule_view(r) for r in rows]
 
@@ -44,9 +44,9 @@ def list_schedules(engine: Engine) -> list[ScheduleView]:
 _NEXT_FIRE_TIMES = sa.text("SELECT name, paused, next_fire_at FROM onceflow_schedules")
 
 
-def next_fire_times(engine: Engine) -> dict[str, datetime | None]:
+def next_fire_times(db: Engine) -> dict[str, datetime | None]:
     """Each schedule's next fire time (None while paused): the scheduler's gauge."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(_NEXT_FIRE_TIMES)
         return {r.name: None if r.paused else r.next_fire_at for r in rows}
 
@@ -54,8 +54,8 @@ def next_fire_times(engine: Engine) -> dict[str, datetime | None]:
 _SCHEDULE = sa.text(f"SELECT {COLUMNS}{FROM} WHERE s.name = :n")
 
 
-def get_schedule(engine: Engine, name: str) -> ScheduleView:
-    with engine.connect() as conn:
+def get_schedule(db: Engine, name: str) -> ScheduleView:
+    with db.connect() as conn:
         row = conn.execute(_SCHEDULE, {"n": name}).one_or_none()
     if row is None:
         raise ScheduleNotFound(f"no schedule named {name!r}")
@@ -68,9 +68,9 @@ _TICK_OF = sa.text(
 )
 
 
-def tick_of(engine: Engine, job_id: str) -> TickView | None:
+def tick_of(db: Engine, job_id: str) -> TickView | None:
     """Which schedule and tick created this job, if a schedule did."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         row = conn.execute(_TICK_OF, {"j": job_id}).one_or_none()
     if row is None:
         return None

@@ -21,10 +21,10 @@ _TRACE = sa.text("SELECT * FROM job_trace(:j)")
 _HOLD_REASON = sa.text("SELECT now(), onceflow_hold_reason(:j)")
 
 
-def job_trace(engine: Engine, job_id: str) -> list[TraceEvent]:
+def job_trace(db: Engine, job_id: str) -> list[TraceEvent]:
     """The timeline, and last, when the job waits to be claimed, why it is held back
     (flow control: ``onceflow_hold_reason``, migration 0009)."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(_TRACE, {"j": job_id})
         events = [TraceEvent(*row) for row in rows]
         held = conn.execute(_HOLD_REASON, {"j": job_id}).one()

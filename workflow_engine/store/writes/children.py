@@ -165,7 +165,7 @@ def _check_lease(conn: Connection, lease: Lease, job_id: str, what: str) -> str 
     return row.traceparent
 
 
-def start_children(engine: Engine, lease: Lease, starts: list[StartChild]) -> list[bool]:
+def start_children(db: Engine, lease: Lease, starts: list[StartChild]) -> list[bool]:
     """Create children (once each: the job-id constraint) and record them in their
     parent's history, in one statement and one transaction (the children a
     ``ctx.gather`` starts cost one commit); for each, True if this call created it."""
@@ -176,7 +176,7 @@ def start_children(engine: Engine, lease: Lease, starts: list[StartChild]) -> li
         raise NonDeterminismError("a child name is used twice in one workflow run")
     rows = orjson.dumps([_start_row(s) for s in starts]).decode()
     try:
-        with engine.begin() as conn:
+        with db.begin() as conn:
             traceparent = _check_lease(conn, lease, parent_job_id, "starting children")
             found = {
                 row.child: row
@@ -276,12 +276,12 @@ _CHILD_ROWS = sa.text(
 
 
 def collect(
-    engine: Engine, lease: Lease, parent_job_id: str, awaited: list[Awaited]
+    db: Engine, lease: Lease, parent_job_id: str, awaited: list[Awaited]
 ) -> list[ChildOutcome | None]:
     """Take finished children's results (or errors) into the parent's history, in one
     transaction; ``None`` for a child that has not finished (its entry now marked
     awaited, so its finish wakes the parent)."""
-    with engine.begin() as conn:
+    with db.begin() as conn:
         _check_lease(conn, lease, parent_job_id, "taking child results")
         rows = {
             row.job_id: row

@@ -134,7 +134,7 @@ _RUNNING_OF = sa.text(
 
 
 def claim(
-    engine: Engine,
+    db: Engine,
     owner: str,
     limit: int,
     lease_seconds: float,
@@ -169,7 +169,7 @@ def claim(
         "have_workflows": list(versions),
         "have_versions": list(versions.values()),
     }
-    with engine.begin() as conn:
+    with db.begin() as conn:
         locked, picked = _pick(conn, params, limit, controlled, versions)
         rows: list[Any] = []
         if locked:
@@ -320,9 +320,9 @@ RETURNING job_id
 )
 
 
-def rescue_expired(engine: Engine) -> list[str]:
+def rescue_expired(db: Engine) -> list[str]:
     """Re-queue instances whose engine died (lease expired); return their ids."""
-    with engine.begin() as conn:
+    with db.begin() as conn:
         rescued = list(conn.execute(_RESCUE).scalars())
         if rescued:
             notify_runnable(conn)
@@ -338,7 +338,7 @@ WHERE onceflow_instances.job_id = input.job_id
 )
 
 
-def release(engine: Engine, owner: str, held_runs: Sequence[tuple[str, int]]) -> int:
+def release(db: Engine, owner: str, held_runs: Sequence[tuple[str, int]]) -> int:
     """Give back instances this engine will not finish (clean shutdown, an outage cut
     a run): ``(job_id, claim)`` pairs, each released only under that very claim."""
     if not held_runs:
@@ -348,7 +348,7 @@ def release(engine: Engine, owner: str, held_runs: Sequence[tuple[str, int]]) ->
         "ids": [job_id for job_id, _ in held_runs],
         "claims": [claim for _, claim in held_runs],
     }
-    with engine.begin() as conn:
+    with db.begin() as conn:
         return conn.execute(_RELEASE, params).rowcount
 
 
@@ -360,8 +360,8 @@ WHERE status IN ({_RUNNABLE}) AND run_after <> 'infinity'
 )
 
 
-def seconds_until_next_due(engine: Engine, now: datetime | None) -> float | None:
+def seconds_until_next_due(db: Engine, now: datetime | None) -> float | None:
     """Seconds until the earliest timer (sleep, retry delay, event timeout) falls due."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         value = conn.execute(_NEXT_DUE, {"now": now}).scalar()
     return None if value is None else float(value)

@@ -228,7 +228,7 @@ def create_instances_in(conn: Connection, deliveries: Sequence[Delivery]) -> Cre
     return result
 
 
-def create_instances(engine: Engine, deliveries: Sequence[Delivery]) -> CreateResult:
+def create_instances(db: Engine, deliveries: Sequence[Delivery]) -> CreateResult:
     """Create instances for a batch of deliveries in one transaction (one statement)."""
-    with engine.begin() as conn:
+    with db.begin() as conn:
         return create_instances_in(conn, deliveries)

@@ -123,7 +123,7 @@ def record_dead_letters_in(conn: Connection, rows: Sequence[DeadLetterRow]) -> i
     return conn.execute(_RECORD_SQL, {"rows": payload}).rowcount or 0
 
 
-def record_dead_letters(engine: Engine, rows: Sequence[DeadLetterRow]) -> int:
+def record_dead_letters(db: Engine, rows: Sequence[DeadLetterRow]) -> int:
     """Record a batch of dead letters in one statement; return how many were new.
 
     A source position already recorded is skipped (a redelivered record dead-lettered
@@ -131,7 +131,7 @@ def record_dead_letters(engine: Engine, rows: Sequence[DeadLetterRow]) -> int:
     """
     if not rows:
         return 0
-    with engine.begin() as conn:
+    with db.begin() as conn:
         return record_dead_letters_in(conn, rows)
 
 
@@ -166,9 +166,9 @@ _FOR_JOB = sa.text(
 )
 
 
-def dead_letters_for(engine: Engine, job_id: str) -> list[DeadLetterView]:
+def dead_letters_for(db: Engine, job_id: str) -> list[DeadLetterView]:
     """Every dead-lettered record that named ``job_id``, oldest first."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(_FOR_JOB, {"j": job_id})
         return [_view(r) for r in rows]
 
@@ -176,9 +176,9 @@ def dead_letters_for(engine: Engine, job_id: str) -> list[DeadLetterView]:
 _COUNTS = sa.text("SELECT reason, count(*) FROM onceflow_dead_letters GROUP BY reason")
 
 
-def dead_letter_counts(engine: Engine) -> dict[DeadLetterReason, int]:
+def dead_letter_counts(db: Engine) -> dict[DeadLetterReason, int]:
     """How many source records were dead-lettered, by reason (reasons with none omitted)."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(_COUNTS)
         return {DeadLetterReason(reason): int(n) for reason, n in rows}
 
@@ -190,9 +190,9 @@ _SOURCES = sa.text(
 )
 
 
-def dead_letter_sources(engine: Engine) -> dict[str, DeadLetterReason]:
+def dead_letter_sources(db: Engine) -> dict[str, DeadLetterReason]:
     """Every dead-lettered source position (``topic/partition@offset``, the form of the
     ``onceflow-dlq-source`` header) with its reason: what the audit counts as consumed."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(_SOURCES)
         return {source: DeadLetterReason(reason) for source, reason in rows}

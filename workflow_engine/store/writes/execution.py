@@ -302,7 +302,7 @@ _APPLY: dict[type[Write[Any]], _Apply] = {
 
 
 @retry_on_deadlock
-def write_batch(engine: Engine, owner: str, writes: Sequence[Write[Any]]) -> list[Answer]:
+def write_batch(db: Engine, owner: str, writes: Sequence[Write[Any]]) -> list[Answer]:
     """Apply lease-guarded writes of several instances in one transaction.
 
     A batch PostgreSQL picks as a deadlock's victim was rolled back, so it runs again
@@ -321,7 +321,7 @@ def write_batch(engine: Engine, owner: str, writes: Sequence[Write[Any]]) -> lis
     lost lease never finishes an instance whose last step was not recorded.
     """
     answers: list[Answer] = [None] * len(writes)
-    with engine.begin() as conn:
+    with db.begin() as conn:
         heads = [
             (i, w.first if isinstance(w, Chain) else w)
             for i, w in enumerate(writes)
@@ -344,7 +344,7 @@ def write_batch(engine: Engine, owner: str, writes: Sequence[Write[Any]]) -> lis
     return answers
 
 
-def write_each(engine: Engine, owner: str, writes: Sequence[Write[Any]]) -> list[Answer]:
+def write_each(db: Engine, owner: str, writes: Sequence[Write[Any]]) -> list[Answer]:
     """Apply writes one transaction each (after a batch failed): one bad write (a step
     name used twice in a run, a value the database refuses) fails only its own
     instance. A chain's checkpoint commits on its own first, so the step it records
@@ -352,25 +352,25 @@ def write_each(engine: Engine, owner: str, writes: Sequence[Write[Any]]) -> list
     answers: list[Answer] = []
     for write in writes:
         if isinstance(write, Chain):
-            head = _apply_one(engine, owner, write.first)
-            answers.append(head if head is not None else _after_checkpoint(engine, owner, write))
+            head = _apply_one(db, owner, write.first)
+            answers.append(head if head is not None else _after_checkpoint(db, owner, write))
         else:
-            answers.append(_apply_one(engine, owner, write))
+            answers.append(_apply_one(db, owner, write))
     return answers
 
 
-def _after_checkpoint(engine: Engine, owner: str, chain: Chain[Any]) -> Answer:
+def _after_checkpoint(db: Engine, owner: str, chain: Chain[Any]) -> Answer:
     """The second half of a chain whose checkpoint committed: a refusal says so, so the
     instance knows its last step stays recorded."""
-    answer = _apply_one(engine, owner, chain.then)
+    answer = _apply_one(db, owner, chain.then)
     if isinstance(answer, DatabaseRefused):
         return DatabaseRefused(str(answer), checkpoint_committed=True)
     return answer
 
 
-def _apply_one(engine: Engine, owner: str, write: Write[Any]) -> Answer:
+def _apply_one(db: Engine, owner: str, write: Write[Any]) -> Answer:
     try:
-        return write_batch(engine, owner, [write])[0]
+        return write_batch(db, owner, [write])[0]
     except Exception as exc:
         return error_answer(write, exc)
 

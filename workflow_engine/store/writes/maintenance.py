@@ -57,7 +57,7 @@ _PRUNE_UNLOCK = sa.text("SELECT pg_advisory_unlock(:k)")
 
 
 def prune(
-    engine: Engine,
+    db: Engine,
     instance_seconds: float,
     job_id_seconds: float,
     partition_seconds: float = DAY,
@@ -70,7 +70,7 @@ def prune(
     it is never deleted while its instance (or task run) exists. The operators' audit
     trail has its own retention (``operator_action_seconds``), whatever the instances'.
     """
-    with engine.connect() as conn:
+    with db.connect() as conn:
         locked = conn.execute(_TRY_PRUNE_LOCK, {"k": PRUNE_LOCK_KEY}).scalar()
         conn.commit()
         if not locked:
@@ -164,8 +164,8 @@ _RUNNABLE_DUE = sa.text(
 )
 
 
-def status_counts(engine: Engine) -> StatusCounts:
-    with engine.connect() as conn:
+def status_counts(db: Engine) -> StatusCounts:
+    with db.connect() as conn:
         counts = conn.execute(_COUNTS).all()
         backlog = conn.execute(_RUNNABLE_DUE, {"runnable": sorted(RUNNABLE_STATUSES)}).scalar()
     return StatusCounts(

@@ -27,9 +27,9 @@ _FORGET = sa.text(
 )
 
 
-def announce(engine: Engine, engine_id: str, workflows: dict[str, str]) -> None:
+def announce(db: Engine, engine_id: str, workflows: dict[str, str]) -> None:
     """Record (or refresh) this engine and the versions it has."""
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(_FORGET, {"forget": FORGET_AFTER_SECONDS})
         conn.execute(
             _ANNOUNCE, {"engine_id": engine_id, "workflows": orjson.dumps(workflows).decode()}
@@ -39,7 +39,7 @@ def announce(engine: Engine, engine_id: str, workflows: dict[str, str]) -> None:
 _RETIRE = sa.text("DELETE FROM onceflow_engines WHERE engine_id = :e")
 
 
-def retire(engine: Engine, engine_id: str) -> None:
+def retire(db: Engine, engine_id: str) -> None:
     """Remove this engine's row (clean shutdown)."""
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(_RETIRE, {"e": engine_id})

@@ -194,7 +194,7 @@ _REQUEUE = sa.text(
 
 
 @retry_on_deadlock
-def apply_requested(engine: Engine, lease: Lease, job_id: str) -> tuple[str, str | None]:
+def apply_requested(db: Engine, lease: Lease, job_id: str) -> tuple[str, str | None]:
     """Carry out the action requested of an instance this engine holds, as it stands
     now under the row lock, not as the run saw it: between the run's write that saw a
     request and this transaction, an operator may have changed it (terminate after
@@ -202,7 +202,7 @@ def apply_requested(engine: Engine, lease: Lease, job_id: str) -> tuple[str, str
     or None); :data:`LOST` if the engine no longer holds it. A withdrawn request gives
     the instance back to the queue: the run has already unwound, and its next claim
     replays it from its history."""
-    with engine.begin() as conn:
+    with db.begin() as conn:
         row = conn.execute(_LOCK_REQUESTED, {"j": job_id, **lease._asdict()}).one_or_none()
         if row is None:
             return LOST, None

@@ -39,11 +39,11 @@ _PENDING = sa.text(
 )
 
 
-def pending(engine: Engine, job_ids: Sequence[str]) -> list[PendingTask]:
+def pending(db: Engine, job_ids: Sequence[str]) -> list[PendingTask]:
     """The task runs among ``job_ids`` that still have to run (new or interrupted)."""
     if not job_ids:
         return []
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(_PENDING, {"ids": list(job_ids), "pending": str(TaskRunStatus.PENDING)})
         return [PendingTask(*row) for row in rows]
 
@@ -63,11 +63,11 @@ _STATES = sa.text(
 )
 
 
-def states(engine: Engine, job_ids: Sequence[str]) -> dict[str, TaskRunState]:
+def states(db: Engine, job_ids: Sequence[str]) -> dict[str, TaskRunState]:
     """The task runs among ``job_ids``, by job id."""
     if not job_ids:
         return {}
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(_STATES, {"ids": list(job_ids)}).all()
     return {
         r.job_id: TaskRunState(r.job_id, r.task, TaskRunStatus(r.status), r.attempts) for r in rows
@@ -81,14 +81,14 @@ _REOPEN = sa.text(
 )
 
 
-def reopen(engine: Engine, job_ids: Sequence[str]) -> dict[str, TaskRunState]:
+def reopen(db: Engine, job_ids: Sequence[str]) -> dict[str, TaskRunState]:
     """Make the dead-lettered runs among ``job_ids`` pending again (a re-drive), their
     attempts and last error kept: the worker's next delivery of the job id runs attempt
     ``attempts + 1``. Returns the runs it reopened; one that was not dead-lettered is
     left as it is."""
     if not job_ids:
         return {}
-    with engine.begin() as conn:
+    with db.begin() as conn:
         rows = conn.execute(
             _REOPEN,
             {
@@ -113,7 +113,7 @@ _RECORD_ATTEMPT = sa.text(
 
 
 def record_attempt(
-    engine: Engine,
+    db: Engine,
     job_id: str,
     attempt: int,
     outcome: str,
@@ -127,7 +127,7 @@ def record_attempt(
     outcome unknown: a second run of the same attempt finds it recorded (``attempts``
     already at ``attempt``, or the run no longer pending) and changes nothing."""
     status = TaskRunStatus.PENDING if outcome == RETRY else TaskRunStatus(outcome)
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(
             _RECORD_ATTEMPT,
             {

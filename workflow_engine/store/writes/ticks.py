@@ -89,12 +89,12 @@ RETURNING s.name
 
 
 def upsert_declared(
-    engine: Engine, defs: Sequence[ScheduleDef], now: datetime | None = None
+    db: Engine, defs: Sequence[ScheduleDef], now: datetime | None = None
 ) -> list[str]:
     """Create or update the schedules declared in code; answers the names a schedule
     made by the CLI or API holds already (those are left alone)."""
     conflicts: list[str] = []
-    with engine.begin() as conn:
+    with db.begin() as conn:
         at = judged_at(conn, now)
         for d in defs:
             if conn.execute(_UPSERT_DECLARED, def_params(d, at)).first() is None:
@@ -109,9 +109,9 @@ _SECONDS_UNTIL_NEXT_FIRE = sa.text(
 )
 
 
-def seconds_until_next_fire(engine: Engine, now: datetime | None = None) -> float | None:
+def seconds_until_next_fire(db: Engine, now: datetime | None = None) -> float | None:
     """How long until the next active schedule is due (None: there is none)."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         value = conn.execute(_SECONDS_UNTIL_NEXT_FIRE, {"now": now}).scalar()
     return None if value is None else float(value)
 
@@ -164,7 +164,7 @@ WHERE s.name = u.name
 
 
 def fire_due(
-    engine: Engine,
+    db: Engine,
     now: datetime | None = None,
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
     limit: int = 1000,
@@ -182,7 +182,7 @@ def fire_due(
     reports: list[TickReport] = []
     while len(reports) < limit:
         want = min(batch, limit - len(reports))
-        with engine.begin() as conn:
+        with db.begin() as conn:
             at = judged_at(conn, now)
             rows = conn.execute(_TAKE_DUE, {"at": at, "n": want, "workflows": workflows}).all()
             if not rows:

@@ -27,9 +27,9 @@ from workflow_engine.store.fragments import json_text as _json_text
 from workflow_engine.store.writes import children
 
 
-def _write_leased(engine: Engine, sql: sa.TextClause, params: dict[str, Any], lost: str) -> None:
+def _write_leased(db: Engine, sql: sa.TextClause, params: dict[str, Any], lost: str) -> None:
     """Run a one-row write guarded by the lease; LeaseLost if it changed nothing."""
-    with engine.begin() as conn:
+    with db.begin() as conn:
         if conn.execute(sql, params).rowcount != 1:
             raise LeaseLost(lost)
 
@@ -57,7 +57,7 @@ SELECT EXISTS (SELECT 1 FROM lease), (SELECT requested_action FROM lease),
 
 
 def begin_wait(
-    engine: Engine,
+    db: Engine,
     lease: Lease,
     job_id: str,
     position: int,
@@ -70,7 +70,7 @@ def begin_wait(
 ) -> tuple[datetime | None, bool]:
     """Record a sleep or event wait (once); return (its wake time, whether it is due)."""
     status = StepStatus.SLEEPING if kind == StepKind.SLEEP else StepStatus.WAITING
-    with engine.begin() as conn:
+    with db.begin() as conn:
         leased, action, wake, db_now = conn.execute(
             _BEGIN_WAIT,
             {
@@ -110,10 +110,10 @@ SELECT EXISTS (SELECT 1 FROM lease), (SELECT requested_action FROM lease),
 )
 
 
-def record_marker(engine: Engine, lease: Lease, job_id: str, position: int, name: str) -> None:
+def record_marker(db: Engine, lease: Lease, job_id: str, position: int, name: str) -> None:
     """Record a ``ctx.patched()`` marker at ``position`` (lease-guarded, once)."""
     try:
-        with engine.begin() as conn:
+        with db.begin() as conn:
             leased, action, written = conn.execute(
                 _RECORD_MARKER,
                 {**lease._asdict(), "job_id": job_id, "position": position, "name": name},
@@ -147,7 +147,7 @@ WHERE s.job_id = lease.job_id AND s.position = :position
 
 
 def close_entry(
-    engine: Engine,
+    db: Engine,
     lease: Lease,
     job_id: str,
     position: int,
@@ -157,7 +157,7 @@ def close_entry(
 ) -> None:
     """Finish a sleep (complete) or an event wait (complete with payload, or failed)."""
     _write_leased(
-        engine,
+        db,
         _CLOSE_ENTRY,
         {
             **lease._asdict(),
@@ -201,9 +201,9 @@ SELECT EXISTS (SELECT 1 FROM used), (SELECT result FROM done)
 )
 
 
-def consume_event(engine: Engine, lease: Lease, job_id: str, position: int) -> tuple[bool, Any]:
+def consume_event(db: Engine, lease: Lease, job_id: str, position: int) -> tuple[bool, Any]:
     """Take the oldest pending event of the wait's type; (found, payload)."""
-    with engine.begin() as conn:
+    with db.begin() as conn:
         found, payload = conn.execute(
             _CONSUME_EVENT, {**lease._asdict(), "job_id": job_id, "position": position}
         ).one()
@@ -247,7 +247,7 @@ RETURNING i.status IN ({RUNNABLE}) AND i.run_after <= {_NOW} AS runnable
 
 
 def suspend(
-    engine: Engine,
+    db: Engine,
     lease: Lease,
     job_id: str,
     status: InstanceStatus,
@@ -273,7 +273,7 @@ def suspend(
         "delay": delay,
         "now": now,
     }
-    with engine.begin() as conn:
+    with db.begin() as conn:
         locked = conn.execute(_LOCK_SUSPENDING, params).one_or_none()
         if locked is None:
             raise LeaseLost(f"lease on {job_id} lost before it could be suspended")
