@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.engine import Engine
 
-from console import operators, views
+from console import display, operators
 from console.auth import CONTROL, READ, Denied, Gatekeeper, Principal, check_csrf, csrf_token
 from console.forms import Form, read_form
 from onceflow.settings import Settings
@@ -19,8 +19,8 @@ from workflow_engine.store.operations import Actor, BulkRunner
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
-templates.env.globals.update(utc=views.utc, pretty=views.pretty, bounded=views.bounded)
-templates.env.globals.update(position=views.position, from_ms=views.from_ms)
+templates.env.globals.update(utc=display.utc, pretty=display.pretty, bounded=display.bounded)
+templates.env.globals.update(position=display.position, from_ms=display.from_ms)
 
 
 @dataclass

@@ -96,12 +96,12 @@ def test_a_front_end_reaching_past_the_stores_faces_breaks_the_contract(tmp_path
     ``store.views``) may be imported: the console importing the claim module itself is
     refused, though the layers allow it (the console is above the store)."""
     copy_tree(tmp_path)
-    with open(tmp_path / "console" / "views.py", "a") as views:
-        views.write("\nimport workflow_engine.store.writes.claim  # noqa\n")
+    with open(tmp_path / "console" / "display.py", "a") as display:
+        display.write("\nimport workflow_engine.store.writes.claim  # noqa\n")
     assert resolved_packages(tmp_path) == [str(tmp_path / name) for name in PACKAGES]
 
     result = _lint_imports(tmp_path, tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     assert "Outside the store, only its faces" in output and "BROKEN" in output, output
-    assert "console.views -> workflow_engine.store.writes.claim" in output, output
+    assert "console.display -> workflow_engine.store.writes.claim" in output, output

@@ -18,7 +18,7 @@ from onceflow.ids import new_traceparent
 from onceflow.settings import Settings
 from onceflow.vocabulary import StepKind, StepStatus
 from tests.unit.test_replay import FakeRuntime, context, step
-from workflow_engine.engine.tracing import JobSpans
+from workflow_engine.engine.job_spans import JobSpans
 from workflow_engine.errors import Suspend
 from workflow_engine.model import RecordedStep
 

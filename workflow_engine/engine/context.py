@@ -53,10 +53,10 @@ from workflow_engine.definitions import (
     RetryPolicy,
     check_name,
 )
-from workflow_engine.engine import branches, replay, tracing
+from workflow_engine.engine import branches, job_spans, replay
+from workflow_engine.engine.job_spans import JobSpans
 from workflow_engine.engine.metrics import INLINE_SLOW, STEP_DURATION, STEPS, STEPS_STARTED
 from workflow_engine.engine.runtime import Runtime
-from workflow_engine.engine.tracing import JobSpans
 from workflow_engine.errors import (
     ChildWorkflowFailed,
     ControlRequested,
@@ -97,7 +97,7 @@ class _Held:
 
 
 class WorkflowContext:
-    #: Set by the runner when tracing is on (workflow_engine/engine/tracing.py).
+    #: Set by the runner when tracing is on (workflow_engine/engine/job_spans.py).
     spans: JobSpans | None = None
 
     def __init__(
@@ -209,7 +209,7 @@ class WorkflowContext:
         """A write carrying ``held`` failed: whether the checkpoint committed is not
         known here, so nothing more of this run may be written."""
         self._broken = exc
-        tracing.end(held.span, exc)
+        job_spans.end(held.span, exc)
 
     async def _db(
         self, fn: Callable[Concatenate[Engine, P], T], *args: P.args, **kwargs: P.kwargs
@@ -342,14 +342,14 @@ class WorkflowContext:
         span = self.spans.step(name, position, attempt) if self.spans else None
         started = time.perf_counter()
         try:
-            with tracing.active(span):
+            with job_spans.active(span):
                 value = await self._invoke(fn, args, kwargs, timeout, inline)
             encoded = writes.encode_result(value, self._rt.max_result_bytes)
         except NonRetryableError as exc:
             await self._failed_for_good(position, attempt, started_at, span, exc)
             raise
         except Exception as exc:  # step code may raise anything: that is a failed attempt
-            tracing.end(span, exc)
+            job_spans.end(span, exc)
             await self._attempt_failed(name, position, attempt, started_at, policy, exc)
             return _AGAIN
         finally:
@@ -379,7 +379,7 @@ class WorkflowContext:
     ) -> None:
         """Record the attempt that raised ``NonRetryableError``: the step failed, with that
         error (the caller raises it again)."""
-        tracing.end(span, exc)
+        job_spans.end(span, exc)
         await self._finish(
             position,
             attempt,
@@ -435,7 +435,7 @@ class WorkflowContext:
         """A step's checkpoint has committed: count it, end its span, log it."""
         STEPS.labels(self.workflow, AttemptOutcome.COMPLETE).inc()
         STEP_DURATION.labels(self.workflow).observe(held.took)
-        tracing.end(held.span)
+        job_spans.end(held.span)
         log.info(
             "step %r complete",
             held.name,
@@ -481,7 +481,7 @@ class WorkflowContext:
             writes.close_entry, self.lease, self.job_id, position, StepStatus.COMPLETE, b"null"
         )
         if self.spans:
-            self.spans.waited("sleep", name, position, tracing.sleep_start_ns(wake, delay))
+            self.spans.waited("sleep", name, position, job_spans.sleep_start_ns(wake, delay))
 
     async def wait_for_event(
         self, name: str, type: str, timeout: float | timedelta | None = None

@@ -42,6 +42,7 @@ from workflow_engine.definitions import RetryPolicy, load_workflow_modules
 from workflow_engine.engine.batcher import PostgresWrites, WriteBatcher
 from workflow_engine.engine.configs import engine_configs
 from workflow_engine.engine.context import WorkflowContext
+from workflow_engine.engine.job_spans import JobSpans
 from workflow_engine.engine.listener import Listener
 from workflow_engine.engine.metrics import (
     CLAIM_LATENCY,
@@ -61,7 +62,6 @@ from workflow_engine.engine.outcomes import (
 from workflow_engine.engine.presence import Presence
 from workflow_engine.engine.scheduler import Scheduler
 from workflow_engine.engine.services import LeaseKeeper, Maintenance, Rescuer, Run, Service
-from workflow_engine.engine.tracing import JobSpans
 from workflow_engine.errors import ControlRequested, LeaseLost, Suspend, WorkflowError
 from workflow_engine.model import Registry
 from workflow_engine.store import (
