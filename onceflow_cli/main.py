@@ -24,7 +24,6 @@ from onceflow.vocabulary import DeadLetterReason, InstanceStatus
 from onceflow_cli.database import connect
 from onceflow_cli.operator_log import audit_actions
 from onceflow_cli.schedules import schedules
-from workflow_engine.store import operations
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -314,6 +313,7 @@ _FILTERED: tuple[tuple[str, ...], Callable[[InstanceRow], str]] = (
 
 def _control(op: str, workflow: str, job_id: str) -> None:
     from onceflow_cli.operator_log import cli_actor
+    from workflow_engine.store import operations
 
     result = getattr(operations, op)(_db(), workflow, job_id, actor=cli_actor())
     click.echo(result.describe())
@@ -346,6 +346,7 @@ def _bulk(op: str, filter_text: str, dry_run: bool, yes: bool, batch: int) -> No
     progress line per batch."""
     from onceflow.vocabulary import BulkAction
     from onceflow_cli.operator_log import cli_actor
+    from workflow_engine.store import operations
     from workflow_engine.store.views import InstanceFilter, count_matching
 
     f = operations.refuse_empty(InstanceFilter.parse(filter_text))

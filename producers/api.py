@@ -55,14 +55,14 @@ def create_app(
 ) -> IngestFront:
     """The ingest app; ``producer`` stands in for the Kafka one (created at startup).
     ``registry``: the workflows and tasks it accepts (with ``ingest_validate_types``);
-    None: those of the configured workflow modules."""
+    None: those of the configured workflow modules (:func:`ingest_registry`)."""
     if not settings.auth_disabled and not settings.api_keys:
         raise ConfigurationError(
             "no API keys configured: set ONCEFLOW_API_KEYS (make one with `onceflow keys"
             " new`), or ONCEFLOW_AUTH_DISABLED=true for local development only"
         )
     if registry is None:
-        registry = load_workflow_modules(settings.workflow_modules)
+        registry = ingest_registry(settings)
     ingest = Ingest.from_settings(settings, registry, producer)
     # FastAPI's own /docs loads Swagger UI from a CDN: a blank page without internet
     # access. fastapi-offline (MIT) serves the Swagger UI 5 bundle (Apache-2.0) from
@@ -96,6 +96,16 @@ def create_app(
     # Decided once here: with tracing off, no per-request hook.
     front = TracedFront if tracing.enabled() else IngestFront
     return front(app, jobs.SubmitApp(ingest))
+
+
+def ingest_registry(settings: Settings) -> Registry:
+    """What ingest checks a submission's type against: the configured workflow modules'
+    registry when it checks types (``ingest_validate_types``), else an empty one: an
+    ingest that accepts any type never imports the workflow code (its image may not
+    hold it)."""
+    if not settings.ingest_validate_types:
+        return Registry()
+    return load_workflow_modules(settings.workflow_modules)
 
 
 @asynccontextmanager

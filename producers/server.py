@@ -15,10 +15,9 @@ from onceflow.health import serve_metrics_and_health
 from onceflow.logs import setup_logging
 from onceflow.settings import Settings
 from onceflow.vocabulary import Process
-from producers.api import IngestFront, create_app
+from producers.api import IngestFront, create_app, ingest_registry
 from producers.kafka import JobProducer, JobSender
 from producers.metrics import DEPENDENCY_UP
-from workflow_engine.definitions import load_workflow_modules
 from workflow_engine.store import database_ready
 
 
@@ -33,7 +32,7 @@ def serve(settings: Settings) -> None:
     # the handler found at start. A no-op handler there makes a clean drain exit 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    app = create_app(settings, producer, load_workflow_modules(settings.workflow_modules))
+    app = create_app(settings, producer, ingest_registry(settings))
     # Everything built so far (the app, its models, the producer) lives for the whole
     # process: move it out of the collector's sight, so the full collections that the
     # per-request garbage triggers do not scan it (they showed up as p99 spikes).

@@ -342,6 +342,9 @@ class Registry:
         return definition.flow.lane or ()
 
     def schedules(self) -> list[ScheduleDef]:
-        """The schedules the registered workflows declare (engines upsert them)."""
-        declared = [d.schedule for d in self._workflows.values() if d.schedule is not None]
-        return sorted(declared, key=lambda s: s.name)
+        """The schedules the registered workflows declare (engines upsert them), one per
+        schedule name: where two workflows declare the same name, the one registered
+        last (a schedule row has one workflow; upserting both would reset its place on
+        every start)."""
+        by_name = {d.schedule.name: d.schedule for d in self._workflows.values() if d.schedule}
+        return [by_name[name] for name in sorted(by_name)]

@@ -115,15 +115,17 @@ def aligned(at: datetime, interval: timedelta) -> datetime:
     return _EPOCH + ((at - _EPOCH) // interval) * interval
 
 
-# SET takes no bind parameter: the timeout is the constant above, spelled in the text.
-_SET_LOCK_TIMEOUT = sa.text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+# SET LOCAL, with the timeout as a bind parameter (SET itself takes none), read per call
+# so that a test can lengthen it (the interleaving tests, where a timeout is not what
+# they exercise).
+_SET_LOCK_TIMEOUT = sa.text("SELECT set_config('lock_timeout', :timeout, true)")
 _ADD = sa.text("SELECT onceflow_add_partition(:parent, :lower, :upper)")
 
 
 def add_partition(conn: Connection, parent: str, lower: datetime, upper: datetime) -> str | None:
     """Create and attach ``[lower, upper)``; rows of that range already in the default
     partition move into it. Returns its name, or None when it existed."""
-    conn.execute(_SET_LOCK_TIMEOUT)
+    conn.execute(_SET_LOCK_TIMEOUT, {"timeout": LOCK_TIMEOUT})
     name: str | None = conn.execute(
         _ADD, {"parent": parent, "lower": lower, "upper": upper}
     ).scalar()
@@ -226,7 +228,7 @@ def retire_expired(conn: Connection, parent: str, expired_before: datetime) -> R
     for partition in expired:
         try:
             with conn.begin():
-                conn.execute(_SET_LOCK_TIMEOUT)
+                conn.execute(_SET_LOCK_TIMEOUT, {"timeout": LOCK_TIMEOUT})
                 kept += conn.execute(
                     _RETIRE, {"name": partition.name, "cutoff": expired_before}
                 ).scalar_one()

@@ -15,7 +15,7 @@
 -- BENCHMARKS.md, "The has_duplicates filter").
 --
 -- The streams worker sets the flags in the transaction that records a duplicate row
--- (workflow_engine.store.writes.create.create_instances_in), in a statement after the one
+-- (workflow_engine.store.instances.create_instances_in), in a statement after the one
 -- that wrote it, so that an instance another worker committed while this one waited on
 -- the job id's registry row is seen. The flags only ever go from false to true, as the
 -- rows they stand for are kept while their instance exists (retention keeps a live

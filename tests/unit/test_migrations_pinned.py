@@ -1,0 +1,45 @@
+"""Applied migrations are append-only: each released file's sha256 is pinned here.
+
+The migrator refuses to run when an applied migration's file no longer matches the
+checksum it recorded (``MigrationEdited``), so an edit to a released file, even to a
+comment, stops every existing database from upgrading. Found in review: a rename of
+the store's modules rewrote a path in a comment of 0015. A new migration adds its line
+here; a released one never changes.
+"""
+
+from __future__ import annotations
+
+from onceflow_examples import MIGRATIONS as EXAMPLES
+from workflow_engine.store import PRODUCT, available_migrations
+
+RELEASED = {
+    1: "e3398572a0fbe863172a640a2a59a9ce5d8673f63a289cfd65ad56ac749d0a90",
+    2: "f3684f1ae5fdc9a797e37a63d4c0052d6091caceead11aa2a7578868bff20dc0",
+    3: "97b2bf9fed7c199d8587a596867cbd7ea08a5f2dc121bac8d3b24c09aef04707",
+    4: "d853988705facbf88ba44525b553b8c4d2abdea9a4591c953b8056f19a0a5771",
+    5: "04c9fc665d15b66f5c0f0829c4a587f38ad9b59a644a1b4c447eba668a5a06ca",
+    6: "e0ec110e32740c3701ff753e76b230bb17f37485bfd3b2780006215679f7bcbf",
+    7: "545776fb9af1f2c4c60d2f3defec61afca215e89488ee334e637ee19b94db14b",
+    8: "c6366f12dd2a6c29cc810b57ec6436d396e7a0d33e7ac6336ed45f87223e3ca4",
+    9: "be2a59d2df2d6929d939777a1851ee580791352101acce25688c442708df85d1",
+    10: "6a0b90a1c200635f5380aef5a07d1aef5bdea7acf69803f311bdef5281d270fc",
+    11: "905a11fc606be0e72d538a79d866ac961fab4fbc34b2d3ee0377b0af2c668a22",
+    12: "74192f11f74f7b98ebb69c233e914881a14372f00814560f6282b8d882b43f3e",
+    13: "ff45eb23e0a99c010620774f4c54159e056d688f8562716808127a9fd7a1dc73",
+    14: "ad3af948c45d37db569b07864175552e57ded39a4ed7fdce907baf6ff5e416c8",
+    15: "9a985ce430251a002f5f2c314417a0cdb756c72547fdc8313f4673284b3e0412",
+    16: "b698f70b28ee8f7f7d447bfb21b989b6cb1f6229983312836d5338827061ca79",
+}
+RELEASED_EXAMPLES = {1: "2b5d0821aaeb14ab2d52ecdd71e9d6191c5f91933cdb88afcedb5b76721d4b62"}
+
+
+def test_no_released_product_migration_was_edited():
+    found = {m.version: m.checksum for m in available_migrations(PRODUCT)}
+    assert {v: found.get(v) for v in RELEASED} == RELEASED
+    assert set(found) - set(RELEASED) == set(), "a new migration: pin its checksum here"
+
+
+def test_no_released_example_migration_was_edited():
+    found = {m.version: m.checksum for m in available_migrations(EXAMPLES)}
+    assert {v: found.get(v) for v in RELEASED_EXAMPLES} == RELEASED_EXAMPLES
+    assert set(found) - set(RELEASED_EXAMPLES) == set(), "a new migration: pin it here"
