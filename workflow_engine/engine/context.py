@@ -639,15 +639,18 @@ class WorkflowContext:
             return self._run_inline(fn, args, kwargs)
         else:
             # Run sync step code in a thread that carries this step's context. The
-            # thread's future is shielded and kept: cancelling the run (a lost lease)
-            # cannot stop the thread, and the runner keeps the id in flight until it
-            # returns (``step_threads``), so no second run of the step starts beside it.
+            # thread's future is kept and this run awaits a copy of it: cancelling the
+            # run (a lost lease) cancels the copy, not the thread's future, since it
+            # cannot stop the thread, and the runner keeps the id in flight until the
+            # thread returns (``step_threads``), so no second run of the step starts
+            # beside it. (``asyncio.shield`` does the same with three more event-loop
+            # callbacks a step, a measurable share of the engine's time on quick steps.)
             ctx = contextvars.copy_context()
             loop = asyncio.get_running_loop()
             thread = loop.run_in_executor(None, functools.partial(ctx.run, fn, *args, **kwargs))
             self._threads.add(thread)
-            thread.add_done_callback(self._threads.discard)
-            call = asyncio.shield(thread)
+            call = loop.create_future()
+            thread.add_done_callback(functools.partial(_thread_returned, self._threads, call))
         return await asyncio.wait_for(call, timeout) if timeout else await call
 
     def step_threads(self) -> list[asyncio.Future[Any]]:
@@ -699,6 +702,25 @@ class WorkflowContext:
                 self.job_id, self.lease.claim, position, attempt, started_at, outcome, result, error
             )
         )
+
+
+def _thread_returned(
+    threads: set[asyncio.Future[Any]], call: asyncio.Future[Any], thread: asyncio.Future[Any]
+) -> None:
+    """A step thread returned: no longer in flight; its outcome passed to the run awaiting
+    it (``call``), unless that run was cancelled meanwhile (then the outcome is marked
+    retrieved, as ``asyncio.shield`` does: the runner's wait for lingering threads
+    reports it)."""
+    threads.discard(thread)
+    if call.done():
+        if not thread.cancelled():
+            thread.exception()
+    elif thread.cancelled():
+        call.cancel()
+    elif (exc := thread.exception()) is not None:
+        call.set_exception(exc)
+    else:
+        call.set_result(thread.result())
 
 
 def _cut_off(recorded: RecordedStep | None) -> bool:
