@@ -75,10 +75,12 @@ def test_the_tree_keeps_its_layers():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_core_importing_the_engine_breaks_the_contract(tmp_path):
+def lint_a_copy_with(tmp_path: Path, module: str, line: str) -> str:
+    """lint-imports' output on a copy of the tree where ``module`` (a path under a root
+    package) gains ``line``; asserts that the check ran on the copy and failed."""
     copy_tree(tmp_path)
-    with open(tmp_path / "onceflow" / "ids.py", "a") as ids:
-        ids.write("\nimport workflow_engine.engine.runner  # noqa\n")
+    with open(tmp_path / module, "a") as source:
+        source.write(f"\n{line}  # noqa\n")
 
     # The packages must resolve to the copies only (PYTHONPATH comes before the editable
     # installs' finders), or the check below would run on the untouched checkout.
@@ -87,6 +89,11 @@ def test_the_core_importing_the_engine_breaks_the_contract(tmp_path):
     result = _lint_imports(tmp_path, tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
+    return output
+
+
+def test_the_core_importing_the_engine_breaks_the_contract(tmp_path):
+    output = lint_a_copy_with(tmp_path, "onceflow/ids.py", "import workflow_engine.engine.runner")
     assert "BROKEN" in output
     assert "onceflow.ids -> workflow_engine.engine.runner" in output, output
 
@@ -95,13 +102,7 @@ def test_a_front_end_reaching_past_the_stores_faces_breaks_the_contract(tmp_path
     """Outside the store only its faces (``store``, ``store.writes``, ``store.operations``,
     ``store.views``) may be imported: the console importing the claim module itself is
     refused, though the layers allow it (the console is above the store)."""
-    copy_tree(tmp_path)
-    with open(tmp_path / "console" / "display.py", "a") as display:
-        display.write("\nimport workflow_engine.store.writes.claim  # noqa\n")
-    assert resolved_packages(tmp_path) == [str(tmp_path / name) for name in PACKAGES]
-
-    result = _lint_imports(tmp_path, tmp_path)
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, output
+    claim = "import workflow_engine.store.writes.claim"
+    output = lint_a_copy_with(tmp_path, "console/display.py", claim)
     assert "Outside the store, only its faces" in output and "BROKEN" in output, output
     assert "console.display -> workflow_engine.store.writes.claim" in output, output
