@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
@@ -19,6 +20,7 @@ from workflow_engine.engine.runtime import Runtime
 from workflow_engine.errors import DatabaseRefused
 from workflow_engine.store.writes import Chain, FinishInstance, Lease, Started, StartStep, Write
 
+STEP_THREADS = ThreadPoolExecutor(4, thread_name_prefix="test-steps")
 T = TypeVar("T")
 AT = datetime(2025, 1, 1, tzinfo=UTC)
 
@@ -29,6 +31,7 @@ class RefusingRuntime:
 
     owner = "test-engine"
     max_result_bytes = 1000
+    step_executor = STEP_THREADS  # sync steps' threads, shared by the test runs
     default_retry = None
 
     def __init__(self, checkpoint_committed: bool) -> None:

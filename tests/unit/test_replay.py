@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
@@ -28,6 +29,7 @@ from workflow_engine.store.writes import (
     Write,
 )
 
+STEP_THREADS = ThreadPoolExecutor(4, thread_name_prefix="test-steps")
 T = TypeVar("T")
 AT = datetime(2025, 1, 1, tzinfo=UTC)  # every attempt's start, as the fake answers it
 LEASE = Lease("test-engine", 1)  # the claim every test run holds
@@ -39,6 +41,7 @@ class FakeRuntime:
 
     owner = "test-engine"
     max_result_bytes = 1000
+    step_executor = STEP_THREADS  # sync steps' threads, shared by the test runs
 
     def __init__(self, default_retry: RetryPolicy | None = None) -> None:
         self.clock = FakeClock(datetime(2025, 1, 1).astimezone())

@@ -7,6 +7,7 @@ import asyncio
 import importlib.util
 import textwrap
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -25,6 +26,7 @@ from workflow_engine.model import RecordedStep
 from workflow_engine.store.writes import Chain, Lease, Started, StartStep, Write
 from workflow_engine.versions import check_version, fingerprint
 
+STEP_THREADS = ThreadPoolExecutor(4, thread_name_prefix="test-steps")
 T = TypeVar("T")
 
 BASE = """
@@ -117,6 +119,7 @@ class MarkerRuntime:
 
     owner = "test-engine"
     max_result_bytes = 1000
+    step_executor = STEP_THREADS  # sync steps' threads, shared by the test runs
     default_retry = None
 
     def __init__(self) -> None:

@@ -26,9 +26,9 @@ they can drop the repeat.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import dataclasses
-import functools
 import inspect
 import logging
 import time
@@ -55,7 +55,13 @@ from workflow_engine.definitions import (
 )
 from workflow_engine.engine import branches, job_spans, replay
 from workflow_engine.engine.job_spans import JobSpans
-from workflow_engine.engine.metrics import INLINE_SLOW, STEP_DURATION, STEPS, STEPS_STARTED
+from workflow_engine.engine.metrics import (
+    INLINE_SLOW,
+    STEP_DURATION,
+    STEPS,
+    STEPS_STARTED,
+    labelled,
+)
 from workflow_engine.engine.runtime import Runtime
 from workflow_engine.errors import (
     ChildWorkflowFailed,
@@ -138,7 +144,7 @@ class WorkflowContext:
         self._starts = branches.Coalescer(self._start_children)
         self._collects = branches.Coalescer(self._collect_children)
         # Threads running this run's sync step code (``_invoke``).
-        self._threads: set[asyncio.Future[Any]] = set()
+        self._threads: list[concurrent.futures.Future[Any]] = []
 
     def _cursor(self) -> branches.Cursor:
         """The cursor of the branch this code runs in (the main line outside gathers)."""
@@ -337,7 +343,7 @@ class WorkflowContext:
         await failpoints.hit_async("engine.before_step_start", self.job_id)
         start = StartStep(self.job_id, self.lease.claim, position, name)
         attempt, started_at = await self._write(start)
-        STEPS_STARTED.labels(self.workflow).inc()
+        labelled(STEPS_STARTED, self.workflow).inc()
         token = _current_step.set(StepInfo(self.job_id, self.workflow, name, position, attempt))
         span = self.spans.step(name, position, attempt) if self.spans else None
         started = time.perf_counter()
@@ -388,7 +394,7 @@ class WorkflowContext:
             replay.step_failure(exc),
             _describe(exc),
         )
-        STEPS.labels(self.workflow, AttemptOutcome.FAILED).inc()
+        labelled(STEPS, self.workflow, AttemptOutcome.FAILED).inc()
 
     async def _attempt_failed(
         self,
@@ -411,7 +417,7 @@ class WorkflowContext:
             )
         record = replay.step_failure(failed) if failed is not None else None
         await self._finish(position, attempt, started_at, outcome, record, _describe(exc))
-        STEPS.labels(self.workflow, outcome).inc()
+        labelled(STEPS, self.workflow, outcome).inc()
         delay = 0.0 if final else policy.delay_for(exc, attempt)
         log.warning(
             "step %r attempt %d failed: %s",
@@ -433,8 +439,8 @@ class WorkflowContext:
 
     def _checkpointed(self, held: _Held) -> None:
         """A step's checkpoint has committed: count it, end its span, log it."""
-        STEPS.labels(self.workflow, AttemptOutcome.COMPLETE).inc()
-        STEP_DURATION.labels(self.workflow).observe(held.took)
+        labelled(STEPS, self.workflow, AttemptOutcome.COMPLETE).inc()
+        labelled(STEP_DURATION, self.workflow).observe(held.took)
         job_spans.end(held.span)
         log.info(
             "step %r complete",
@@ -639,23 +645,25 @@ class WorkflowContext:
             return self._run_inline(fn, args, kwargs)
         else:
             # Run sync step code in a thread that carries this step's context. The
-            # thread's future is kept and this run awaits a copy of it: cancelling the
-            # run (a lost lease) cancels the copy, not the thread's future, since it
-            # cannot stop the thread, and the runner keeps the id in flight until the
-            # thread returns (``step_threads``), so no second run of the step starts
-            # beside it. (``asyncio.shield`` does the same with three more event-loop
-            # callbacks a step, a measurable share of the engine's time on quick steps.)
+            # thread's own (concurrent) future is kept: it is done only once the code has
+            # returned, while the asyncio future this run awaits is cancelled with the
+            # run (a lost lease) although the thread cannot be stopped. The runner keeps
+            # the id in flight until the thread returns (``step_threads``), so no second
+            # run of the step starts beside it. (This is what ``loop.run_in_executor``
+            # does, plus keeping the future; a second asyncio future or
+            # ``asyncio.shield`` costs a measurable share of the engine's time on quick
+            # steps: BENCHMARKS.md, "The engine before and after issue 23".)
             ctx = contextvars.copy_context()
-            loop = asyncio.get_running_loop()
-            thread = loop.run_in_executor(None, functools.partial(ctx.run, fn, *args, **kwargs))
-            self._threads.add(thread)
-            call = loop.create_future()
-            thread.add_done_callback(functools.partial(_thread_returned, self._threads, call))
+            thread = self._rt.step_executor.submit(ctx.run, fn, *args, **kwargs)
+            if len(self._threads) >= 32:  # a long run of many steps: keep it small
+                self._threads = [t for t in self._threads if not t.done()]
+            self._threads.append(thread)
+            call = asyncio.wrap_future(thread)
         return await asyncio.wait_for(call, timeout) if timeout else await call
 
     def step_threads(self) -> list[asyncio.Future[Any]]:
-        """The threads of step code that have not returned yet."""
-        return [thread for thread in self._threads if not thread.done()]
+        """The threads of step code that have not returned yet (awaitable)."""
+        return [asyncio.wrap_future(t) for t in self._threads if not t.done()]
 
     def _run_inline(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         started = time.perf_counter()
@@ -702,25 +710,6 @@ class WorkflowContext:
                 self.job_id, self.lease.claim, position, attempt, started_at, outcome, result, error
             )
         )
-
-
-def _thread_returned(
-    threads: set[asyncio.Future[Any]], call: asyncio.Future[Any], thread: asyncio.Future[Any]
-) -> None:
-    """A step thread returned: no longer in flight; its outcome passed to the run awaiting
-    it (``call``), unless that run was cancelled meanwhile (then the outcome is marked
-    retrieved, as ``asyncio.shield`` does: the runner's wait for lingering threads
-    reports it)."""
-    threads.discard(thread)
-    if call.done():
-        if not thread.cancelled():
-            thread.exception()
-    elif thread.cancelled():
-        call.cancel()
-    elif (exc := thread.exception()) is not None:
-        call.set_exception(exc)
-    else:
-        call.set_result(thread.result())
 
 
 def _cut_off(recorded: RecordedStep | None) -> bool:

@@ -50,6 +50,7 @@ from workflow_engine.engine.metrics import (
     FINISHED,
     INFLIGHT,
     SUBMIT_TO_COMPLETE,
+    labelled,
 )
 from workflow_engine.engine.outcomes import (
     Completed,
@@ -103,6 +104,12 @@ class EngineRunner:
         self.default_retry = default_retry
         self.clock = clock or SystemClock()
         self.max_result_bytes = settings.step_result_max_bytes
+        # Sync step code and database calls run in threads: one per instance slot, plus
+        # a few for the heartbeat, rescuer and claim loop (also the loop's default
+        # executor, ``_main``).
+        self.step_executor = ThreadPoolExecutor(
+            max_workers=settings.engine_concurrency + 8, thread_name_prefix="engine"
+        )
         #: The runs in flight by job id, each with the claim it runs under: a run that
         #: ends removes only its own entry (``_run_instance``), and the claim skips
         #: these ids (``writes.claim``'s ``inflight``).
@@ -151,6 +158,9 @@ class EngineRunner:
             for service in services:
                 await service.stop()
             writer.cancel()
+            # Idle threads exit; a step thread that still runs (it cannot be stopped)
+            # finishes on its own.
+            self.step_executor.shutdown(wait=False)
             log.info("engine stopped", extra={"event": "engine.stopped", "engine_id": self.owner})
 
     def _services(self) -> list[Service]:
@@ -317,7 +327,7 @@ class EngineRunner:
                 extra={"event": "instance.crash_unrecorded", "job_id": inst.job_id},
             )
             return
-        FINISHED.labels(inst.workflow, InstanceStatus.ERRORED).inc()
+        labelled(FINISHED, inst.workflow, InstanceStatus.ERRORED).inc()
 
     def _forget(self, inst: writes.Claimed) -> None:
         """The run of ``inst``'s claim is over: free its slot (a newer run's is kept)."""
@@ -457,7 +467,7 @@ class EngineRunner:
             writes.apply_requested, Lease(self.owner, inst.claim_count), inst.job_id
         )
         if new_status == InstanceStatus.TERMINATED:
-            FINISHED.labels(inst.workflow, new_status).inc()
+            labelled(FINISHED, inst.workflow, new_status).inc()
         if action is None and new_status != writes.LOST:
             log.info(
                 "operator %s withdrawn; instance re-queued",
@@ -485,11 +495,11 @@ class EngineRunner:
     ) -> None:
         await failpoints.hit_async("engine.before_finish", inst.job_id)
         await ctx.commit(FinishInstance(inst.job_id, inst.claim_count, status, result, error))
-        FINISHED.labels(inst.workflow, status).inc()
+        labelled(FINISHED, inst.workflow, status).inc()
         if self._traced and (spans := JobSpans.of(inst.traceparent, *_ids(inst))):
             spans.finished(status, error)
         if inst.submitted_at is not None:
-            SUBMIT_TO_COMPLETE.labels(inst.workflow).observe(
+            labelled(SUBMIT_TO_COMPLETE, inst.workflow).observe(
                 (datetime.now(UTC) - inst.submitted_at).total_seconds()
             )
         level = logging.INFO if status == InstanceStatus.COMPLETE else logging.WARNING
@@ -517,15 +527,11 @@ def run_engine(settings: Settings) -> None:
         settings.engine_metrics_port, lambda: {"postgres": database_ready(settings.database_url)}
     )
     log.info("workflows loaded: %s", ", ".join(names), extra={"event": "engine.workflows"})
-    asyncio.run(_main(runner, settings.engine_concurrency))
+    asyncio.run(_main(runner))
 
 
-async def _main(runner: EngineRunner, concurrency: int) -> None:
-    # Sync step code and database calls run in threads: one per instance slot, plus
-    # a few for the heartbeat, rescuer and claim loop.
-    asyncio.get_running_loop().set_default_executor(
-        ThreadPoolExecutor(max_workers=concurrency + 8, thread_name_prefix="engine")
-    )
+async def _main(runner: EngineRunner) -> None:
+    asyncio.get_running_loop().set_default_executor(runner.step_executor)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, runner.stop)

@@ -9,6 +9,7 @@ is the real one.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Executor
 from datetime import datetime
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
@@ -50,6 +51,11 @@ class Runtime(Protocol):
     @property
     def max_result_bytes(self) -> int:
         """The size bound of a step's JSON result."""
+        ...
+
+    @property
+    def step_executor(self) -> Executor:
+        """The threads sync step code runs in."""
         ...
 
     async def write(self, write: Write[T]) -> T:
