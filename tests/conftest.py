@@ -16,6 +16,21 @@ for _name in [
     del os.environ[_name]
 
 
+#: The topics this session's ``settings`` fixtures made: deleted in one request at the
+#: end (``pytest_sessionfinish``), since a dev broker that outlives many sessions runs
+#: out of file descriptors on their partitions; only this session's own topics, as other
+#: sessions may share the broker.
+_TOPICS_MADE: dict[str, list[str]] = {}  # by bootstrap servers
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from onceflow.settings import Settings
+    from onceflow_tools.stack import delete_topics
+
+    for bootstrap, names in _TOPICS_MADE.items():
+        delete_topics(Settings(kafka_bootstrap_servers=bootstrap), names, timeout=30)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         path = str(item.path)
@@ -100,6 +115,7 @@ def db(db_url):
 def settings(base_settings, db_url, tmp_path):
     """Settings for one test: its own database, topics and consumer group."""
     from onceflow.topics import ensure_topics
+    from onceflow_tools.stack import run_topics
 
     run = uuid.uuid4().hex[:8]
     s = base_settings.model_copy(
@@ -113,4 +129,5 @@ def settings(base_settings, db_url, tmp_path):
         }
     )
     ensure_topics(s)
+    _TOPICS_MADE.setdefault(s.kafka_bootstrap_servers, []).extend(run_topics(s))
     return s
