@@ -29,7 +29,7 @@ from workflow_engine.store.writes import create_instances, create_instances_in, 
 @workflow("ev-three-steps")
 async def three_steps(ctx, params):
     for name in ("one", "two", "three"):
-        await ctx.step(name, lambda: name)
+        await ctx.step(name, str, name)
     return {"done": params.get("n")}
 
 
