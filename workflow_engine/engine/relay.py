@@ -40,6 +40,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 from sqlalchemy.engine import Connection, Engine
 
+from onceflow import failpoints
 from onceflow.envelope import HEADER_JOB_ID
 from onceflow.kafka_producer import idempotent_producer_config
 from onceflow.service_config import require_positive
@@ -216,6 +217,7 @@ class OutboxRelay:
             )
             self._stopping.wait(self.config.retry_seconds)
             return 0
+        failpoints.hit("relay.after_publish")
         for type_, age in writes.delete_published(self._conn, [e.position for e in events]):
             EVENTS_PUBLISHED.labels(type_).inc()
             RELAY_LAG.observe(max(age, 0.0))
