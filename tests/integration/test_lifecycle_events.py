@@ -6,14 +6,20 @@ stops the claims at the bound, then it drains)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 import time
 
+import orjson
 import pytest
 import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope
+from onceflow.partitioning import partition_for
 from onceflow_tools.processes import free_port
+from tests.conftest import settings_env
 from tests.integration.events_helpers import check_cloudevent, read_topic, sequences
 from workflow_engine import NonRetryableError, RetryPolicy, current_step, workflow
 from workflow_engine.definitions import REGISTRY
@@ -255,3 +261,33 @@ def test_kafka_unreachable_the_engine_goes_on_then_backpressure_then_drains(sett
     assert done_later - done_at_hold <= 4 and depth_later <= depth_at_hold + 4 * 6
     jobs = sequences(read_topic(settings.kafka_bootstrap_servers, settings.events_topic))
     assert len(jobs) == n and all(len(events) == 6 for events in jobs.values())
+
+
+def _tail(settings, *args, **env):
+    return subprocess.run(
+        [sys.executable, "-m", "onceflow_cli", "events", "tail", *args],
+        env={**os.environ, **settings_env(settings), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.timeout(90)
+def test_events_tail_reads_one_jobs_partition_and_says_one_line_on_errors(settings, db):
+    _deliver(db, [(f"tl-{i}", "ev-three-steps", {"n": i}) for i in range(4)])
+    _run(_engine(settings, db), lambda: _depth(db) == 0 and _status(db, "tl-3") == "complete")
+    done = _tail(settings, "--job", "tl-2", "--from-beginning", "--limit", "6", "--json")
+    assert done.returncode == 0, done.stderr
+    lines = [orjson.loads(line) for line in done.stdout.splitlines()]
+    assert [line["data"]["sequence"] for line in lines] == [1, 2, 3, 4, 5, 6]
+    assert {line["data"]["job_id"] for line in lines} == {"tl-2"}
+    assert {line["partition"] for line in lines} == {
+        partition_for("tl-2", settings.topic_partitions)
+    }
+    text = _tail(settings, "--workflow", "ev-three-steps", "--from-beginning", "--limit", "2")
+    assert text.returncode == 0 and len(text.stdout.splitlines()) == 2
+    assert "instance.created" in text.stdout
+    missing = _tail(settings, "--limit", "1", ONCEFLOW_EVENTS_TOPIC="no.such.events.topic")
+    assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1
+    assert "no events topic 'no.such.events.topic'" in missing.stderr

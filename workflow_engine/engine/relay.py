@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,8 +43,11 @@ from sqlalchemy.engine import Connection, Engine
 
 from onceflow import failpoints
 from onceflow.envelope import HEADER_JOB_ID
+from onceflow.health import serve_metrics_and_health
 from onceflow.kafka_producer import idempotent_producer_config
+from onceflow.logs import setup_logging
 from onceflow.service_config import require_positive
+from onceflow.settings import Settings
 from workflow_engine.engine.metrics import (
     EVENTS_PUBLISHED,
     RELAY_ACTIVE,
@@ -51,7 +55,13 @@ from workflow_engine.engine.metrics import (
     RELAY_LAG,
 )
 from workflow_engine.engine.services import Service
-from workflow_engine.store import is_transient, writes
+from workflow_engine.store import (
+    check_connection,
+    database_ready,
+    is_transient,
+    make_engine,
+    writes,
+)
 from workflow_engine.store.writes import OutboxEvent
 
 log = logging.getLogger(__name__)
@@ -305,3 +315,22 @@ class RelayService(Service):
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 await asyncio.wait_for(asyncio.shield(task), 10.0)
         await super().stop()
+
+
+def run_relay(settings: Settings, config: RelayConfig) -> None:
+    """``onceflow relay``: the relay as its own process (with ``ONCEFLOW_EVENTS_RELAY``
+    off in the engines, or beside them: the lock keeps one active). SIGTERM stops it
+    within a poll; what it had not deleted stays in the outbox for the next relay.
+    ``config``: ``configs.relay_config(settings)``."""
+    setup_logging(settings.log_level, settings.log_format, "relay")
+    db = make_engine(settings.database_url, pool_size=2)
+    check_connection(db)
+    serve_metrics_and_health(
+        settings.relay_metrics_port, lambda: {"postgres": database_ready(settings.database_url)}
+    )
+    relay = OutboxRelay(db, config)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: relay.stop())
+    log.info("relay started", extra={"event": "relay.started", "topic": settings.events_topic})
+    relay.run()
+    log.info("relay stopped", extra={"event": "relay.stopped"})
