@@ -109,7 +109,8 @@ RELAY_ERRORS = Counter(
 )
 RELAY_LAG = Histogram(
     "onceflow_events_relay_lag_seconds",
-    "From an event's transaction to its deletion after Kafka acknowledged it",
+    "Per relay round, the oldest event's time from its transaction to its deletion"
+    " after Kafka acknowledged it",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900),
 )
 OUTBOX_DEPTH = Gauge(

@@ -80,17 +80,21 @@ def due_events(conn: Connection, limit: int) -> list[OutboxEvent]:
 # sides) is the relay's lag from the change's transaction to the acknowledgement.
 _DELETE = sa.text(
     """
-DELETE FROM onceflow_outbox WHERE position = ANY(CAST(:positions AS bigint[]))
-RETURNING type, extract(epoch FROM clock_timestamp() - created_at)
+WITH deleted AS (
+    DELETE FROM onceflow_outbox WHERE position = ANY(CAST(:positions AS bigint[]))
+    RETURNING type, extract(epoch FROM clock_timestamp() - created_at) AS age
+)
+SELECT type, count(*), max(age) FROM deleted GROUP BY type
 """
 )
 
 
-def delete_published(conn: Connection, positions: list[int]) -> list[tuple[str, float]]:
-    """Delete the published rows; ``(type, seconds since its change)`` of each."""
+def delete_published(conn: Connection, positions: list[int]) -> list[tuple[str, int, float]]:
+    """Delete the published rows; per type, how many, and the oldest one's seconds
+    since its change."""
     rows = conn.execute(_DELETE, {"positions": positions}).all()
     conn.commit()
-    return [(type_, float(age)) for type_, age in rows]
+    return [(type_, int(count), float(age)) for type_, count, age in rows]
 
 
 @dataclass(frozen=True, slots=True)
