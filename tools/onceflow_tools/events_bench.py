@@ -59,10 +59,12 @@ def _delays_ms(settings: Settings) -> list[float]:
             msg = consumer.poll(0.5)
             if msg is None or msg.error() is not None:
                 continue
-            at = datetime.fromisoformat(orjson.loads(msg.value())["time"].replace("Z", "+00:00"))
+            value = msg.value() or b"{}"
+            at = datetime.fromisoformat(orjson.loads(value)["time"].replace("Z", "+00:00"))
             delays.append(msg.timestamp()[1] - at.timestamp() * 1000)
-            if msg.offset() + 1 >= left.get(msg.partition(), 0):
-                left.pop(msg.partition(), None)
+            offset, partition = msg.offset() or 0, msg.partition() or 0
+            if offset + 1 >= left.get(partition, 0):
+                left.pop(partition, None)
         return delays
     finally:
         consumer.close()
@@ -81,16 +83,15 @@ def engine_run(
         "ONCEFLOW_LIFECYCLE_EVENTS": str(events).lower(),
         "ONCEFLOW_EVENTS_RELAY": str(relay).lower(),
     }
-    stack = _stack(base, log_dir, f"events-{'on' if events else 'off'}", **env)
+    stack = _stack(base, log_dir, f"events-{'on' if events else 'off'}", 4, **env)
     try:
         if not events:
-            assert stack.db is not None
+            assert stack.settings is not None
             # the pre-fill too: no outbox row at all in an "off" run
             from workflow_engine.store import make_engine
 
-            stack.db = make_engine(
-                str(stack.settings.database_url), pool_size=2, lifecycle_events=False
-            )  # type: ignore[union-attr]
+            url = stack.settings.database_url
+            stack.db = make_engine(url, pool_size=2, lifecycle_events=False)
         _prefill(stack, jobs, "noop-workflow", "e")
         stack.start_engine("engine")
         assert stack.group is not None
