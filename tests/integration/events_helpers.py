@@ -110,3 +110,25 @@ def sequences(records: list[Record]) -> dict[str, list[Record]]:
             [(e.seq, e.kind) for e in events],
         )
     return jobs
+
+
+def event_schemas() -> dict[str, dict[str, Any]]:
+    """The JSON Schema of each event type, from docs/events.md: ``common`` and each
+    ``dev.onceflow.<kind>`` section's block."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "events.md").read_text()
+    found: dict[str, dict[str, Any]] = {}
+    for title, block in re.findall(r"^### (.+?)\n\n```json\n(.*?)\n```", text, re.M | re.S):
+        name = "common" if title == "Common fields" else title.strip("`")
+        found[name] = orjson.loads(block)
+    return found
+
+
+def check_schema(record: Record, schemas: dict[str, dict[str, Any]]) -> None:
+    """The record's data is valid against the common schema and its type's."""
+    import jsonschema
+
+    jsonschema.validate(record.data, schemas["common"])
+    jsonschema.validate(record.data, schemas[record.headers["ce_type"].decode()])

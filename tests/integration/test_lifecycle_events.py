@@ -20,7 +20,13 @@ from onceflow.envelope import JobEnvelope
 from onceflow.partitioning import partition_for
 from onceflow_tools.processes import free_port
 from tests.conftest import settings_env
-from tests.integration.events_helpers import check_cloudevent, read_topic, sequences
+from tests.integration.events_helpers import (
+    check_cloudevent,
+    check_schema,
+    event_schemas,
+    read_topic,
+    sequences,
+)
 from workflow_engine import NonRetryableError, RetryPolicy, current_step, workflow
 from workflow_engine.definitions import REGISTRY
 from workflow_engine.engine.configs import relay_config
@@ -137,8 +143,10 @@ def test_a_run_puts_each_jobs_events_on_the_topic_in_sequence_order(settings, db
         during=sent_when_waiting,
     )
     records = read_topic(settings.kafka_bootstrap_servers, settings.events_topic)
+    schemas = event_schemas()
     for record in records:
         check_cloudevent(record)
+        check_schema(record, schemas)  # docs/events.md
     jobs = sequences(records)
     kinds = {job: [e.kind for e in events] for job, events in jobs.items()}
     assert kinds["ev-a"] == [

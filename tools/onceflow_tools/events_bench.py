@@ -27,6 +27,7 @@ import orjson
 from onceflow.settings import Settings, get_settings
 from onceflow_tools.bench import _prefill, _stack, _wait_complete
 from onceflow_tools.figures import run_span_seconds
+from onceflow_tools.processes import free_port
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -76,12 +77,20 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def engine_run(
-    base: Settings, jobs: int, log_dir: Path, events: bool, concurrency: int, relay: bool = True
+    base: Settings,
+    jobs: int,
+    log_dir: Path,
+    events: bool,
+    concurrency: int,
+    relay: bool = True,
+    relay_process: bool = False,
 ) -> dict[str, Any]:
+    """One run; ``relay_process``: the relay as its own process (``onceflow relay``)
+    beside an engine without one, its CPU counted with the engine's."""
     env = {
         "ONCEFLOW_ENGINE_CONCURRENCY": str(concurrency),
         "ONCEFLOW_LIFECYCLE_EVENTS": str(events).lower(),
-        "ONCEFLOW_EVENTS_RELAY": str(relay).lower(),
+        "ONCEFLOW_EVENTS_RELAY": str(relay and not relay_process).lower(),
     }
     stack = _stack(base, log_dir, f"events-{'on' if events else 'off'}", 4, **env)
     try:
@@ -93,17 +102,24 @@ def engine_run(
             url = stack.settings.database_url
             stack.db = make_engine(url, pool_size=2, lifecycle_events=False)
         _prefill(stack, jobs, "noop-workflow", "e")
-        stack.start_engine("engine")
         assert stack.group is not None
-        pid = stack.group.procs["engine"].pid
-        cpu0 = _cpu_seconds(pid)
+        if relay_process:
+            port = free_port()
+            stack.group.start("relay", "relay", env={"ONCEFLOW_RELAY_METRICS_PORT": str(port)})
+            stack.group.wait_http(f"http://127.0.0.1:{port}/metrics", timeout=60)
+        stack.start_engine("engine")
+        pids = [proc.pid for proc in stack.group.procs.values()]
+        cpu0 = sum(_cpu_seconds(pid) for pid in pids)
         _wait_complete(stack, jobs, 600)
-        cpu = _cpu_seconds(pid) - cpu0
+        if events and relay:
+            while stack.scalar("SELECT count(*) FROM onceflow_outbox") > 0:
+                time.sleep(0.05)
+        cpu = sum(_cpu_seconds(pid) for pid in pids) - cpu0
         assert stack.db is not None
         span = max(run_span_seconds(stack.db), 1e-3)
         row: dict[str, Any] = {
             "events": events,
-            "relay": relay,
+            "relay": "process" if relay_process else relay,
             "concurrency": concurrency,
             "workflows": jobs,
             "workflows_per_second": jobs / span,
