@@ -31,7 +31,7 @@ def create_app(settings: Settings, db: Engine | None = None) -> FastAPI:
             "the console needs API keys (ONCEFLOW_API_KEYS; `onceflow keys new`)"
             " or ONCEFLOW_AUTH_DISABLED=true for development"
         )
-    db = db if db is not None else shared_engine(settings.database_url)
+    db = db if db is not None else shared_engine(settings.database_url, settings.lifecycle_events)
     state = Console(settings, db, Gatekeeper(settings), BulkRunner(db))
 
     @asynccontextmanager

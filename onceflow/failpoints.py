@@ -48,6 +48,7 @@ POINTS: dict[str, str] = {
     "engine.before_tick_fire": "engine: a schedule's tick about to be created",
     "engine.before_partition_maintenance": "engine: a retention round about to run",
     "bulk.between_batches": "bulk runner: a batch committed, the next not started (lease held)",
+    "relay.after_publish": "relay: a round's events acknowledged by Kafka, not yet deleted",
 }
 
 

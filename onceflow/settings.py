@@ -139,6 +139,27 @@ class Settings(BaseSettings):
     # The database role the services use, granted read/write by `onceflow migrate`.
     app_db_role: str = ""
 
+    # --- lifecycle events (issue 25; README, "Lifecycle events") -------------------------
+    # Write a lifecycle event into the outbox with every change of an instance, in the
+    # change's transaction (off: no outbox row is written; every process reads it).
+    lifecycle_events: bool = True
+    # The topic the relay publishes the events to (keyed by job id, CloudEvents binary
+    # mode), created by the topic setup with topic_partitions partitions.
+    events_topic: str = "onceflow.events"
+    # Run the relay inside each engine process (one active across engines, by an
+    # advisory lock). Off: events are still written; run `onceflow relay`, or let
+    # Debezium's outbox event router read the table (docs/operations.md).
+    events_relay: bool = True
+    # Events per relay round (read, publish, await the acknowledgements, delete).
+    events_relay_batch: int = Field(default=2000, ge=1)
+    # How long the relay sleeps when the outbox is empty (the floor of the event delay).
+    events_relay_interval_seconds: float = Field(default=0.02, gt=0)
+    # Backpressure: past this many events waiting in the outbox, engines stop claiming
+    # new work until it is back under 90% of it (0: never). Nothing is dropped.
+    events_outbox_max_depth: int = Field(default=500_000, ge=0)
+    # The metrics and health port of `onceflow relay` (the relay as its own process).
+    relay_metrics_port: int = 9105
+
     # --- traces (OpenTelemetry; README, "Tracing") ------------------------------------
     # The OTLP/HTTP endpoint (e.g. http://127.0.0.1:4318): set, it turns tracing on.
     # The standard OTEL_EXPORTER_OTLP_ENDPOINT is read too (and _TRACES_ENDPOINT).
@@ -178,6 +199,8 @@ def settings_env(s: Settings) -> dict[str, str]:
         "ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS": s.kafka_bootstrap_servers,
         "ONCEFLOW_JOBS_TOPIC": s.jobs_topic,
         "ONCEFLOW_DLQ_TOPIC": s.dlq_topic,
+        "ONCEFLOW_EVENTS_TOPIC": s.events_topic,
+        "ONCEFLOW_LIFECYCLE_EVENTS": str(s.lifecycle_events).lower(),
         "ONCEFLOW_CONSUMER_GROUP": s.consumer_group,
         "ONCEFLOW_TOPIC_PARTITIONS": str(s.topic_partitions),
         "ONCEFLOW_TOPIC_REPLICATION_FACTOR": str(s.topic_replication_factor),

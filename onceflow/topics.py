@@ -54,7 +54,7 @@ def topic_config(settings: Settings, replicas: int = 1) -> dict[str, str]:
 
 
 def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
-    """Create the jobs and dead-letter topics if missing; return the names created."""
+    """Create the jobs, dead-letter and events topics if missing; return the names created."""
     admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
     try:
         metadata = admin.list_topics(timeout=timeout)
@@ -75,7 +75,7 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
             replicas,
             config=topic_config(settings, replicas),
         )
-        for name in (settings.jobs_topic, settings.dlq_topic)
+        for name in (settings.jobs_topic, settings.dlq_topic, *_events_topic(settings))
     ]
     existing = {
         t.topic: _replicas_of(metadata.topics[t.topic])
@@ -99,6 +99,12 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
     return created
+
+
+def _events_topic(settings: Settings) -> tuple[str, ...]:
+    """The lifecycle events' topic, when events are written (same partitions and
+    limits as the jobs topic: one job's events land on one partition, by its key)."""
+    return (settings.events_topic,) if settings.lifecycle_events else ()
 
 
 def _replicas_of(topic: TopicMetadata) -> int:

@@ -244,3 +244,43 @@ class ActionResult(StrEnum):
     OK = "ok"  # done (or, for a running instance, requested of its engine)
     REFUSED = "refused"  # not allowed (key, scope, CSRF) or not applicable (state, input)
     ERROR = "error"  # failed on the way (the database, Kafka): it may or may not be done
+
+
+class LifecycleEvent(StrEnum):
+    """The kinds of lifecycle event (issue 25; docs/events.md): ``onceflow_outbox.type``
+    and the CloudEvents ``ce_type`` are ``dev.onceflow.<kind>``."""
+
+    CREATED = "instance.created"
+    DUPLICATE = "instance.duplicate"
+    PAYLOAD_MISMATCH = "instance.payload_mismatch"
+    STARTED = "instance.started"
+    STEP_COMPLETED = "step.completed"
+    STEP_FAILED = "step.failed"
+    STEP_RETRYING = "step.retrying"
+    WAITING = "instance.waiting"
+    SLEEPING = "instance.sleeping"
+    HELD = "instance.held"
+    PAUSED = "instance.paused"
+    RESUMED = "instance.resumed"
+    COMPLETE = "instance.complete"
+    ERRORED = "instance.errored"
+    TERMINATED = "instance.terminated"
+    RESTARTED = "instance.restarted"
+
+    @property
+    def ce_type(self) -> str:
+        """The CloudEvents type (``dev.onceflow.<kind>``)."""
+        return f"{EVENT_TYPE_PREFIX}{self.value}"
+
+    @property
+    def final(self) -> bool:
+        """An event after which the instance does nothing more (short of a restart)."""
+        return self in FINAL_EVENTS
+
+
+#: The prefix of every lifecycle event's CloudEvents type.
+EVENT_TYPE_PREFIX = "dev.onceflow."
+#: The events that answer a start-and-wait caller: the instance's final status.
+FINAL_EVENTS = frozenset(
+    {LifecycleEvent.COMPLETE, LifecycleEvent.ERRORED, LifecycleEvent.TERMINATED}
+)

@@ -17,4 +17,6 @@ if TYPE_CHECKING:
 def connect(settings: Settings) -> Engine:
     from workflow_engine.store import make_engine  # imported when a command runs
 
-    return make_engine(settings.database_url, pool_size=1)
+    return make_engine(
+        settings.database_url, pool_size=1, lifecycle_events=settings.lifecycle_events
+    )

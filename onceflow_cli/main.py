@@ -22,6 +22,7 @@ from onceflow.errors import OnceflowError
 from onceflow.settings import SCOPES, Settings, get_settings
 from onceflow.vocabulary import DeadLetterReason, InstanceStatus
 from onceflow_cli.database import connect
+from onceflow_cli.events import events
 from onceflow_cli.operator_log import audit_actions
 from onceflow_cli.schedules import schedules
 
@@ -174,6 +175,17 @@ def engine(concurrency: int | None) -> None:
     from workflow_engine.engine.runner import run_engine
 
     run_engine(_with_overrides(engine_concurrency=concurrency))
+
+
+@cli.command()
+def relay() -> None:
+    """Run the outbox relay alone: lifecycle events to the events topic (one active
+    across processes; run it with ONCEFLOW_EVENTS_RELAY=false in the engines)."""
+    from workflow_engine.engine.configs import relay_config
+    from workflow_engine.engine.relay import run_relay
+
+    settings = _settings()
+    run_relay(settings, relay_config(settings))
 
 
 @cli.command()
@@ -646,6 +658,7 @@ def keys_new(name: str, scopes: tuple[str, ...]) -> None:
 
 
 cli.add_command(schedules)  # onceflow_cli/schedules.py
+cli.add_command(events)  # onceflow_cli/events.py
 audit.add_command(audit_actions)  # onceflow_cli/operator_log.py
 
 

@@ -121,7 +121,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
         # Resumes bulk operations a dead process left running, even before this
         # process is asked to start one.
-        ingest.bulk_runner(shared_engine(ingest.settings.database_url)).start()
+        ingest.bulk_runner(
+            shared_engine(ingest.settings.database_url, ingest.settings.lifecycle_events)
+        ).start()
     yield
     if ingest.bulk is not None:
         ingest.bulk.stop()  # the batch in progress commits; the rest resumes elsewhere

@@ -148,14 +148,16 @@ def _record_refusal(
         job_id=request.path_params.get("job_id"),
         detail=f"{exc.status} {request.method} {request.url.path}: {exc.body.message}",
     )
-    operations.record_quietly(shared_engine(ingest.settings.database_url), refused)
+    operations.record_quietly(
+        shared_engine(ingest.settings.database_url, ingest.settings.lifecycle_events), refused
+    )
 
 
 async def get_db(ingest: IngestDep) -> Engine:
     """The process's pooled engine for the admin and job-status routes."""
     from workflow_engine.store import shared_engine
 
-    return shared_engine(ingest.settings.database_url)
+    return shared_engine(ingest.settings.database_url, ingest.settings.lifecycle_events)
 
 
 DbDep = Annotated[Engine, Depends(get_db)]

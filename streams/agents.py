@@ -134,7 +134,11 @@ class InstanceCreator:
 
 def _build_handler(settings: Settings) -> BatchHandler:
     registry = load_workflow_modules(settings.workflow_modules)
-    db = make_engine(settings.database_url, pool_size=settings.streams_concurrency + 1)
+    db = make_engine(
+        settings.database_url,
+        pool_size=settings.streams_concurrency + 1,
+        lifecycle_events=settings.lifecycle_events,
+    )
     return BatchHandler(settings, db, lambda: dlq_producer(settings), registry)
 
 

@@ -123,6 +123,7 @@ def settings(base_settings, db_url, tmp_path):
             "database_url": db_url,
             "jobs_topic": f"test.{run}.jobs",
             "dlq_topic": f"test.{run}.jobs.dlq",
+            "events_topic": f"test.{run}.events",
             "consumer_group": f"test-{run}",
             "state_dir": tmp_path / "state",
             "auth_disabled": True,  # tests of API keys turn it back on explicitly

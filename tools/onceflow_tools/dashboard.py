@@ -230,6 +230,30 @@ def _workflow_engine() -> list[timeseries.Panel]:
     ]
 
 
+def _lifecycle_events() -> list[timeseries.Panel]:
+    return [
+        _panel(
+            "Outbox depth and oldest event",
+            "short",
+            ("waiting events", "max(onceflow_events_outbox_depth)"),
+            ("backpressure depth", "max(onceflow_events_outbox_max_depth)"),
+            ("oldest (s)", "max(onceflow_events_outbox_oldest_age_seconds)"),
+        ),
+        _panel(
+            "Events published by type",
+            "ops",
+            ("{{type}}", _rate("onceflow_events_published_total", "type")),
+        ),
+        _panel(
+            "Relay lag (transaction to Kafka ack), active relays, backpressure",
+            "short",
+            ("lag p99 (s)", _q(0.99, "onceflow_events_relay_lag_seconds")),
+            ("active relays", "sum(onceflow_events_relay_active)"),
+            ("engines held back", "sum(onceflow_events_backpressure)"),
+        ),
+    ]
+
+
 def _postgresql() -> list[timeseries.Panel]:
     per_workflow = "sum by (workflow) (max by (workflow, status) (onceflow_engine_instances))"
     return [
@@ -248,6 +272,7 @@ ROWS = {
     "Kafka lag": _kafka_lag,
     "Streams worker": _streams_worker,
     "Workflow engine": _workflow_engine,
+    "Lifecycle events": _lifecycle_events,
     "PostgreSQL": _postgresql,
 }
 

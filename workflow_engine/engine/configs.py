@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onceflow.settings import Settings
+from workflow_engine.engine.backpressure import BackpressureConfig
 from workflow_engine.engine.batcher import BatcherConfig
 from workflow_engine.engine.presence import PresenceConfig
+from workflow_engine.engine.relay import RelayConfig
 from workflow_engine.engine.scheduler import SchedulerConfig
 from workflow_engine.engine.services import LeaseKeeperConfig, MaintenanceConfig, RescuerConfig
 
@@ -26,6 +28,21 @@ class EngineConfigs:
     presence: PresenceConfig
     scheduler: SchedulerConfig
     batcher: BatcherConfig
+    #: The outbox relay inside the engine (None: events off, or ONCEFLOW_EVENTS_RELAY off).
+    relay: RelayConfig | None = None
+    #: The outbox watch and its backpressure on claims (None: events off).
+    backpressure: BackpressureConfig | None = None
+
+
+def relay_config(settings: Settings) -> RelayConfig:
+    """The relay's config, for the engine's relay and `onceflow relay` alike."""
+    return RelayConfig(
+        bootstrap_servers=settings.kafka_bootstrap_servers,
+        topic=settings.events_topic,
+        batch=settings.events_relay_batch,
+        interval_seconds=settings.events_relay_interval_seconds,
+        max_message_bytes=settings.kafka_max_message_bytes,
+    )
 
 
 def engine_configs(settings: Settings) -> EngineConfigs:
@@ -50,4 +67,8 @@ def engine_configs(settings: Settings) -> EngineConfigs:
         presence=PresenceConfig(interval_seconds=lease / 3),
         scheduler=SchedulerConfig(),
         batcher=BatcherConfig(),
+        relay=relay_config(s) if s.lifecycle_events and s.events_relay else None,
+        backpressure=(
+            BackpressureConfig(max_depth=s.events_outbox_max_depth) if s.lifecycle_events else None
+        ),
     )

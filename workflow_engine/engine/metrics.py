@@ -107,3 +107,41 @@ SCHEDULE_LATENESS = Histogram(
     ["schedule"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 3600),
 )
+# Lifecycle events (issue 25): the outbox, its relay, and the backpressure on claims.
+# The relay's series come from the process that runs it (an engine, or `onceflow relay`).
+EVENTS_PUBLISHED = Counter(
+    "onceflow_events_published_total",
+    "Lifecycle events this process's relay published and Kafka acknowledged, by type",
+    ["type"],
+)
+RELAY_ACTIVE = Gauge(
+    "onceflow_events_relay_active",
+    "1 while this process's relay holds the relay lock (exactly one across processes)",
+)
+RELAY_ERRORS = Counter(
+    "onceflow_events_relay_errors_total",
+    "Relay rounds that failed, by kind (database, kafka, other)",
+    ["kind"],
+)
+RELAY_LAG = Histogram(
+    "onceflow_events_relay_lag_seconds",
+    "Per relay round, the oldest event's time from its transaction to its deletion"
+    " after Kafka acknowledged it",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900),
+)
+OUTBOX_DEPTH = Gauge(
+    "onceflow_events_outbox_depth",
+    "Events waiting in the outbox (counted up to twice the backpressure depth)",
+)
+OUTBOX_OLDEST_AGE = Gauge(
+    "onceflow_events_outbox_oldest_age_seconds",
+    "Age of the oldest event waiting in the outbox (0 when empty)",
+)
+OUTBOX_MAX_DEPTH = Gauge(
+    "onceflow_events_outbox_max_depth",
+    "The outbox depth past which engines stop claiming (ONCEFLOW_EVENTS_OUTBOX_MAX_DEPTH)",
+)
+BACKPRESSURE = Gauge(
+    "onceflow_events_backpressure",
+    "1 while this engine holds back its claims because the outbox is too deep",
+)

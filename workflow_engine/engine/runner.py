@@ -39,6 +39,7 @@ from onceflow.settings import Settings
 from onceflow.vocabulary import ControlAction, InstanceStatus, Process
 from workflow_engine.clock import FakeClock, SystemClock
 from workflow_engine.definitions import RetryPolicy, load_workflow_modules
+from workflow_engine.engine.backpressure import Backpressure
 from workflow_engine.engine.batcher import PostgresWrites, WriteBatcher
 from workflow_engine.engine.configs import engine_configs
 from workflow_engine.engine.context import WorkflowContext
@@ -61,6 +62,7 @@ from workflow_engine.engine.outcomes import (
     Suspended,
 )
 from workflow_engine.engine.presence import Presence
+from workflow_engine.engine.relay import RelayService
 from workflow_engine.engine.scheduler import Scheduler
 from workflow_engine.engine.services import LeaseKeeper, Maintenance, Rescuer, Run, Service
 from workflow_engine.errors import ControlRequested, LeaseLost, Suspend, WorkflowError
@@ -98,7 +100,9 @@ class EngineRunner:
         # Connections: the group-commit writers, the claim loop, the rescuer and
         # maintenance, and the rare single writes (sleeps, waits) — not one per instance.
         self.db = db or make_engine(
-            settings.database_url, pool_size=max(6, min(settings.engine_concurrency, 16))
+            settings.database_url,
+            pool_size=max(6, min(settings.engine_concurrency, 16)),
+            lifecycle_events=settings.lifecycle_events,
         )
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{str(ULID())[-6:]}"
         self.default_retry = default_retry
@@ -121,6 +125,10 @@ class EngineRunner:
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
         self.batcher = WriteBatcher(PostgresWrites(self.db, self.owner), self.configs.batcher)
+        #: Holds the claims back while the outbox is too deep (None: events off).
+        self.backpressure = (
+            Backpressure(self.db, self.configs.backpressure) if self.configs.backpressure else None
+        )
         self._traced = tracing.enabled()
 
     async def write(self, write: Write[T]) -> T:
@@ -165,7 +173,11 @@ class EngineRunner:
 
     def _services(self) -> list[Service]:
         c = self.configs
+        extra: list[Service] = [] if self.backpressure is None else [self.backpressure]
+        if c.relay is not None:
+            extra.append(RelayService(self.db, c.relay))
         return [
+            *extra,
             LeaseKeeper(self.batcher, self._inflight, c.lease_keeper),
             Rescuer(self.db, c.rescuer),
             Maintenance(self.db, c.maintenance),
@@ -190,6 +202,10 @@ class EngineRunner:
             if free <= 0:
                 self._slot_free.clear()
                 await self._slot_free.wait()
+                continue
+            if self.backpressure is not None and not self.backpressure.open:
+                # The outbox is too deep: no new work until the relay catches up.
+                await self.backpressure.wait_open(self.settings.engine_poll_interval_seconds)
                 continue
             self._wake.clear()
             want = min(free, self.settings.claim_batch_size)

@@ -27,6 +27,7 @@ from sqlalchemy.engine import Engine, ExceptionContext
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from onceflow.errors import ServiceUnavailable
+from workflow_engine.store.lifecycle import session_options
 
 # SQLSTATEs that mean "this server is not (or no longer) the primary": retry elsewhere.
 NOT_PRIMARY = frozenset(
@@ -62,13 +63,18 @@ def _hosts_as_query(url: str) -> str:
     return f"{scheme}://{userinfo}{at}/{path}?{query}"
 
 
-def make_engine(database_url: str, pool_size: int = 8) -> Engine:
+def make_engine(database_url: str, pool_size: int = 8, *, lifecycle_events: bool = True) -> Engine:
+    """A pooled engine. ``lifecycle_events=False`` (``ONCEFLOW_LIFECYCLE_EVENTS``) makes
+    its sessions write no lifecycle events (``store.lifecycle``: the session setting
+    ``onceflow.lifecycle_events`` that the statements test)."""
+    options = session_options(lifecycle_events)
     db = sa.create_engine(
         sqlalchemy_url(database_url),
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,
         future=True,
+        connect_args={"options": options} if options else {},
     )
     sa.event.listen(db, "handle_error", _not_primary_is_a_disconnect)
     return db
@@ -194,9 +200,9 @@ def libpq_dsn(db: Engine) -> str:
 
 
 @lru_cache(maxsize=8)
-def shared_engine(database_url: str) -> Engine:
+def shared_engine(database_url: str, lifecycle_events: bool = True) -> Engine:
     """One pooled engine per URL per process."""
-    return make_engine(database_url)
+    return make_engine(database_url, lifecycle_events=lifecycle_events)
 
 
 _PING = sa.text("SELECT 1")

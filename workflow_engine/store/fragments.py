@@ -8,7 +8,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from onceflow.vocabulary import RUNNABLE_STATUSES, TERMINAL_STATUSES, InstanceStatus
+from onceflow.vocabulary import (
+    RUNNABLE_STATUSES,
+    TERMINAL_STATUSES,
+    InstanceStatus,
+    LifecycleEvent,
+)
+from workflow_engine.store.lifecycle import ONE_EVENT, outbox_insert
 
 #: ``'queued', 'sleeping', 'waiting'`` spelled out in the SQL text, not passed as a
 #: parameter: the planner matches the literal list against the partial index
@@ -32,14 +38,32 @@ def mark_running(source: str) -> str:
     SET status = '{InstanceStatus.RUNNING}', lease_owner = :owner,
         lease_expires_at = now() + make_interval(secs => :lease),
         started_at = coalesce(i.started_at, now()), updated_at = now(),
-        claim_count = i.claim_count + 1
+        claim_count = i.claim_count + 1,
+        -- instance.started is the first claim of a run (started_at was NULL: created,
+        -- or restarted), not each claim after a sleep, a wait or a rescue
+        event_seq = i.event_seq + CASE WHEN i.started_at IS NULL THEN {ONE_EVENT} ELSE 0 END
     FROM {source} src, onceflow_jobs j
     WHERE i.job_id = src.job_id AND j.job_id = src.job_id
       -- never an id this engine still runs: a rescue may have re-queued it while its
       -- run, cut off from the database, goes on (that run is fenced by its claim)
       AND i.job_id <> ALL(CAST(:inflight AS text[]))
-    RETURNING i.job_id, i.workflow, i.params, i.created_at, j.submitted_at, i.claim_count,
-              j.traceparent, i.version"""
+    RETURNING {CLAIMED_COLUMNS},
+              -- for the started event: set by this statement (now(): this transaction)
+              i.started_at = now() AS first_start, i.event_seq AS seq, i.status"""
+
+
+#: The columns of a claimed instance the runner takes (``claim.Claimed``), from the CTE
+#: of :func:`mark_running`, in order.
+CLAIMED_COLUMNS = (
+    "i.job_id, i.workflow, i.params, i.created_at, j.submitted_at, i.claim_count,"
+    " j.traceparent, i.version"
+)
+CLAIMED_OUT = (
+    "job_id, workflow, params, created_at, submitted_at, claim_count, traceparent, version"
+)
+
+#: The CTE body writing ``instance.started`` for the first claims among ``claimed``.
+STARTED_EVENTS = outbox_insert("claimed", f"'{LifecycleEvent.STARTED}'", where="e.first_start")
 
 
 def held(table: str = "", claim: str = ":claim") -> str:

@@ -71,6 +71,7 @@ PRODUCT = MigrationSet(
         "onceflow_rate_starts",
         "onceflow_flow_controls",
         "onceflow_operator_actions",
+        "onceflow_outbox",
     ),
 )
 

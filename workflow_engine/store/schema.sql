@@ -177,6 +177,66 @@ CREATE FUNCTION public.onceflow_claim_order(run_after timestamp with time zone, 
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ SELECT run_after + priority * interval '30 seconds' $$;
 
+CREATE FUNCTION public.onceflow_emit(job_ids text[], kinds text[], extras jsonb[]) RETURNS integer
+    LANGUAGE sql
+    AS $$
+    WITH input AS (
+        SELECT t.job_id, t.kind, t.extra, t.ord
+        FROM unnest(job_ids, kinds, extras) WITH ORDINALITY AS t(job_id, kind, extra, ord)
+        WHERE onceflow_events_on()
+    ),
+    counts AS (
+        SELECT job_id, count(*)::int AS n FROM input GROUP BY job_id
+    ),
+    locked AS (
+        SELECT i.job_id FROM onceflow_instances i JOIN counts c USING (job_id)
+        ORDER BY i.job_id
+        FOR NO KEY UPDATE OF i
+    ),
+    bumped AS (
+        UPDATE onceflow_instances i SET event_seq = i.event_seq + c.n
+        FROM counts c JOIN locked l USING (job_id)
+        WHERE i.job_id = c.job_id
+        RETURNING i.job_id, i.workflow, i.version, i.status, i.event_seq - c.n AS base
+    ),
+    numbered AS (
+        SELECT input.*, b.workflow, b.version, b.status,
+               (b.base + row_number() OVER (PARTITION BY input.job_id ORDER BY input.ord))::int
+                   AS seq
+        FROM input JOIN bumped b USING (job_id)
+    ),
+    written AS (
+        INSERT INTO onceflow_outbox (id, aggregateid, type, seq, workflow, payload)
+        SELECT n.job_id || ':' || n.seq, n.job_id, 'dev.onceflow.' || n.kind, n.seq, n.workflow,
+               onceflow_event_data(n.job_id, n.workflow, n.version, n.seq, n.status, j.origin,
+                                   j.source_topic, j.source_partition, j.source_offset, n.extra)
+        FROM numbered n LEFT JOIN onceflow_jobs j USING (job_id)
+        ORDER BY n.job_id, n.seq
+        RETURNING 1
+    )
+    SELECT count(*)::int FROM written
+$$;
+
+CREATE FUNCTION public.onceflow_event_data(job_id text, workflow text, version text, seq integer, status text, origin text, source_topic text, source_partition integer, source_offset bigint, extra jsonb) RETURNS jsonb
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT jsonb_build_object(
+        'job_id', job_id, 'workflow', workflow, 'version', version, 'sequence', seq,
+        'time', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'status', status,
+        'kafka', CASE WHEN origin IN ('http', 'kafka') AND source_topic IS NOT NULL
+                      THEN jsonb_build_object('topic', source_topic,
+                                              'partition', source_partition,
+                                              'offset', source_offset) END
+    ) || coalesce(extra, '{}'::jsonb)
+$$;
+
+CREATE FUNCTION public.onceflow_events_on() RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT coalesce(current_setting('onceflow.lifecycle_events', true), '') <> 'off'
+$$;
+
 CREATE FUNCTION public.onceflow_flow_lane(params jsonb, lane_path text[]) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ SELECT CASE WHEN lane_path IS NULL THEN NULL
@@ -467,6 +527,7 @@ CREATE TABLE public.onceflow_instances (
     parent_close_policy text,
     duplicated boolean DEFAULT false NOT NULL,
     mismatched boolean DEFAULT false NOT NULL,
+    event_seq integer DEFAULT 0 NOT NULL,
     CONSTRAINT onceflow_instances_finished_check CHECK (((status = ANY (ARRAY['complete'::text, 'errored'::text, 'terminated'::text])) = (finished_at IS NOT NULL))),
     CONSTRAINT onceflow_instances_lease_check CHECK (((status = 'running'::text) = ((lease_owner IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
     CONSTRAINT onceflow_instances_mismatched_check CHECK ((duplicated OR (NOT mismatched))),
@@ -480,6 +541,8 @@ CREATE TABLE public.onceflow_instances (
 COMMENT ON COLUMN public.onceflow_instances.duplicated IS 'A later delivery of this job id was recorded (onceflow_duplicate_deliveries).';
 
 COMMENT ON COLUMN public.onceflow_instances.mismatched IS 'One of those deliveries had other params or named another workflow.';
+
+COMMENT ON COLUMN public.onceflow_instances.event_seq IS 'The sequence of the last lifecycle event written for this instance (0: none yet).';
 
 CREATE TABLE public.onceflow_jobs (
     job_id text NOT NULL,
@@ -542,6 +605,30 @@ ALTER TABLE public.onceflow_operator_actions ALTER COLUMN id ADD GENERATED ALWAY
     NO MAXVALUE
     CACHE 1
 );
+
+CREATE TABLE public.onceflow_outbox (
+    "position" bigint NOT NULL,
+    id text NOT NULL,
+    aggregatetype text DEFAULT 'onceflow.instance'::text NOT NULL,
+    aggregateid text NOT NULL,
+    type text NOT NULL,
+    seq integer NOT NULL,
+    workflow text NOT NULL,
+    payload jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+)
+WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='5000', autovacuum_vacuum_insert_scale_factor='0', autovacuum_vacuum_insert_threshold='5000');
+
+COMMENT ON TABLE public.onceflow_outbox IS 'Lifecycle events written with their change, deleted once the events topic has them.';
+
+CREATE SEQUENCE public.onceflow_outbox_position_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+ALTER SEQUENCE public.onceflow_outbox_position_seq OWNED BY public.onceflow_outbox."position";
 
 CREATE TABLE public.onceflow_rate_starts (
     workflow text NOT NULL,
@@ -652,6 +739,8 @@ ALTER TABLE ONLY public.onceflow_duplicate_deliveries ATTACH PARTITION public.on
 
 ALTER TABLE ONLY public.onceflow_step_attempts ATTACH PARTITION public.onceflow_step_attempts_default DEFAULT;
 
+ALTER TABLE ONLY public.onceflow_outbox ALTER COLUMN "position" SET DEFAULT nextval('public.onceflow_outbox_position_seq'::regclass);
+
 ALTER TABLE ONLY public.onceflow_bulk_operation_items
     ADD CONSTRAINT onceflow_bulk_operation_items_pkey PRIMARY KEY (operation_id, job_id);
 
@@ -696,6 +785,9 @@ ALTER TABLE ONLY public.onceflow_migrations
 
 ALTER TABLE ONLY public.onceflow_operator_actions
     ADD CONSTRAINT onceflow_operator_actions_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.onceflow_outbox
+    ADD CONSTRAINT onceflow_outbox_pkey PRIMARY KEY ("position");
 
 ALTER TABLE ONLY public.onceflow_schedule_ticks
     ADD CONSTRAINT onceflow_schedule_ticks_job_key UNIQUE (job_id);

@@ -34,6 +34,12 @@ ONCEFLOW_TOPIC_PARTITIONS: {{ .Values.kafka.partitions | quote }}
 ONCEFLOW_TOPIC_REPLICATION_FACTOR: {{ .Values.kafka.replicationFactor | quote }}
 ONCEFLOW_CONSUMER_GROUP: {{ .Values.kafka.consumerGroup | quote }}
 ONCEFLOW_WORKFLOW_MODULES: {{ .Values.workflowModules | toJson | quote }}
+{{- with .Values.events }}
+ONCEFLOW_LIFECYCLE_EVENTS: {{ .enabled | quote }}
+ONCEFLOW_EVENTS_TOPIC: {{ .topic | quote }}
+ONCEFLOW_EVENTS_RELAY: {{ .relay | quote }}
+ONCEFLOW_EVENTS_OUTBOX_MAX_DEPTH: {{ .outboxMaxDepth | quote }}
+{{- end }}
 ONCEFLOW_STATE_DIR: "/tmp/onceflow"
 ONCEFLOW_LOG_FORMAT: "json"
 {{- with .Values.tracing }}

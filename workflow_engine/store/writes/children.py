@@ -33,6 +33,7 @@ from onceflow.vocabulary import (
     TERMINAL_STATUSES,
     InstanceStatus,
     JobKind,
+    LifecycleEvent,
     Origin,
     ParentClosePolicy,
     StepKind,
@@ -47,6 +48,7 @@ from workflow_engine.errors import (
 from workflow_engine.store.commands import Lease
 from workflow_engine.store.db import constraint_of
 from workflow_engine.store.fragments import TERMINAL, held, notify_runnable
+from workflow_engine.store.lifecycle import ONE_EVENT, outbox_insert
 
 #: ``<parent job id>__<name>``. A name has no ``__`` and does not start or end with
 #: ``_``, so the last ``__`` followed by a non-underscore splits any child id back into
@@ -112,6 +114,15 @@ FOR SHARE OF i
 """
 )
 
+# instance.created for each child the statement inserts (no Kafka record: kafka null),
+# naming its parent.
+_CHILD_CREATED_EVENTS = outbox_insert(
+    "inst",
+    f"'{LifecycleEvent.CREATED}'",
+    "jsonb_build_object('priority', e.priority, 'parent_job_id', e.parent_job_id)",
+    provenance=f"'{Origin.CHILD}', NULL, NULL, NULL",
+)
+
 #: All the children one call starts, in one statement: the job-id registry row (the
 #: same unique constraint as every job), the instance when the row is new, and the
 #: parent's history entry; per child, whether it was new, whose child an existing one
@@ -133,12 +144,14 @@ job AS (
 ),
 inst AS (
     INSERT INTO onceflow_instances (job_id, workflow, params, version, parent_job_id,
-                                    parent_close_policy, flow_lane)
+                                    parent_close_policy, flow_lane, event_seq)
     SELECT i.child, i.workflow, i.params, i.version, :parent, i.policy,
            -- the fairness lane, bounded, as the create path stores it (migration 0014)
-           onceflow_flow_lane(i.params, i.lane_path)
+           onceflow_flow_lane(i.params, i.lane_path), {ONE_EVENT}
     FROM input i JOIN job ON job.job_id = i.child WHERE job.inserted
-    RETURNING job_id
+    RETURNING job_id, workflow, version, priority, event_seq AS seq, status, parent_job_id
+),
+created_events AS ({_CHILD_CREATED_EVENTS}
 ),
 entry AS (
     INSERT INTO onceflow_steps (job_id, position, name, kind, status, child_job_id)

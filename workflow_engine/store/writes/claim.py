@@ -21,9 +21,16 @@ from sqlalchemy.engine import Engine
 
 from onceflow.vocabulary import InstanceStatus, StepKind, StepStatus
 from workflow_engine.model import FlowControl, RecordedStep
+from workflow_engine.store.fragments import (
+    CLAIMED_OUT,
+    STARTED_EVENTS,
+    held,
+    in_index_order,
+    mark_running,
+    notify_runnable,
+)
 from workflow_engine.store.fragments import NOW as _NOW
 from workflow_engine.store.fragments import RUNNABLE as _RUNNABLE
-from workflow_engine.store.fragments import held, in_index_order, mark_running, notify_runnable
 from workflow_engine.store.writes.flow import HAVE_VERSION, claim_flow
 
 
@@ -121,8 +128,10 @@ WITH candidates AS (
     SELECT * FROM unnest(CAST(:picked AS text[])) AS t(job_id)
 ),
 claimed AS ({mark_running("candidates")}
+),
+started AS ({STARTED_EVENTS}
 )
-SELECT * FROM claimed
+SELECT {CLAIMED_OUT} FROM claimed
 """
 )
 

@@ -22,9 +22,12 @@ from sqlalchemy.engine import Connection, Engine
 from onceflow.envelope import params_digest
 from onceflow.vocabulary import (
     JobKind,
+    LifecycleEvent,
 )
 from workflow_engine.model import CreateResult, Delivery
+from workflow_engine.store import lifecycle
 from workflow_engine.store.fragments import RUNNABLE_CHANNEL
+from workflow_engine.store.lifecycle import ONE_EVENT, outbox_insert
 
 # Duplicate rows are idempotent per Kafka position: the named unique constraint
 # onceflow_duplicate_deliveries_position_key turns a record redelivered again (the
@@ -32,8 +35,17 @@ from workflow_engine.store.fragments import RUNNABLE_CHANNEL
 # A delivery is a redelivery when its position is the creating record's; one whose
 # position already has a duplicate row is skipped before the insert (``known``) and
 # by the constraint (a concurrent batch), so it never counts twice.
+# instance.created, for each instance the statement inserts, with the record's position
+# from the input (the job's registry row, inserted by this statement, is not visible to it).
+_CREATED_EVENTS = outbox_insert(
+    "(SELECT n.*, f.origin, f.topic, f.part, f.off FROM inst n JOIN firsts f USING (job_id))",
+    f"'{LifecycleEvent.CREATED}'",
+    "jsonb_build_object('priority', e.priority)",
+    provenance="e.origin, e.topic, e.part, e.off",
+)
+
 _CREATE_SQL = sa.text(
-    """
+    f"""
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
         ord integer, job_id text, kind text, workflow text, params jsonb, params_digest text,
@@ -89,16 +101,20 @@ dups AS (
     FROM candidates c
     ORDER BY c.topic, c.part, c.off
     ON CONFLICT ON CONSTRAINT onceflow_duplicate_deliveries_position_key DO NOTHING
-    RETURNING job_id, params_match, workflow_match, redelivery
+    RETURNING job_id, params_match, workflow_match, redelivery, workflow,
+              source_topic, source_partition, source_offset
 ),
 inst AS (
-    INSERT INTO onceflow_instances (job_id, workflow, params, version, priority, flow_lane)
+    INSERT INTO onceflow_instances (job_id, workflow, params, version, priority, flow_lane,
+                                    event_seq)
     SELECT f.job_id, f.workflow, f.params, f.version, f.priority,
            -- bounded (migration 0014): the lane index takes any key's value
-           onceflow_flow_lane(f.params, f.lane_path)
+           onceflow_flow_lane(f.params, f.lane_path), {ONE_EVENT}
     FROM firsts f JOIN upsert u USING (job_id)
     WHERE u.inserted AND f.kind = :workflow_kind
-    RETURNING job_id
+    RETURNING job_id, workflow, version, priority, event_seq AS seq, status
+),
+created_events AS ({_CREATED_EVENTS}
 ),
 task_runs AS (
     INSERT INTO onceflow_task_runs (job_id, task, params)
@@ -111,13 +127,17 @@ notified AS (
     SELECT pg_notify(:channel, '') FROM (SELECT 1 FROM inst LIMIT 1) AS any_created
 )
 SELECT 'created' AS kind, job_id, true AS params_match, true AS workflow_match,
-       false AS redelivery FROM inst
+       false AS redelivery, CAST(NULL AS text) AS workflow, CAST(NULL AS text) AS topic,
+       CAST(NULL AS integer) AS part, CAST(NULL AS bigint) AS off
+FROM inst
 UNION ALL
-SELECT 'task', job_id, true, true, false FROM task_runs
+SELECT 'task', job_id, true, true, false, NULL, NULL, NULL, NULL FROM task_runs
 UNION ALL
-SELECT 'duplicate', job_id, params_match, workflow_match, redelivery FROM dups
+SELECT 'duplicate', job_id, params_match, workflow_match, redelivery, workflow,
+       source_topic, source_partition, source_offset
+FROM dups
 UNION ALL
-SELECT 'notify', NULL, true, true, false FROM notified
+SELECT 'notify', NULL, true, true, false, NULL, NULL, NULL, NULL FROM notified
 """
 )
 
@@ -193,7 +213,8 @@ def create_instances_in(conn: Connection, deliveries: Sequence[Delivery]) -> Cre
         return result
     rows = orjson.dumps([_row(i, d) for i, d in enumerate(deliveries)]).decode()
     flags: dict[str, bool] = {}  # job id -> a duplicate of it mismatched
-    for kind, job_id, params_match, workflow_match, redelivery in conn.execute(
+    duplicates: list[Any] = []
+    for row in conn.execute(
         _CREATE_SQL,
         {
             "rows": rows,
@@ -202,30 +223,64 @@ def create_instances_in(conn: Connection, deliveries: Sequence[Delivery]) -> Cre
             "task_kind": str(JobKind.TASK),
         },
     ):
-        if kind == "created":
+        if row.kind == "created":
             result.created += 1
-            result.created_ids.append(job_id)
-        elif kind == "task":
+            result.created_ids.append(row.job_id)
+        elif row.kind == "task":
             result.tasks_created += 1
-            result.created_ids.append(job_id)
-        elif kind == "duplicate":
-            result.duplicates += 1
-            result.duplicate_ids.append(job_id)
-            mismatch = not params_match or workflow_match is False
-            flags[job_id] = flags.get(job_id, False) or mismatch
-            if redelivery:
-                result.redeliveries += 1
-            if not params_match:
-                result.mismatches += 1
-                result.mismatch_ids.append(job_id)
-            if not workflow_match:
-                result.workflow_mismatches += 1
-                result.workflow_mismatch_ids.append(job_id)
+            result.created_ids.append(row.job_id)
+        elif row.kind == "duplicate":
+            _count_duplicate(result, row, flags)
+            duplicates.append(row)
     _flag_duplicated(conn, flags)
+    # Their events after the flags (the same rows, locked in the same order); a
+    # duplicate of a plain task has no instance, hence no event.
+    lifecycle.emit(conn, [_duplicate_event(row) for row in sorted(duplicates, key=_position)])
     result.already_recorded = (
         len(deliveries) - result.created - result.tasks_created - result.duplicates
     )
     return result
+
+
+def _count_duplicate(result: CreateResult, row: Any, flags: dict[str, bool]) -> None:
+    result.duplicates += 1
+    result.duplicate_ids.append(row.job_id)
+    mismatch = not row.params_match or row.workflow_match is False
+    flags[row.job_id] = flags.get(row.job_id, False) or mismatch
+    if row.redelivery:
+        result.redeliveries += 1
+    if not row.params_match:
+        result.mismatches += 1
+        result.mismatch_ids.append(row.job_id)
+    if not row.workflow_match:
+        result.workflow_mismatches += 1
+        result.workflow_mismatch_ids.append(row.job_id)
+
+
+def _position(row: Any) -> tuple[str, int, int]:
+    return (row.topic or "", row.part or 0, row.off or 0)
+
+
+def _duplicate_event(row: Any) -> tuple[str, LifecycleEvent, dict[str, Any]]:
+    """``instance.duplicate``, or ``instance.payload_mismatch`` when the delivery's
+    params or workflow differ from the winner's: the delivery's own position."""
+    mismatch = not row.params_match or row.workflow_match is False
+    kind = LifecycleEvent.PAYLOAD_MISMATCH if mismatch else LifecycleEvent.DUPLICATE
+    return (
+        row.job_id,
+        kind,
+        {
+            "duplicate": {
+                "topic": row.topic,
+                "partition": row.part,
+                "offset": row.off,
+                "workflow": row.workflow,
+                "redelivery": bool(row.redelivery),
+                "params_match": bool(row.params_match),
+                "workflow_match": row.workflow_match is not False,
+            }
+        },
+    )
 
 
 def create_instances(db: Engine, deliveries: Sequence[Delivery]) -> CreateResult:

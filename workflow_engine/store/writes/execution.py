@@ -27,6 +27,8 @@ from sqlalchemy.exc import IntegrityError
 from onceflow.storable import storable_text
 from onceflow.vocabulary import (
     AttemptOutcome,
+    InstanceStatus,
+    LifecycleEvent,
     StepStatus,
 )
 from workflow_engine.errors import (
@@ -49,6 +51,7 @@ from workflow_engine.store.commands import (
 from workflow_engine.store.db import constraint_of, is_row_at_fault, refusal, retry_on_deadlock
 from workflow_engine.store.fragments import held
 from workflow_engine.store.fragments import json_text as _json_text
+from workflow_engine.store.lifecycle import EVENTS_ON, ONE_EVENT, outbox_insert
 from workflow_engine.store.writes import children
 
 # --- lease-guarded writes, batched -------------------------------------------------
@@ -73,6 +76,38 @@ lease AS (
         FOR SHARE OF i
     ) l
 )"""
+
+# Step events (step.completed, step.retrying, step.failed), one per checkpoint written.
+# The instance rows are already locked FOR SHARE by the lease CTE, in this statement:
+# the bump upgrades this transaction's own lock (no other transaction holds one that
+# conflicts: an instance has one write pending at a time, and every other actor that
+# locks the row, an operator, a finishing child, send_event, the worker's duplicate
+# flags, takes FOR UPDATE, which the share lock already conflicted with). With events
+# off, the bump selects nothing and no row is updated.
+_BUMP_STEPPED = f"""
+    UPDATE onceflow_instances i SET event_seq = i.event_seq + 1
+    FROM step WHERE i.job_id = step.job_id AND {EVENTS_ON}
+    RETURNING i.job_id, i.workflow, i.version, i.event_seq AS seq, i.status"""
+
+_STEP_EVENTS = outbox_insert(
+    "(SELECT b.*, step.position, step.name, input.attempt, input.outcome, input.error"
+    " FROM bumped b JOIN step USING (job_id) JOIN input USING (job_id))",
+    f"CASE e.outcome WHEN '{AttemptOutcome.COMPLETE}' THEN '{LifecycleEvent.STEP_COMPLETED}'"
+    f" WHEN '{AttemptOutcome.RETRY}' THEN '{LifecycleEvent.STEP_RETRYING}'"
+    f" ELSE '{LifecycleEvent.STEP_FAILED}' END",
+    "jsonb_build_object('step', jsonb_build_object("
+    "'position', e.position, 'name', e.name, 'attempt', e.attempt))"
+    f" || CASE WHEN e.outcome = '{AttemptOutcome.COMPLETE}' THEN '{{}}'::jsonb"
+    " ELSE jsonb_build_object('error', e.error) END",
+)
+
+# instance.complete (with the result as stored) or instance.errored (with the error).
+_FINISH_EVENTS = outbox_insert(
+    "done",
+    "'instance.' || e.status",
+    f"CASE WHEN e.status = '{InstanceStatus.COMPLETE}' THEN jsonb_build_object('result', e.result)"
+    " ELSE jsonb_build_object('error', e.error) END",
+)
 
 _START_STEPS = sa.text(
     f"""
@@ -132,7 +167,7 @@ step AS (
     -- running only: a checkpoint can never be written twice (the second finds no row)
     WHERE s.job_id = input.job_id AND s.position = input.position
       AND s.status = '{StepStatus.RUNNING}'
-    RETURNING s.job_id
+    RETURNING s.job_id, s.position, s.name
 ),
 attempt AS (
     UPDATE onceflow_step_attempts a
@@ -141,6 +176,10 @@ attempt AS (
     -- started_at is the partition key: the update reads the attempt's partition only
     WHERE a.started_at = input.started_at
       AND a.job_id = input.job_id AND a.position = input.position AND a.attempt = input.attempt
+),
+bumped AS ({_BUMP_STEPPED}
+),
+step_events AS ({_STEP_EVENTS}
 )
 SELECT job_id FROM step
 """
@@ -153,16 +192,22 @@ WITH input AS (
                          CAST(:statuses AS text[]), CAST(:results AS text[]),
                          CAST(:errors AS text[]))
         AS t(job_id, claim, status, result, error)
+),
+done AS (
+    UPDATE onceflow_instances i
+    SET status = input.status, result = CAST(input.result AS jsonb), error = input.error,
+        finished_at = now(), updated_at = now(), lease_owner = NULL, lease_expires_at = NULL,
+        -- a request that reached the run after its last step is void: the work is done,
+        -- and a finished instance carries no request (it would never be applied)
+        requested_action = NULL, event_seq = i.event_seq + {ONE_EVENT}
+    FROM input
+    WHERE i.job_id = input.job_id AND {held("i", "input.claim")}
+    RETURNING i.job_id, i.parent_job_id, i.workflow, i.version, i.event_seq AS seq, i.status,
+              i.result, i.error
+),
+finish_events AS ({_FINISH_EVENTS}
 )
-UPDATE onceflow_instances i
-SET status = input.status, result = CAST(input.result AS jsonb), error = input.error,
-    finished_at = now(), updated_at = now(), lease_owner = NULL, lease_expires_at = NULL,
-    -- a request that reached the run after its last step is void: the work is done,
-    -- and a finished instance carries no request (it would never be applied)
-    requested_action = NULL
-FROM input
-WHERE i.job_id = input.job_id AND {held("i", "input.claim")}
-RETURNING i.job_id, i.parent_job_id
+SELECT job_id, parent_job_id FROM done
 """
 )
 

@@ -40,9 +40,14 @@ import sqlalchemy as sa
 
 from onceflow.vocabulary import InstanceStatus
 from workflow_engine.model import FlowControl
+from workflow_engine.store.fragments import (
+    CLAIMED_OUT,
+    STARTED_EVENTS,
+    in_index_order,
+    mark_running,
+)
 from workflow_engine.store.fragments import NOW as _NOW
 from workflow_engine.store.fragments import RUNNABLE as _RUNNABLE
-from workflow_engine.store.fragments import in_index_order, mark_running
 
 _ORDER = "onceflow_claim_order(run_after, priority)"
 
@@ -177,6 +182,8 @@ locked AS (
 ),
 claimed AS ({mark_running("locked")}
 ),
+started AS ({STARTED_EVENTS}
+),
 starts AS (
     INSERT INTO onceflow_rate_starts (workflow, key, job_id)
     SELECT :workflow, e.rk, c.job_id FROM claimed c JOIN eligible e USING (job_id)
@@ -194,7 +201,7 @@ declared AS (
         SET spec = EXCLUDED.spec, updated_at = now()
         WHERE f.spec IS DISTINCT FROM EXCLUDED.spec
 )
-SELECT * FROM claimed
+SELECT {CLAIMED_OUT} FROM claimed
 """
 )
 

@@ -18,8 +18,10 @@ from onceflow.vocabulary import (
     BulkAction,
     ControlAction,
     InstanceStatus,
+    LifecycleEvent,
     ParentClosePolicy,
 )
+from workflow_engine.store import lifecycle
 from workflow_engine.store.commands import Lease
 from workflow_engine.store.db import retry_on_deadlock
 from workflow_engine.store.fragments import held as lease_held
@@ -75,6 +77,7 @@ def transition(
             return Transition(status, changed=False, refused=f"{job_id} is {status}, not paused")
         # Queued at once: replay re-suspends a sleep or wait that is not over yet.
         conn.execute(_RESUME, {"j": job_id, "queued": str(InstanceStatus.QUEUED)})
+        lifecycle.emit(conn, [(job_id, LifecycleEvent.RESUMED, None)])
         return Transition(InstanceStatus.QUEUED, runnable=True)
     if action != BulkAction.RESTART and status in TERMINAL_STATUSES:
         refusal = (
@@ -113,6 +116,7 @@ def apply_terminate(conn: Connection, job_id: str) -> None:
     parent = conn.execute(
         _TERMINATE, {"j": job_id, "terminated": str(InstanceStatus.TERMINATED)}
     ).scalar()
+    lifecycle.emit(conn, [(job_id, LifecycleEvent.TERMINATED, None)])
     close_children(conn, job_id)
     if parent is not None:
         children.wake_parents(conn, [(parent, job_id)])
@@ -167,6 +171,7 @@ def apply_restart(conn: Connection, job_id: str) -> None:
     conn.execute(_FORGET_STEPS, {"j": job_id})
     conn.execute(_FORGET_CONSUMED_EVENTS, {"j": job_id})
     conn.execute(_RESTART, {"j": job_id, "queued": str(InstanceStatus.QUEUED)})
+    lifecycle.emit(conn, [(job_id, LifecycleEvent.RESTARTED, None)])
 
 
 _PAUSE = sa.text(
@@ -178,6 +183,7 @@ _PAUSE = sa.text(
 
 def apply_pause(conn: Connection, job_id: str) -> None:
     conn.execute(_PAUSE, {"j": job_id, "paused": str(InstanceStatus.PAUSED)})
+    lifecycle.emit(conn, [(job_id, LifecycleEvent.PAUSED, None)])
 
 
 # The request as it stands now, under the row lock, and only while this engine holds it.

@@ -16,14 +16,16 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
-from onceflow.vocabulary import InstanceStatus, StepKind, StepStatus
+from onceflow.vocabulary import InstanceStatus, LifecycleEvent, StepKind, StepStatus
 from workflow_engine.errors import ControlRequested, LeaseLost, NonDeterminismError
+from workflow_engine.store import lifecycle
 from workflow_engine.store.commands import Lease
 from workflow_engine.store.db import constraint_of
 from workflow_engine.store.fragments import LEASE_CTE as _LEASE_CTE
 from workflow_engine.store.fragments import NOW as _NOW
 from workflow_engine.store.fragments import RUNNABLE, held, notify_runnable
 from workflow_engine.store.fragments import json_text as _json_text
+from workflow_engine.store.lifecycle import RFC3339
 from workflow_engine.store.writes import children
 
 
@@ -241,7 +243,13 @@ SET status = :status, lease_owner = NULL, lease_expires_at = NULL, updated_at = 
             THEN {_NOW} + make_interval(secs => CAST(:delay AS double precision))
         ELSE coalesce(CAST(:wake_at AS timestamptz), 'infinity') END
 WHERE i.job_id = :job_id
-RETURNING i.status IN ({RUNNABLE}) AND i.run_after <= {_NOW} AS runnable
+RETURNING i.status IN ({RUNNABLE}) AND i.run_after <= {_NOW} AS runnable,
+          -- for the instance.sleeping / instance.waiting event
+          CASE WHEN i.run_after <> 'infinity' THEN {RFC3339.format("i.run_after")} END AS until,
+          (SELECT s.event_type FROM onceflow_steps s
+           WHERE s.job_id = i.job_id AND s.kind = '{StepKind.EVENT}'
+             AND s.status = '{StepStatus.WAITING}'
+           ORDER BY s.position DESC LIMIT 1) AS event_type
 """
 )
 
@@ -279,7 +287,19 @@ def suspend(
             raise LeaseLost(f"lease on {job_id} lost before it could be suspended")
         if locked.requested_action is not None:
             raise ControlRequested(locked.requested_action)
-        runnable = bool(conn.execute(_SUSPEND, params).scalar_one())
-        if runnable:
+        done = conn.execute(_SUSPEND, params).one()
+        lifecycle.emit(conn, [(job_id, *_suspended_event(status, done.until, done.event_type))])
+        if done.runnable:
             notify_runnable(conn)
-        return runnable
+        return bool(done.runnable)
+
+
+def _suspended_event(
+    status: InstanceStatus, until: str | None, event_type: str | None
+) -> tuple[LifecycleEvent, dict[str, Any]]:
+    """``instance.sleeping`` (until when) or ``instance.waiting`` (for which event type,
+    until when if it has a timeout; no type: it waits for a child)."""
+    kind = LifecycleEvent(f"instance.{status}")
+    if kind is LifecycleEvent.WAITING:
+        return kind, {"event_type": event_type, "until": until}
+    return kind, {"until": until}

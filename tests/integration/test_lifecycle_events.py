@@ -1,0 +1,301 @@
+"""Lifecycle events on real Kafka and PostgreSQL (issue 25): what a run of workflows
+puts on the events topic, that a rolled-back change leaves no event, and the relay
+against a Kafka it cannot reach (the engine goes on, the outbox grows, backpressure
+stops the claims at the bound, then it drains)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import orjson
+import pytest
+import sqlalchemy as sa
+
+from onceflow.envelope import JobEnvelope
+from onceflow.partitioning import partition_for
+from onceflow_tools.processes import free_port
+from tests.conftest import settings_env
+from tests.integration.events_helpers import (
+    check_cloudevent,
+    check_schema,
+    event_schemas,
+    read_topic,
+    sequences,
+)
+from workflow_engine import NonRetryableError, RetryPolicy, current_step, workflow
+from workflow_engine.definitions import REGISTRY
+from workflow_engine.engine.configs import relay_config
+from workflow_engine.engine.metrics import BACKPRESSURE
+from workflow_engine.engine.relay import OutboxRelay
+from workflow_engine.engine.runner import EngineRunner
+from workflow_engine.model import Delivery
+from workflow_engine.store.operations import control
+from workflow_engine.store.writes import create_instances, create_instances_in, outbox_depth
+
+
+@workflow("ev-three-steps")
+async def three_steps(ctx, params):
+    for name in ("one", "two", "three"):
+        await ctx.step(name, str, name)
+    return {"done": params.get("n")}
+
+
+@workflow("ev-retry-then-fail")
+async def retry_then_fail(ctx, params):
+    def flaky():
+        if current_step().attempt < 2:
+            raise ConnectionError("first attempt fails")
+        raise NonRetryableError("then gives up")
+
+    await ctx.step("flaky", flaky, retries=RetryPolicy(limit=3, delay=0.01))
+
+
+@workflow("ev-sleep-wait")
+async def sleep_wait(ctx, params):
+    await ctx.sleep("nap", 0.05)
+    return await ctx.wait_for_event("go", "approved", timeout=30)
+
+
+@workflow("ev-same-name-twice")
+async def same_name_twice(ctx, params):
+    await ctx.step("a", lambda: 1)
+    await ctx.step("a", lambda: 2)  # refused: the batch carrying step 1's checkpoint rolls back
+
+
+def _deliver(db, jobs, offset=0):
+    create_instances(
+        db,
+        [
+            Delivery(JobEnvelope(job, workflow, params), "jobs", 0, offset + i)
+            for i, (job, workflow, params) in enumerate(jobs)
+        ],
+    )
+
+
+def _status(db, job_id):
+    with db.connect() as conn:
+        return conn.execute(
+            sa.text("SELECT status FROM onceflow_instances WHERE job_id = :j"), {"j": job_id}
+        ).scalar()
+
+
+def _depth(db) -> int:
+    return outbox_depth(db, 1_000_000).rows
+
+
+def _engine(settings, db, **update):
+    return EngineRunner(
+        settings.model_copy(update={"engine_poll_interval_seconds": 0.1, **update}), REGISTRY, db=db
+    )
+
+
+def _run(runner, until, timeout=30.0, during=None):
+    """Run ``runner`` until ``until()`` holds (``during()`` called each turn)."""
+
+    async def main():
+        task = asyncio.create_task(runner.run())
+        deadline = time.monotonic() + timeout
+        try:
+            while not await asyncio.to_thread(until):
+                assert time.monotonic() < deadline, "not reached in time"
+                assert not task.done(), task.result()
+                if during is not None:
+                    await asyncio.to_thread(during)
+                await asyncio.sleep(0.05)
+        finally:
+            runner.stop()
+            await task
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(90)
+def test_a_run_puts_each_jobs_events_on_the_topic_in_sequence_order(settings, db):
+    _deliver(
+        db,
+        [
+            ("ev-a", "ev-three-steps", {"n": 1}),
+            ("ev-b", "ev-retry-then-fail", {}),
+            ("ev-c", "ev-sleep-wait", {}),
+            ("ev-a", "ev-three-steps", {"n": 2}),  # a resubmission with other params
+        ],
+    )
+    _deliver(db, [("ev-a", "ev-three-steps", {"n": 1})], offset=10)  # a plain duplicate
+    runner = _engine(settings, db)
+
+    def sent_when_waiting():
+        if _status(db, "ev-c") == "waiting":
+            control.send_event(db, "ev-sleep-wait", "ev-c", "approved", {"ok": True})
+
+    _run(
+        runner,
+        lambda: (
+            _status(db, "ev-a") == "complete"
+            and _status(db, "ev-b") == "errored"
+            and _status(db, "ev-c") == "complete"
+            and _depth(db) == 0
+        ),
+        during=sent_when_waiting,
+    )
+    records = read_topic(settings.kafka_bootstrap_servers, settings.events_topic)
+    schemas = event_schemas()
+    for record in records:
+        check_cloudevent(record)
+        check_schema(record, schemas)  # docs/events.md
+    jobs = sequences(records)
+    kinds = {job: [e.kind for e in events] for job, events in jobs.items()}
+    assert kinds["ev-a"] == [
+        "instance.created",
+        "instance.payload_mismatch",
+        "instance.duplicate",
+        "instance.started",
+        "step.completed",
+        "step.completed",
+        "step.completed",
+        "instance.complete",
+    ]
+    assert kinds["ev-b"] == [
+        "instance.created",
+        "instance.started",
+        "step.retrying",
+        "instance.sleeping",
+        "step.failed",
+        "instance.errored",
+    ]
+    assert kinds["ev-c"] == [
+        "instance.created",
+        "instance.started",
+        "instance.sleeping",
+        "instance.waiting",
+        "instance.complete",
+    ]
+    a = {e.kind: e.data for e in jobs["ev-a"]}
+    assert a["instance.created"]["kafka"] == {"topic": "jobs", "partition": 0, "offset": 0}
+    assert a["instance.created"]["priority"] == 3
+    assert a["instance.payload_mismatch"]["duplicate"]["offset"] == 3
+    assert a["instance.complete"]["result"] == {"done": 1}
+    assert [e.data["step"]["name"] for e in jobs["ev-a"] if e.kind == "step.completed"] == [
+        "one",
+        "two",
+        "three",
+    ]
+    b = [e.data for e in jobs["ev-b"]]
+    assert b[2]["step"] == {"position": 0, "name": "flaky", "attempt": 1}
+    assert "first attempt fails" in b[2]["error"] and b[3]["until"]
+    assert b[4]["step"]["attempt"] == 2 and "then gives up" in b[5]["error"]
+    assert jobs["ev-c"][3].data["event_type"] == "approved" and jobs["ev-c"][3].data["until"]
+    # one partition per job (the key), the database's counter is the last sequence
+    with db.connect() as conn:
+        counters = dict(
+            conn.execute(sa.text("SELECT job_id, event_seq FROM onceflow_instances")).all()
+        )
+    assert {job: len(events) for job, events in jobs.items()} == counters
+    assert all(len({r.partition for r in records if r.key == job}) == 1 for job in jobs)
+
+
+@pytest.mark.timeout(60)
+def test_a_rolled_back_change_leaves_no_event(settings, db):
+    # The worker's batch rolled back after its statement wrote the events.
+    with pytest.raises(RuntimeError), db.begin() as conn:
+        create_instances_in(
+            conn, [Delivery(JobEnvelope("rb-gone", "ev-three-steps", {}), "jobs", 0, 0)]
+        )
+        raise RuntimeError("the batch fails after its insert")
+    # The engine's batch that carries step 1's checkpoint (with its step.completed) and
+    # step 2's refused start rolls back; the checkpoint then commits on its own, once.
+    _deliver(db, [("rb-twice", "ev-same-name-twice", {})])
+    _run(_engine(settings, db), lambda: _status(db, "rb-twice") == "errored" and _depth(db) == 0)
+    jobs = sequences(read_topic(settings.kafka_bootstrap_servers, settings.events_topic))
+    assert "rb-gone" not in jobs
+    assert [e.kind for e in jobs["rb-twice"]] == [
+        "instance.created",
+        "instance.started",
+        "step.completed",
+        "instance.errored",
+    ]
+    assert "used twice" in jobs["rb-twice"][-1].data["error"]
+
+
+@pytest.mark.timeout(90)
+def test_kafka_unreachable_the_engine_goes_on_then_backpressure_then_drains(settings, db):
+    closed = f"127.0.0.1:{free_port()}"  # nothing listens there
+    n, bound = 60, 100  # 6 events per job: the bound is reached after ~16 jobs
+    _deliver(db, [(f"kd-{i:03d}", "ev-three-steps", {"n": i}) for i in range(n)])
+    runner = _engine(
+        settings, db, events_relay=False, events_outbox_max_depth=bound, engine_concurrency=4
+    )
+    # The active relay cannot reach Kafka: it holds the lock and waits for its acks.
+    stuck = OutboxRelay(
+        db, relay_config(settings.model_copy(update={"kafka_bootstrap_servers": closed}))
+    )
+    relay = OutboxRelay(db, relay_config(settings))  # reaches Kafka; takes over later
+    threads = [threading.Thread(target=r.run, daemon=True) for r in (stuck, relay)]
+    threads[0].start()
+    held: list[tuple[int, int]] = []
+
+    def complete() -> int:
+        with db.connect() as conn:
+            return conn.execute(
+                sa.text("SELECT count(*) FROM onceflow_instances WHERE status = 'complete'")
+            ).scalar()
+
+    def watch():
+        if not relay.active and not held:
+            assert stuck.active or _depth(db) == 0
+        if BACKPRESSURE._value.get() == 1 and not held:
+            held.append((complete(), _depth(db)))
+            time.sleep(1.0)  # held back: nothing more is claimed meanwhile
+            held.append((complete(), _depth(db)))
+            threads[1].start()  # waits for the lock
+            stuck.stop()  # the stuck relay gives it up; the other takes over and drains
+            threads[0].join(10)
+
+    try:
+        _run(runner, lambda: complete() == n and _depth(db) == 0, timeout=60, during=watch)
+    finally:
+        for r, t in zip((stuck, relay), threads, strict=True):
+            r.stop()
+            if t.is_alive():
+                t.join(10)
+    assert held, "backpressure never engaged"
+    (done_at_hold, depth_at_hold), (done_later, depth_later) = held
+    assert depth_at_hold >= bound and done_at_hold < n
+    # held back: at most what was in flight finished, and claims stopped
+    assert done_later - done_at_hold <= 4 and depth_later <= depth_at_hold + 4 * 6
+    jobs = sequences(read_topic(settings.kafka_bootstrap_servers, settings.events_topic))
+    assert len(jobs) == n and all(len(events) == 6 for events in jobs.values())
+
+
+def _tail(settings, *args, **env):
+    return subprocess.run(
+        [sys.executable, "-m", "onceflow_cli", "events", "tail", *args],
+        env={**os.environ, **settings_env(settings), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.timeout(90)
+def test_events_tail_reads_one_jobs_partition_and_says_one_line_on_errors(settings, db):
+    _deliver(db, [(f"tl-{i}", "ev-three-steps", {"n": i}) for i in range(4)])
+    _run(_engine(settings, db), lambda: _depth(db) == 0 and _status(db, "tl-3") == "complete")
+    done = _tail(settings, "--job", "tl-2", "--from-beginning", "--limit", "6", "--json")
+    assert done.returncode == 0, done.stderr
+    lines = [orjson.loads(line) for line in done.stdout.splitlines()]
+    assert [line["data"]["sequence"] for line in lines] == [1, 2, 3, 4, 5, 6]
+    assert {line["data"]["job_id"] for line in lines} == {"tl-2"}
+    assert {line["partition"] for line in lines} == {
+        partition_for("tl-2", settings.topic_partitions)
+    }
+    text = _tail(settings, "--workflow", "ev-three-steps", "--from-beginning", "--limit", "2")
+    assert text.returncode == 0 and len(text.stdout.splitlines()) == 2
+    assert "instance.created" in text.stdout
+    missing = _tail(settings, "--limit", "1", ONCEFLOW_EVENTS_TOPIC="no.such.events.topic")
+    assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1
+    assert "no events topic 'no.such.events.topic'" in missing.stderr
