@@ -191,7 +191,7 @@ class Stack:
 
 def run_topics(settings: Settings) -> list[str]:
     """The topics a test or bench run made for itself (named after its run id)."""
-    return [settings.jobs_topic, settings.dlq_topic]
+    return [settings.jobs_topic, settings.dlq_topic, settings.events_topic]
 
 
 def delete_topics(settings: Settings, names: list[str], timeout: float = 10.0) -> None:
