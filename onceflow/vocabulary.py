@@ -125,6 +125,8 @@ class DeadLetterReason(StrEnum):
     UNKNOWN_TYPE = "unknown_type"
     TASK_FAILED = "task_failed"
     DATABASE_REFUSED = "database_refused"
+    INVALID_CALLBACK = "invalid_callback"  # a job's callback is not an endpoint name
+    UNKNOWN_CALLBACK = "unknown_callback"  # ... or names no configured endpoint
 
 
 class Origin(StrEnum):
@@ -244,3 +246,29 @@ class ActionResult(StrEnum):
     OK = "ok"  # done (or, for a running instance, requested of its engine)
     REFUSED = "refused"  # not allowed (key, scope, CSRF) or not applicable (state, input)
     ERROR = "error"  # failed on the way (the database, Kafka): it may or may not be done
+
+
+class WebhookStatus(StrEnum):
+    """``onceflow_webhook_deliveries.status``."""
+
+    PENDING = "pending"  # due at next_attempt_at
+    SENDING = "sending"  # claimed by a dispatcher (a lease)
+    DELIVERED = "delivered"
+    DEAD = "dead"  # gave up: dead_reason says why; `onceflow webhooks redrive`
+
+
+class WebhookDeadReason(StrEnum):
+    """``onceflow_webhook_deliveries.dead_reason``: why a delivery is dead."""
+
+    RETRIES_EXHAUSTED = "retries_exhausted"  # failed until the retry window closed
+    REFUSED_ADDRESS = "refused_address"  # the target resolved to an address not allowed
+    UNKNOWN_ENDPOINT = "unknown_endpoint"  # the endpoint is no longer configured
+
+
+class WebhookOutcome(StrEnum):
+    """``onceflow_webhook_attempts.outcome`` (NULL while the attempt is in flight)."""
+
+    DELIVERED = "delivered"  # a 2xx answer
+    FAILED = "failed"  # another answer, a timeout, a connection error: retried
+    REFUSED = "refused"  # the address was refused before connecting: not retried
+    LOST = "lost"  # the lease ran out before the outcome was recorded
