@@ -14,6 +14,7 @@ from workflow_engine.engine.batcher import BatcherConfig
 from workflow_engine.engine.presence import PresenceConfig
 from workflow_engine.engine.scheduler import SchedulerConfig
 from workflow_engine.engine.services import LeaseKeeperConfig, MaintenanceConfig, RescuerConfig
+from workflow_engine.engine.webhook_dispatcher import DispatcherConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,9 @@ class EngineConfigs:
     presence: PresenceConfig
     scheduler: SchedulerConfig
     batcher: BatcherConfig
+    #: The webhook dispatcher's, when this engine runs one (endpoints configured and
+    #: ONCEFLOW_ENGINE_WEBHOOKS on).
+    webhooks: DispatcherConfig | None = None
 
 
 def engine_configs(settings: Settings) -> EngineConfigs:
@@ -50,4 +54,24 @@ def engine_configs(settings: Settings) -> EngineConfigs:
         presence=PresenceConfig(interval_seconds=lease / 3),
         scheduler=SchedulerConfig(),
         batcher=BatcherConfig(),
+        webhooks=(webhook_config(s) if s.engine_webhooks and s.webhook_endpoints else None),
+    )
+
+
+def webhook_config(settings: Settings) -> DispatcherConfig:
+    """The webhook dispatcher's config from ``settings`` (in an engine or on its own)."""
+    s = settings
+    return DispatcherConfig(
+        bootstrap_servers=s.kafka_bootstrap_servers,
+        events_topic=s.events_topic,
+        consumer_group=s.webhook_consumer_group,
+        concurrency=s.webhook_concurrency,
+        connect_timeout=s.webhook_connect_timeout_seconds,
+        read_timeout=s.webhook_read_timeout_seconds,
+        attempt_timeout=s.webhook_attempt_timeout_seconds,
+        backoff_base=s.webhook_backoff_base_seconds,
+        backoff_max=s.webhook_backoff_max_seconds,
+        retry_seconds=s.webhook_retry_seconds,
+        lease_seconds=s.webhook_lease_seconds,
+        poll_interval=s.webhook_poll_interval_seconds,
     )

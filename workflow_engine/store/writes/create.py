@@ -39,7 +39,7 @@ WITH input AS (
         ord integer, job_id text, kind text, workflow text, params jsonb, params_digest text,
         request_id text, submitted_at timestamptz, traceparent text, origin text,
         topic text, part integer, off bigint, enqueued_at timestamptz, version text,
-        priority smallint, lane_path text[])
+        priority smallint, lane_path text[], callback text)
 ),
 firsts AS (
     SELECT DISTINCT ON (job_id) * FROM input ORDER BY job_id, ord
@@ -92,10 +92,11 @@ dups AS (
     RETURNING job_id, params_match, workflow_match, redelivery
 ),
 inst AS (
-    INSERT INTO onceflow_instances (job_id, workflow, params, version, priority, flow_lane)
+    INSERT INTO onceflow_instances (job_id, workflow, params, version, priority, flow_lane,
+                                    callback)
     SELECT f.job_id, f.workflow, f.params, f.version, f.priority,
            -- bounded (migration 0014): the lane index takes any key's value
-           onceflow_flow_lane(f.params, f.lane_path)
+           onceflow_flow_lane(f.params, f.lane_path), f.callback
     FROM firsts f JOIN upsert u USING (job_id)
     WHERE u.inserted AND f.kind = :workflow_kind
     RETURNING job_id
@@ -142,6 +143,7 @@ def _row(ord_: int, d: Delivery) -> dict[str, Any]:
         "version": d.version,
         "priority": env.priority,
         "lane_path": d.lane_path,
+        "callback": env.callback,
     }
 
 
