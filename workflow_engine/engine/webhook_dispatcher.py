@@ -261,7 +261,7 @@ class WebhookDispatcher(Service):
                     task = asyncio.create_task(self._attempt(sender, delivery, claimed_at))
                     self._inflight.add(task)
                     task.add_done_callback(self._done)
-            if len(claimed) < free:
+            if free <= 0 or len(claimed) < free:  # full, or nothing more is due
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), c.poll_interval)
