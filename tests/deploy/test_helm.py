@@ -28,6 +28,8 @@ ALL_ON = [
     "database.migrationSecret=onceflow-migrator",
     "settings.ONCEFLOW_LOG_LEVEL=DEBUG",
     "console.enabled=true",
+    "webhooks.existingSecret=onceflow-webhooks",
+    "webhooks.inEngine=false",
 ]
 CRDS = {"ServiceMonitor", "PrometheusRule", "ScaledObject"}
 

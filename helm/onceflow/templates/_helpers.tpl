@@ -33,6 +33,10 @@ ONCEFLOW_DLQ_TOPIC: {{ .Values.kafka.dlqTopic | quote }}
 ONCEFLOW_TOPIC_PARTITIONS: {{ .Values.kafka.partitions | quote }}
 ONCEFLOW_TOPIC_REPLICATION_FACTOR: {{ .Values.kafka.replicationFactor | quote }}
 ONCEFLOW_CONSUMER_GROUP: {{ .Values.kafka.consumerGroup | quote }}
+ONCEFLOW_EVENTS_TOPIC: {{ .Values.kafka.eventsTopic | quote }}
+ONCEFLOW_ENGINE_WEBHOOKS: {{ .Values.webhooks.inEngine | quote }}
+ONCEFLOW_WEBHOOK_CONCURRENCY: {{ .Values.webhooks.concurrency | quote }}
+ONCEFLOW_WEBHOOK_RETRY_SECONDS: {{ .Values.webhooks.retrySeconds | quote }}
 ONCEFLOW_WORKFLOW_MODULES: {{ .Values.workflowModules | toJson | quote }}
 ONCEFLOW_STATE_DIR: "/tmp/onceflow"
 ONCEFLOW_LOG_FORMAT: "json"
@@ -54,6 +58,17 @@ ONCEFLOW_OTEL_SERVICE_NAME_PREFIX: {{ .serviceNamePrefix | quote }}
     secretKeyRef:
       name: {{ .Values.database.existingSecret }}
       key: {{ .Values.database.secretKey }}
+{{- end -}}
+
+{{/* The webhook allow-list (with its secrets) from its Secret, for every process. */}}
+{{- define "onceflow.webhooksEnv" -}}
+{{- if .Values.webhooks.existingSecret }}
+- name: ONCEFLOW_WEBHOOK_ENDPOINTS
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.webhooks.existingSecret }}
+      key: {{ .Values.webhooks.secretKey }}
+{{- end }}
 {{- end -}}
 
 {{- define "onceflow.probes" -}}
