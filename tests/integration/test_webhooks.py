@@ -28,6 +28,7 @@ from standardwebhooks import Webhook
 from onceflow import failpoints
 from onceflow.envelope import HEADER_JOB_ID, JobEnvelope
 from onceflow.webhooks import WebhookEndpoint
+from onceflow_cli.render import render_instance
 from tests.integration.kafka_helpers import committed_offsets, produce
 from tests.integration.webhook_receiver import Answer, start_receiver, wait_for
 from workflow_engine.engine.webhook_dispatcher import DispatcherConfig, WebhookDispatcher
@@ -252,6 +253,11 @@ def test_retried_until_delivered_once_signed_and_deduplicated(settings, db, even
         ("audit", "delivered", 1, 200),
         ("recv", "delivered", 4, 200),
     ]
+    described = render_instance(view)  # onceflow instances describe
+    assert "callback: recv" in described
+    assert "webhook recv instance.complete (job-a:3): delivered, 4 attempts, last HTTP 200" in (
+        described
+    )
     trace = [t for t in job_trace(db, "job-a") if t.layer == "webhooks"]
     assert [t.event for t in trace][-4:] == ["webhook failed"] * 3 + ["webhook delivered"]
 
