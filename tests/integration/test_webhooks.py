@@ -383,3 +383,42 @@ def test_two_dispatchers_never_send_the_same_attempt(settings, db, events_topic,
     # job-x's attempt 1 was never sent; job-y's was (the 500), then B's two attempts.
     ids = [r.headers["webhook-id"] for r in receiver.requests]
     assert ids[0] == "job-y:3" and sorted(ids[1:]) == ["job-x:3", "job-y:3"]
+
+
+def test_the_intake_survives_a_failed_offset_commit(settings, db, events_topic, receiver):
+    """A batch's deliveries are committed, then its offset commit fails (the consumer
+    group rebalanced, the coordinator moved: a KafkaException; here the failpoint's
+    error in that very place). The intake goes on: a later event still becomes a
+    delivery, and the failed commit's offsets are committed with the next poll's."""
+    make_instances(db, {"job-c1": "recv", "job-c2": "recv"})
+    failed = failpoints.arm("webhooks.before_commit", "raise")
+    endpoints = {"recv": endpoint(receiver.url, allow_private=True)}
+    cfg = config(settings, events_topic)
+    with running(WebhookDispatcher(db, registry(), endpoints, cfg, "d")):
+        produce(
+            settings.kafka_bootstrap_servers,
+            events_topic,
+            [event("job-c1", 3, "instance.complete")],
+        )
+        failed.wait_reached(10)
+        wait_for(lambda: settled(db, "job-c1", "delivered"), what="job-c1 delivered")
+        produce(
+            settings.kafka_bootstrap_servers,
+            events_topic,
+            [event("job-c2", 3, "instance.complete")],
+        )
+        wait_for(lambda: settled(db, "job-c2", "delivered"), timeout=10, what="job-c2 delivered")
+        # job-c1 and job-c2 hash to different partitions: the first commit's offset
+        # is carried to the next commit, not left behind (a lag that never ends).
+        committed = wait_for(
+            lambda: (
+                committed_offsets(
+                    settings.kafka_bootstrap_servers, cfg.consumer_group, events_topic, 2
+                )
+                == {0: 1, 1: 1}
+            ),
+            timeout=10,
+            what="both partitions' offsets committed",
+        )
+    assert committed
+    assert sorted(r.headers["webhook-id"] for r in receiver.requests) == ["job-c1:3", "job-c2:3"]

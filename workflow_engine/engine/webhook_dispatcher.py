@@ -8,7 +8,8 @@ on their own (``onceflow webhooks run``):
   workflows' subscriptions and the jobs' callbacks ask for in one insert (duplicates of
   an at-least-once relay collapse on ``(event id, endpoint)``), and the offsets
   committed only after that transaction has. A database outage blocks the loop (retried
-  with backoff): no event is skipped.
+  with backoff): no event is skipped. A failed poll or offset commit (a rebalance, a
+  broker away) is logged and the loop goes on; the offsets wait for the next commit.
 * **delivery** claims due deliveries (``FOR UPDATE SKIP LOCKED``, a lease and a claim
   number), sends each attempt (:mod:`.webhook_sender`), at most ``concurrency`` at once,
   and records its outcome fenced by the claim. An attempt is sent only while the lease
@@ -126,6 +127,9 @@ class WebhookDispatcher(Service):
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._inflight: set[asyncio.Task[None]] = set()
+        #: The intake's offsets to commit, by (topic, partition): kept until a commit
+        #: succeeds (or the partition is revoked).
+        self._uncommitted: dict[tuple[str, int], int] = {}
 
     async def stop(self) -> None:
         self._stopping.set()
@@ -182,24 +186,56 @@ class WebhookDispatcher(Service):
                 "session.timeout.ms": 10000,
             }
         )
-        consumer.subscribe([self.config.events_topic])
+        consumer.subscribe([self.config.events_topic], on_revoke=self._revoked)
         return consumer
 
     async def _intake(self) -> None:
         consumer = await asyncio.to_thread(self._consumer)
+        delay = 0.1
         try:
             while not self._stopping.is_set():
-                batch = await asyncio.to_thread(
-                    consumer.consume, _POLL_BATCH, self.config.poll_interval
-                )
-                records = [m for m in batch if m.error() is None]
-                if not records:
-                    continue
-                await self._take(records)
-                offsets = _next_offsets(records)
-                await asyncio.to_thread(consumer.commit, offsets=offsets, asynchronous=False)
+                try:
+                    await self._intake_batch(consumer)
+                    delay = 0.1
+                except Exception as exc:
+                    if self._stopping.is_set():
+                        raise
+                    # A failed poll or offset commit (a rebalance, the coordinator
+                    # moving, a broker down) must not end the intake: the deliveries
+                    # are committed, the offsets are committed with the next poll's,
+                    # and events read again collapse into their deliveries.
+                    log.warning(
+                        "webhook intake: %s (goes on)",
+                        exc,
+                        extra={"event": "webhooks.intake_error"},
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
         finally:
             await asyncio.to_thread(consumer.close)
+
+    async def _intake_batch(self, consumer: Consumer) -> None:
+        """One poll: its deliveries committed, then its offsets and any a failed commit
+        left (:attr:`_uncommitted`)."""
+        batch = await asyncio.to_thread(consumer.consume, _POLL_BATCH, self.config.poll_interval)
+        records = [m for m in batch if m.error() is None]
+        if records:
+            await self._take(records)
+            for tp in _next_offsets(records):
+                self._uncommitted[(tp.topic, tp.partition)] = tp.offset
+        if not self._uncommitted:
+            return
+        await failpoints.hit_async("webhooks.before_commit")
+        offsets = [TopicPartition(t, p, o) for (t, p), o in sorted(self._uncommitted.items())]
+        await asyncio.to_thread(consumer.commit, offsets=offsets, asynchronous=False)
+        for tp in offsets:
+            if self._uncommitted.get((tp.topic, tp.partition)) == tp.offset:
+                del self._uncommitted[(tp.topic, tp.partition)]
+
+    def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """A partition given to another member: its offsets are that member's to commit."""
+        for tp in partitions:
+            self._uncommitted.pop((tp.topic, tp.partition), None)
 
     async def _take(self, records: list[Message]) -> None:
         """The batch's deliveries, committed; retried while the database cannot answer
