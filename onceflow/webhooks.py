@@ -180,6 +180,11 @@ def callback_problem(callback: Any, known: Iterable[str] | None) -> tuple[str, s
 # --- addresses (SSRF) -----------------------------------------------------------------
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+#: NAT64's well-known prefix (RFC 6052: the IPv4 address in the last 32 bits) and its
+#: local-use prefix (RFC 8215). Python's ipaddress has called the first private or
+#: global depending on its patch release: it is judged here by the address it carries.
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
 
 
 def _kind_of(ip: IPAddress) -> str | None:
@@ -193,6 +198,8 @@ def _kind_of(ip: IPAddress) -> str | None:
         return "link-local"
     if ip.is_multicast:
         return "multicast"
+    if isinstance(ip, ipaddress.IPv6Address) and (ip.is_site_local or ip in _NAT64_LOCAL):
+        return "private"
     # is_private covers RFC 1918, 100.64/10 shared space, fc00::/7, and the special
     # ranges Python lists (documentation, benchmarking, 192.0.0.0/24...).
     if ip.is_private or ip.is_reserved or not ip.is_global:
@@ -200,15 +207,28 @@ def _kind_of(ip: IPAddress) -> str | None:
     return None
 
 
+def _carried_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address a 6to4 (2002::/16) or NAT64 address reaches through its gateway."""
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip in _NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
 def address_refusal(address: str | IPAddress, endpoint: WebhookEndpoint) -> str | None:
     """Why the dispatcher must not connect to ``address`` for ``endpoint``, or None.
 
-    An IPv4-mapped IPv6 address (``::ffff:127.0.0.1``) is judged as its IPv4 address.
+    An IPv4-mapped IPv6 address (``::ffff:127.0.0.1``) is judged as its IPv4 address; a
+    6to4 or NAT64 address is refused when the IPv4 address it carries would be.
     ``allow_private`` lets every address through; ``allowed_cidrs`` lets those networks
     through whatever their kind."""
     ip = ipaddress.ip_address(address) if isinstance(address, str) else address
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
+    carried = _carried_ipv4(ip) if isinstance(ip, ipaddress.IPv6Address) else None
+    if carried is not None and _kind_of(carried) is not None:
+        ip = carried
     kind = _kind_of(ip)
     if kind is None or endpoint.allow_private:
         return None

@@ -120,6 +120,14 @@ def test_callback_problem(callback, known, code):
         ("fd00::1", "private"),
         ("::ffff:127.0.0.1", "loopback"),  # IPv4-mapped: judged as its IPv4 address
         ("::ffff:10.0.0.1", "private"),
+        # IPv6 forms that carry an IPv4 address to a gateway: judged by that address
+        # too, whatever this Python's ipaddress version thinks of the prefix.
+        ("2002:7f00:1::", "loopback"),  # 6to4 of 127.0.0.1
+        ("2002:a00:1::1", "private"),  # 6to4 of 10.0.0.1
+        ("64:ff9b::7f00:1", "loopback"),  # NAT64 (RFC 6052) of 127.0.0.1
+        ("64:ff9b::a9fe:a9fe", "link-local"),  # NAT64 of 169.254.169.254
+        ("64:ff9b:1::a00:1", "private"),  # NAT64 local-use prefix (RFC 8215)
+        ("fec0::1", "private"),  # deprecated site-local
         ("93.184.215.14", None),
         ("2606:4700:4700::1111", None),
     ],
