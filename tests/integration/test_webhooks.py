@@ -422,3 +422,55 @@ def test_the_intake_survives_a_failed_offset_commit(settings, db, events_topic, 
         )
     assert committed
     assert sorted(r.headers["webhook-id"] for r in receiver.requests) == ["job-c1:3", "job-c2:3"]
+
+
+def test_the_engine_runs_the_dispatcher_when_endpoints_are_configured(
+    settings, db, events_topic, receiver
+):
+    """An EngineRunner with endpoints configured starts the dispatcher among its
+    services: the workflow's instance runs to completion on the engine, and its final
+    event (produced as the relay would) is delivered, signed, by the engine's
+    dispatcher (the attempt's owner is the engine's). With ONCEFLOW_ENGINE_WEBHOOKS off
+    the engine runs none."""
+    from workflow_engine.engine.runner import EngineRunner
+
+    make_instances(db, {"job-eng": "recv"})
+    engine_settings = settings.model_copy(
+        update={
+            "engine_poll_interval_seconds": 0.1,
+            "webhook_endpoints": {"recv": endpoint(receiver.url, allow_private=True)},
+            "events_topic": events_topic,
+            "webhook_consumer_group": f"wh-{uuid.uuid4().hex[:8]}",
+            "webhook_attempt_timeout_seconds": 0.5,
+            "webhook_lease_seconds": 2.0,
+            "webhook_poll_interval_seconds": 0.2,
+        }
+    )
+    off = EngineRunner(engine_settings.model_copy(update={"engine_webhooks": False}), registry())
+    assert off.configs.webhooks is None
+    off.db.dispose()
+
+    async def main() -> None:
+        runner = EngineRunner(engine_settings, registry(), db=db)
+        task = asyncio.create_task(runner.run())
+        try:
+            await asyncio.to_thread(
+                wait_for, lambda: describe_instance(db, "job-eng").status == "complete"
+            )
+            produce(
+                settings.kafka_bootstrap_servers,
+                events_topic,
+                [event("job-eng", 3, "instance.complete", result=None)],
+            )
+            await asyncio.to_thread(
+                wait_for, lambda: settled(db, "job-eng", "delivered"), what="delivered"
+            )
+        finally:
+            runner.stop()
+            await asyncio.wait_for(task, 30)
+
+    asyncio.run(main())
+    [tried] = attempts(db, "job-eng")
+    assert tried.outcome == "delivered" and tried.owner.endswith(":webhooks")
+    [got] = receiver.requests
+    assert Webhook(SECRET).verify(got.body, got.headers)["data"]["job_id"] == "job-eng"
