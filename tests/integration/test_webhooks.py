@@ -27,6 +27,7 @@ from standardwebhooks import Webhook
 
 from onceflow import failpoints
 from onceflow.envelope import HEADER_JOB_ID, JobEnvelope
+from onceflow.vocabulary import WebhookDeadReason
 from onceflow.webhooks import WebhookEndpoint
 from onceflow_cli.render import render_instance
 from tests.integration.kafka_helpers import committed_offsets, produce
@@ -474,3 +475,61 @@ def test_the_engine_runs_the_dispatcher_when_endpoints_are_configured(
     assert tried.outcome == "delivered" and tried.owner.endswith(":webhooks")
     [got] = receiver.requests
     assert Webhook(SECRET).verify(got.body, got.headers)["data"]["job_id"] == "job-eng"
+
+
+def test_the_redrive_command(settings, db, monkeypatch, capsys):
+    """``onceflow webhooks redrive``: without a filter, or naming an endpoint that is not
+    configured, one line on stderr and exit status 1, nothing re-queued; with --job,
+    that job's dead delivery is pending again (due now), one line says how many, and
+    the operators' audit trail has the re-drive."""
+    import importlib
+    import sys
+
+    from workflow_engine.store.writes import NewDelivery, add_webhook_deliveries
+
+    main = importlib.import_module("onceflow_cli.main")
+    endpoints = {"recv": endpoint("http://127.0.0.1:9/hooks", allow_private=True)}
+    monkeypatch.setattr(
+        main, "_settings", lambda: settings.model_copy(update={"webhook_endpoints": endpoints})
+    )
+    make_instances(db, {"job-r1": "recv", "job-r2": "recv"})
+    dead = WebhookDeadReason.RETRIES_EXHAUSTED  # created dead, as if retried out
+    with db.begin() as conn:
+        add_webhook_deliveries(
+            conn,
+            [
+                NewDelivery(f"{j}:3", "recv", j, "wh-flow", "instance.complete", 3, "{}", dead)
+                for j in ("job-r1", "job-r2")
+            ],
+            30.0,
+        )
+
+    def run(*args: str) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["onceflow", "webhooks", "redrive", *args])
+        code = 0
+        try:
+            main.main()
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, err = run()
+    assert (code, out) == (1, "") and err.count("\n") == 1
+    assert err.startswith("onceflow: name an endpoint or a job to re-drive")
+    code, out, err = run("--endpoint", "nowhere")
+    assert (code, out) == (1, "") and err.count("\n") == 1 and "'nowhere'" in err
+    assert [r.status for r in deliveries(db, "job-r1") + deliveries(db, "job-r2")] == ["dead"] * 2
+    assert run("--job", "job-r1") == (0, "re-queued 1 dead deliveries (1 jobs)\n", "")
+    [row] = deliveries(db, "job-r1")
+    assert (row.status, row.dead_reason, row.finished_at) == ("pending", None, None)
+    assert [r.status for r in deliveries(db, "job-r2")] == ["dead"]
+    assert run("--job", "job-r1") == (0, "re-queued 0 dead deliveries (0 jobs)\n", "")
+    with db.connect() as conn:
+        audited = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM onceflow_operator_actions"
+                " WHERE action = 'redrive' AND job_id = 'job-r1'"
+            )
+        ).scalar()
+    assert audited == 2
