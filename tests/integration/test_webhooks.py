@@ -533,3 +533,43 @@ def test_the_redrive_command(settings, db, monkeypatch, capsys):
             )
         ).scalar()
     assert audited == 2
+
+
+def test_the_admin_redrive_route(settings, db):
+    """``POST /v1/instances/{workflow}/{job_id}/webhooks/redrive``: a key without
+    instances:control gets 403 and nothing moves; an unknown instance is 404 in the one
+    error body shape; with the scope, the job's dead delivery is pending again."""
+    import hashlib
+
+    from fastapi.testclient import TestClient
+
+    from onceflow.settings import ApiKey
+    from producers.api import create_app
+    from producers.models import ErrorBody
+    from tests.integration.test_admin_http import NoKafka
+    from workflow_engine.store.writes import NewDelivery, add_webhook_deliveries
+
+    make_instances(db, {"job-h1": "recv"})
+    with db.begin() as conn:
+        dead = WebhookDeadReason.RETRIES_EXHAUSTED
+        row = NewDelivery("job-h1:3", "recv", "job-h1", "wh-flow", "instance.complete", 3, "{}")
+        add_webhook_deliveries(conn, [replace(row, dead_reason=dead)], 30.0)
+    keys = [
+        ApiKey(name="r", sha256=hashlib.sha256(b"reader").hexdigest(), scopes=["jobs:read"]),
+        ApiKey(
+            name="op", sha256=hashlib.sha256(b"operator").hexdigest(), scopes=["instances:control"]
+        ),
+    ]
+    keyed = settings.model_copy(
+        update={"auth_disabled": False, "api_keys": keys, "admin_api_enabled": True}
+    )
+    path = "/v1/instances/wh-flow/{}/webhooks/redrive"
+    with TestClient(create_app(keyed, NoKafka())) as client:
+        reader, op = {"Authorization": "Bearer reader"}, {"Authorization": "Bearer operator"}
+        assert client.post(path.format("job-h1"), headers=reader).status_code == 403
+        assert [r.status for r in deliveries(db, "job-h1")] == ["dead"]
+        unknown = client.post(path.format("job-nope"), headers=op)
+        assert unknown.status_code == 404 and set(unknown.json()) == set(ErrorBody.model_fields)
+        done = client.post(path.format("job-h1"), headers=op)
+        assert done.status_code == 200 and done.json() == {"job_id": "job-h1", "requeued": 1}
+    assert [(r.status, r.dead_reason) for r in deliveries(db, "job-h1")] == [("pending", None)]
