@@ -5,12 +5,13 @@ a consumer, a DLQ reader or ``kcat`` can see them without parsing the value.
 
     {"v": 1, "job_id": "job_01J…", "workflow": "order-workflow", "params": {…},
      "request_id": "req_01J…", "submitted_at": "2026-11-29T16:00:00.123+00:00",
-     "traceparent": "00-…-…-01", "priority": 2}
+     "traceparent": "00-…-…-01", "priority": 2, "callback": "billing"}
 
 Only ``job_id``, ``workflow`` and ``params`` are required: a producer writing the topic
 directly (kcat, a Java or Go client) may leave out ``v`` (1), ``submitted_at`` (the
-Kafka record's timestamp) and ``priority`` (3; 1 is the highest, 5 the lowest), and may
-send the record without a key. The README's "The
+Kafka record's timestamp), ``priority`` (3; 1 is the highest, 5 the lowest) and
+``callback`` (none: the name of a configured webhook endpoint that gets the job's final
+lifecycle events, never a URL), and may send the record without a key. The README's "The
 record format" section is the documentation of this module, including the rule for
 evolving ``v``.
 
@@ -33,6 +34,7 @@ from onceflow.errors import InvalidEnvelope
 from onceflow.exact_numbers import exact_loads, first_inexact, floats_in, may_be_inexact
 from onceflow.ids import is_valid_job_id
 from onceflow.vocabulary import DeadLetterReason, Origin
+from onceflow.webhooks import callback_problem
 
 #: The newest record format this code reads and the one it writes. Records without
 #: ``v`` are version 1; a higher version is dead-lettered (``unsupported_version``).
@@ -100,6 +102,8 @@ class JobEnvelope:
     submitted_at: datetime = field(default_factory=_now)
     traceparent: str = ""
     priority: int = DEFAULT_PRIORITY
+    #: A webhook endpoint's name (ONCEFLOW_WEBHOOK_ENDPOINTS); None: no callback.
+    callback: str | None = None
 
     @property
     def origin(self) -> Origin:
@@ -123,6 +127,8 @@ class JobEnvelope:
             doc["traceparent"] = self.traceparent
         if self.priority != DEFAULT_PRIORITY:
             doc["priority"] = self.priority
+        if self.callback is not None:
+            doc["callback"] = self.callback
         return orjson.dumps(doc)
 
     def headers(self) -> KafkaHeaders:
@@ -177,6 +183,7 @@ class JobEnvelope:
             submitted_at=_submitted_at(doc.get("submitted_at"), timestamp),
             traceparent=str(doc.get("traceparent") or ""),
             priority=_priority(doc.get("priority", DEFAULT_PRIORITY)),
+            callback=_callback(doc.get("callback")),
         )
 
 
@@ -227,6 +234,18 @@ def _priority(value: Any) -> int:
             f"invalid priority {str(value)[:20]!r} (an integer from 1, highest, to 5)",
         )
     return value
+
+
+def _callback(value: Any) -> str | None:
+    """The callback's endpoint name, or InvalidEnvelope (``invalid_callback``) when it is
+    not one (a URL, say): whether a configured endpoint has that name is the worker's
+    check (``unknown_callback``), against its own settings."""
+    if value is None:
+        return None
+    problem = callback_problem(value, None)
+    if problem is not None:
+        raise InvalidEnvelope(DeadLetterReason.INVALID_CALLBACK, problem[1])
+    return str(value)
 
 
 def _request_id(doc: dict[str, Any], headers: Sequence[tuple[str, Any]] | None) -> str | None:

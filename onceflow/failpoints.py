@@ -49,6 +49,9 @@ POINTS: dict[str, str] = {
     "engine.before_partition_maintenance": "engine: a retention round about to run",
     "bulk.between_batches": "bulk runner: a batch committed, the next not started (lease held)",
     "relay.after_publish": "relay: a round's events acknowledged by Kafka, not yet deleted",
+    "webhooks.before_commit": "webhook dispatcher: a batch's deliveries committed, offsets not yet",
+    "webhooks.after_claim": "webhook dispatcher: a delivery claimed (attempt opened), not sent",
+    "webhooks.before_record": "webhook dispatcher: an attempt sent, its outcome not recorded",
 }
 
 

@@ -16,6 +16,8 @@ from typing import Annotated, Literal, get_args
 from pydantic import AliasChoices, BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from onceflow.webhooks import EndpointName, WebhookEndpoint
+
 Scope = Literal["jobs:submit", "jobs:read", "instances:control"]
 SCOPES: tuple[str, ...] = get_args(Scope)
 
@@ -159,6 +161,35 @@ class Settings(BaseSettings):
     events_outbox_max_depth: int = Field(default=500_000, ge=0)
     # The metrics and health port of `onceflow relay` (the relay as its own process).
     relay_metrics_port: int = 9105
+    # --- webhooks (README, "Webhooks"; docs/operations.md, "Webhooks") ---------------
+    # The allow-list: a JSON object {name: {"url", "secret": "whsec_...", "kinds"?,
+    # "allow_private"?, "allowed_cidrs"?}}. A job's `callback` and a workflow's
+    # `webhooks=[...]` name these; nothing else is ever a target. Give the same value to
+    # ingest and the worker (they refuse unknown callbacks) and to the engines.
+    webhook_endpoints: dict[EndpointName, WebhookEndpoint] = Field(default_factory=dict)
+    # The dispatcher runs inside each engine process when endpoints are configured
+    # (off: run `onceflow webhooks run` as its own process instead).
+    engine_webhooks: bool = True
+    webhook_consumer_group: str = "onceflow.webhooks"
+    # Deliveries in flight at once per dispatcher.
+    webhook_concurrency: int = Field(default=16, ge=1)
+    # One attempt: to connect, to wait for each read, and in all (headers and the
+    # bounded body). A slower receiver's attempt is a timeout, retried.
+    webhook_connect_timeout_seconds: float = Field(default=5.0, gt=0)
+    webhook_read_timeout_seconds: float = Field(default=10.0, gt=0)
+    webhook_attempt_timeout_seconds: float = Field(default=15.0, gt=0)
+    # Retries: exponential backoff with full jitter (a random delay up to
+    # base * 2^(attempt-1), capped at max), for at most retry_seconds after the event
+    # was first taken; then the delivery is dead (`onceflow webhooks redrive`).
+    webhook_backoff_base_seconds: float = Field(default=5.0, gt=0)
+    webhook_backoff_max_seconds: float = Field(default=3600.0, gt=0)
+    webhook_retry_seconds: float = Field(default=24 * 3600.0, gt=0)
+    # How long a claimed attempt is a dispatcher's own; must exceed the attempt timeout
+    # (a dispatcher sends only while its lease outlasts the attempt).
+    webhook_lease_seconds: float = Field(default=60.0, gt=0)
+    webhook_poll_interval_seconds: float = Field(default=1.0, gt=0)
+    # The metrics/health port of `onceflow webhooks run` (in an engine: the engine's).
+    webhooks_metrics_port: int = 9106
 
     # --- traces (OpenTelemetry; README, "Tracing") ------------------------------------
     # The OTLP/HTTP endpoint (e.g. http://127.0.0.1:4318): set, it turns tracing on.
@@ -212,6 +243,9 @@ def settings_env(s: Settings) -> dict[str, str]:
         "ONCEFLOW_STATE_DIR": str(s.state_dir),
         "ONCEFLOW_LOG_FORMAT": "json",
         "ONCEFLOW_WORKFLOW_MODULES": json.dumps(s.workflow_modules),
+        "ONCEFLOW_WEBHOOK_ENDPOINTS": json.dumps(
+            {name: e.model_dump() for name, e in s.webhook_endpoints.items()}
+        ),
         "ONCEFLOW_OTEL_SAMPLING_RATIO": str(s.otel_sampling_ratio),
         "ONCEFLOW_OTEL_SERVICE_NAME_PREFIX": s.otel_service_name_prefix,
         # Only when set: an empty value would hide OTEL_EXPORTER_OTLP_ENDPOINT.

@@ -125,6 +125,8 @@ class DeadLetterReason(StrEnum):
     UNKNOWN_TYPE = "unknown_type"
     TASK_FAILED = "task_failed"
     DATABASE_REFUSED = "database_refused"
+    INVALID_CALLBACK = "invalid_callback"  # a job's callback is not an endpoint name
+    UNKNOWN_CALLBACK = "unknown_callback"  # ... or names no configured endpoint
 
 
 class Origin(StrEnum):
@@ -284,3 +286,29 @@ EVENT_TYPE_PREFIX = "dev.onceflow."
 FINAL_EVENTS = frozenset(
     {LifecycleEvent.COMPLETE, LifecycleEvent.ERRORED, LifecycleEvent.TERMINATED}
 )
+
+
+class WebhookStatus(StrEnum):
+    """``onceflow_webhook_deliveries.status``."""
+
+    PENDING = "pending"  # due at next_attempt_at
+    SENDING = "sending"  # claimed by a dispatcher (a lease)
+    DELIVERED = "delivered"
+    DEAD = "dead"  # gave up: dead_reason says why; `onceflow webhooks redrive`
+
+
+class WebhookDeadReason(StrEnum):
+    """``onceflow_webhook_deliveries.dead_reason``: why a delivery is dead."""
+
+    RETRIES_EXHAUSTED = "retries_exhausted"  # failed until the retry window closed
+    REFUSED_ADDRESS = "refused_address"  # the target resolved to an address not allowed
+    UNKNOWN_ENDPOINT = "unknown_endpoint"  # the endpoint is no longer configured
+
+
+class WebhookOutcome(StrEnum):
+    """``onceflow_webhook_attempts.outcome`` (NULL while the attempt is in flight)."""
+
+    DELIVERED = "delivered"  # a 2xx answer
+    FAILED = "failed"  # another answer, a timeout, a connection error: retried
+    REFUSED = "refused"  # the address was refused before connecting: not retried
+    LOST = "lost"  # the lease ran out before the outcome was recorded

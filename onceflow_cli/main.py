@@ -657,6 +657,65 @@ def keys_new(name: str, scopes: tuple[str, ...]) -> None:
     click.echo(f"ONCEFLOW_API_KEYS entry: {orjson.dumps(entry).decode()}")
 
 
+@cli.group()
+def webhooks() -> None:
+    """Signed webhooks on lifecycle events (README, "Webhooks")."""
+
+
+@webhooks.command("run")
+def webhooks_run() -> None:
+    """Run the webhook dispatcher as its own process (engines then with
+    ONCEFLOW_ENGINE_WEBHOOKS=false)."""
+    from workflow_engine.engine.webhook_process import run_webhooks
+
+    run_webhooks(_settings())
+
+
+@webhooks.command("redrive")
+@click.option(
+    "--endpoint",
+    envvar="ONCEFLOW_REDRIVE_ENDPOINT",
+    default=None,
+    help="Only this endpoint's dead deliveries.",
+)
+@click.option(
+    "--job",
+    "job_id",
+    envvar="ONCEFLOW_REDRIVE_JOB",
+    default=None,
+    help="Only this job id's dead deliveries.",
+)
+@click.option("--all", "everything", is_flag=True, help="Every dead delivery.")
+def webhooks_redrive(endpoint: str | None, job_id: str | None, everything: bool) -> None:
+    """Re-queue dead deliveries: due now, with a new retry window; their attempts kept."""
+    from onceflow_cli.operator_log import cli_actor
+    from workflow_engine.store.operations import redrive_webhooks
+
+    settings = _settings()
+    if endpoint is not None and endpoint not in settings.webhook_endpoints:
+        raise OnceflowError(
+            f"no webhook endpoint named {endpoint!r} is configured (ONCEFLOW_WEBHOOK_ENDPOINTS)"
+        )
+    done = redrive_webhooks(
+        _db(),
+        settings.webhook_retry_seconds,
+        endpoint=endpoint,
+        job_id=job_id,
+        everything=everything,
+        actor=cli_actor(),
+    )
+    click.echo(f"re-queued {done.requeued} dead deliveries ({len(done.job_ids)} jobs)")
+
+
+@webhooks.command("secret")
+def webhooks_secret() -> None:
+    """Print a new endpoint secret (whsec_ and 32 random bytes, base64)."""
+    import base64
+    import secrets
+
+    click.echo("whsec_" + base64.b64encode(secrets.token_bytes(32)).decode())
+
+
 cli.add_command(schedules)  # onceflow_cli/schedules.py
 cli.add_command(events)  # onceflow_cli/events.py
 audit.add_command(audit_actions)  # onceflow_cli/operator_log.py

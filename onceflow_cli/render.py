@@ -69,7 +69,26 @@ def render_instance(view: InstanceView) -> str:
         lines.append(f"error: {view.error}")
     if view.finished_at:
         lines.append(f"finished: {view.finished_at.isoformat()}")
+    lines += _delivery_lines(view)
     return "\n".join(lines)
+
+
+def _delivery_lines(view: InstanceView) -> list[str]:
+    """The callback and each webhook delivery: endpoint, kind, status, attempts, last
+    code (or error), when the next attempt is due or why it is dead."""
+    lines = [f"callback: {view.callback}"] if view.callback else []
+    for d in view.deliveries:
+        state = f"{d.status}, {d.attempts} attempt{'s' if d.attempts != 1 else ''}"
+        if d.last_code is not None:
+            state += f", last HTTP {d.last_code}"
+        if d.dead_reason:
+            state += f" ({d.dead_reason})"
+        if d.next_attempt_at is not None and d.attempts:
+            state += f", next at {d.next_attempt_at.isoformat()}"
+        lines.append(f"webhook {d.endpoint} {d.kind} ({d.event_id}): {state}")
+        if d.last_error and d.status != "delivered":
+            lines.append(f"    last error: {d.last_error}")
+    return lines
 
 
 def render_trace(job_id: str, events: list[TraceEvent]) -> str:

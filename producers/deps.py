@@ -44,6 +44,8 @@ class Ingest:
     #: The admin API's bulk runner (started by the lifespan, or by the first bulk
     #: operation): it also resumes operations a dead process left running.
     bulk: BulkRunner | None = None
+    #: Webhook endpoint names a job's callback may name (None: not checked at ingest).
+    known_callbacks: frozenset[str] | None = None
 
     @classmethod
     def from_settings(
@@ -59,6 +61,9 @@ class Ingest:
             ),
             _known_types(registry) if settings.ingest_validate_types else None,
             producer,
+            known_callbacks=(
+                frozenset(settings.webhook_endpoints) if settings.ingest_validate_types else None
+            ),
         )
 
     def bulk_runner(self, db: Engine) -> BulkRunner:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from onceflow.envelope import DEFAULT_PRIORITY, PRIORITY_HIGHEST, PRIORITY_LOWEST
 from onceflow.exact_numbers import Inexact, exact_loads, may_be_inexact, scan
 from onceflow.ids import JOB_ID_PATTERN
+from onceflow.webhooks import ENDPOINT_NAME_PATTERN, callback_problem
 
 WORKFLOW_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 
@@ -34,6 +35,13 @@ class JobIn(BaseModel):
         le=PRIORITY_LOWEST,
         strict=True,
         description="1 (claimed first) to 5 (last); aged by time waited (README, Flow control).",
+    )
+    callback: str | None = Field(
+        default=None,
+        pattern=ENDPOINT_NAME_PATTERN,
+        description="A configured webhook endpoint's name (never a URL): it gets this job's"
+        " final lifecycle events, signed (README, Webhooks).",
+        examples=["billing"],
     )
 
 
@@ -114,8 +122,12 @@ def parse_jobs(
     max_batch: int,
     max_params_bytes: int,
     known_types: frozenset[str] | None = None,
+    known_callbacks: frozenset[str] | None = None,
 ) -> list[JobIn]:
-    """Parse a body holding one job or ``{"jobs": [...]}``; raise RequestError if bad."""
+    """Parse a body holding one job or ``{"jobs": [...]}``; raise RequestError if bad.
+
+    ``known_types`` / ``known_callbacks``: the workflow and task names, and the webhook
+    endpoint names, a job may name (None: not checked here; the worker dead-letters)."""
     doc, check_params = _json_object(body)
     is_batch = "jobs" in doc
     if is_batch and isinstance(doc["jobs"], list) and len(doc["jobs"]) > max_batch:
@@ -137,7 +149,18 @@ def parse_jobs(
         ) from None
     for i, job in enumerate(jobs):
         _check_job(job, i if is_batch else None, max_params_bytes, known_types, check_params)
+        if job.callback is not None and known_callbacks is not None:
+            _check_callback(job.callback, i if is_batch else None, known_callbacks)
     return jobs
+
+
+def _check_callback(callback: str, index: int | None, known: frozenset[str]) -> None:
+    problem = callback_problem(callback, known)
+    if problem is not None:
+        field = _field(index, "callback")
+        raise RequestError(
+            422, problem[0], f"{field}: {problem[1]}", [FieldError(field=field, reason=problem[0])]
+        )
 
 
 def exact_json_object(body: bytes) -> dict[str, Any]:

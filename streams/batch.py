@@ -94,6 +94,8 @@ class BatchHandler:
         self.dead_letters = DeadLetterWriter(settings, db, make_dlq_producer, self.with_db_retry)
         #: Registered names decide what a record is: a workflow, a task, or a dead letter.
         self.registry = registry
+        #: The webhook endpoints a job's callback may name.
+        self._callbacks = frozenset(settings.webhook_endpoints)
         # The records of the batch being handled, by position: a delivery that must be
         # dead-lettered later (refused by the database, a failed task) goes as it came.
         self._records: dict[tuple[str, int, int], RawRecord] = {}
@@ -113,7 +115,7 @@ class BatchHandler:
         for rec in records:
             RECORDS.labels(rec.topic, str(rec.partition)).inc()
         self._records = {(r.topic, r.partition, r.offset): r for r in records}
-        deliveries, dead = classify(records, MAX_RECORD_BYTES, self.registry)
+        deliveries, dead = classify(records, MAX_RECORD_BYTES, self.registry, self._callbacks)
         if dead:
             await asyncio.to_thread(self._dead_letter, dead)
         chunks = split_by_partition(deliveries, self.settings.streams_concurrency)

@@ -12,6 +12,7 @@ from onceflow.envelope import JobEnvelope, KafkaHeaders
 from onceflow.errors import InvalidEnvelope
 from onceflow.ids import is_valid_job_id
 from onceflow.vocabulary import DeadLetterReason, JobKind
+from onceflow.webhooks import callback_problem
 from workflow_engine.model import Delivery, Registry
 
 
@@ -48,13 +49,18 @@ class DeadLetter:
 
 
 def classify(
-    records: list[RawRecord], max_value_bytes: int, registry: Registry
+    records: list[RawRecord],
+    max_value_bytes: int,
+    registry: Registry,
+    callbacks: frozenset[str] = frozenset(),
 ) -> tuple[list[Delivery], list[DeadLetter]]:
     """Split records into valid deliveries (in order) and dead letters with a reason.
 
     ``registry`` says what a type name is (a workflow, a task, or nothing registered:
     the record is dead-lettered), and for a workflow the version and fairness lane a
-    new instance records: this process's definition of it.
+    new instance records: this process's definition of it. ``callbacks`` are the
+    webhook endpoints configured here: a job naming another is dead-lettered
+    (``unknown_callback``), as is a task with a callback (a task has no lifecycle).
     """
     deliveries: list[Delivery] = []
     dead: list[DeadLetter] = []
@@ -73,8 +79,12 @@ def classify(
             detail = f"unknown workflow or task type {env.workflow!r}"
             dead.append(DeadLetter.of(rec, DeadLetterReason.UNKNOWN_TYPE, detail, env.job_id))
             continue
-        enqueued = datetime.fromtimestamp(rec.timestamp, UTC) if rec.timestamp else None
         workflow = kind == JobKind.WORKFLOW
+        refused = _callback_refusal(env, workflow, callbacks)
+        if refused is not None:
+            dead.append(DeadLetter.of(rec, *refused, env.job_id))
+            continue
+        enqueued = datetime.fromtimestamp(rec.timestamp, UTC) if rec.timestamp else None
         version = registry.version(env.workflow) if workflow else None
         lane = registry.lane_path(env.workflow) if workflow else None
         deliveries.append(
@@ -83,6 +93,20 @@ def classify(
             )
         )
     return deliveries, dead
+
+
+def _callback_refusal(
+    env: JobEnvelope, workflow: bool, callbacks: frozenset[str]
+) -> tuple[DeadLetterReason, str] | None:
+    if env.callback is None:
+        return None
+    if not workflow:
+        detail = (
+            f"callback {env.callback!r} on task {env.workflow!r}: a task has no lifecycle events"
+        )
+        return DeadLetterReason.INVALID_CALLBACK, detail
+    problem = callback_problem(env.callback, callbacks)
+    return None if problem is None else (DeadLetterReason(problem[0]), problem[1])
 
 
 def split_by_partition(deliveries: list[Delivery], groups: int) -> list[list[Delivery]]:

@@ -22,6 +22,7 @@ _EXPORTS = {
     "Context": "workflow_engine.definitions",
     "RetryPolicy": "workflow_engine.definitions",
     "RateLimit": "workflow_engine.model",
+    "WebhookSubscription": "workflow_engine.model",
     "Schedule": "onceflow.ticks",
     "registered_tasks": "workflow_engine.definitions",
     "registered_versions": "workflow_engine.definitions",
@@ -62,6 +63,7 @@ __all__ = [
     "StepFailed",
     "StepInfo",
     "SystemClock",
+    "WebhookSubscription",
     "WorkflowContext",
     "WorkflowError",
     "create_instances",
@@ -96,7 +98,13 @@ if TYPE_CHECKING:
         StepFailed,
         WorkflowError,
     )
-    from workflow_engine.model import CreateResult, Delivery, RateLimit, Registry
+    from workflow_engine.model import (
+        CreateResult,
+        Delivery,
+        RateLimit,
+        Registry,
+        WebhookSubscription,
+    )
     from workflow_engine.steps import StepInfo, current_step
     from workflow_engine.store.writes import create_instances
 

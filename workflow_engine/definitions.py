@@ -26,6 +26,7 @@ from workflow_engine.model import (
     ScheduleDef,
     TaskDef,
     TaskFn,
+    WebhookSubscription,
     WorkflowDef,
     WorkflowFn,
     flow_control,
@@ -139,6 +140,7 @@ def workflow(
     rate_limit: RateLimit | None = None,
     fairness_key: str | None = None,
     inline_steps: bool = False,
+    webhooks: Sequence[str | WebhookSubscription] = (),
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register an async function ``(ctx, params)`` as the workflow called ``name``.
 
@@ -159,8 +161,16 @@ def workflow(
     (a dotted path on params, ``"params.customer_id"``; sleeping and waiting instances
     keep their slot only with ``hold_while_waiting``); at most ``rate_limit`` starts per
     period per key; claims rotated round-robin across the values of ``fairness_key``.
+
+    ``webhooks`` subscribes endpoints (names from ``ONCEFLOW_WEBHOOK_ENDPOINTS``) to every
+    instance's lifecycle events: a name gets the endpoint's kinds (by default the final
+    ones), a :class:`~workflow_engine.model.WebhookSubscription` the kinds it names
+    (README, "Webhooks"). A name no configured endpoint has stops the engine at start.
     """
     check_name("workflow name", name)
+    subscriptions = tuple(
+        w if isinstance(w, WebhookSubscription) else WebhookSubscription(w) for w in webhooks
+    )
     declared = _declared_schedule(name, schedule, timezone)
     flow = flow_control(
         concurrency, concurrency_key, max_per_key, hold_while_waiting, rate_limit, fairness_key
@@ -168,7 +178,9 @@ def workflow(
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         given = check_version(version) if version is not None else fingerprint(fn)
-        REGISTRY.add_workflow(WorkflowDef(fn, name, given, inline_steps, flow, declared))
+        REGISTRY.add_workflow(
+            WorkflowDef(fn, name, given, inline_steps, flow, declared, subscriptions)
+        )
         return fn
 
     return register

@@ -8,13 +8,13 @@ module; nothing here imports the store (a contract in ``pyproject.toml`` says so
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from onceflow.envelope import JobEnvelope
-from onceflow.errors import OnceflowError
+from onceflow.errors import ConfigurationError, OnceflowError
 from onceflow.ticks import TickSpec, check_name
 from onceflow.vocabulary import (
     CatchupPolicy,
@@ -24,6 +24,7 @@ from onceflow.vocabulary import (
     StepKind,
     StepStatus,
 )
+from onceflow.webhooks import callback_problem, check_kinds
 
 # --- flow control ---------------------------------------------------------------------
 
@@ -250,6 +251,25 @@ TaskFn = Callable[[dict[str, Any]], Any]
 
 
 @dataclass(frozen=True, slots=True)
+class WebhookSubscription:
+    """A workflow's subscription to its instances' lifecycle events (``@workflow(...,
+    webhooks=[...])``): the endpoint's name (``ONCEFLOW_WEBHOOK_ENDPOINTS``) and the kinds
+    it gets (None: the endpoint's ``kinds``, by default the final ones)."""
+
+    endpoint: str
+    kinds: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        problem = callback_problem(self.endpoint, None)
+        if problem is not None:
+            raise ValueError(f"webhooks: {problem[1]}")
+        if self.kinds is not None:
+            object.__setattr__(
+                self, "kinds", check_kinds(self.kinds, f"webhooks[{self.endpoint!r}]")
+            )
+
+
+@dataclass(frozen=True, slots=True)
 class WorkflowDef:
     """One workflow, as ``@workflow`` declared it."""
 
@@ -259,6 +279,7 @@ class WorkflowDef:
     inline_steps: bool = False  # its sync steps run on the event loop by default
     flow: FlowControl | None = None  # None: no flow control (the plain claim takes it)
     schedule: ScheduleDef | None = None
+    webhooks: tuple[WebhookSubscription, ...] = ()  # its instances' lifecycle events
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,3 +369,27 @@ class Registry:
         every start)."""
         by_name = {d.schedule.name: d.schedule for d in self._workflows.values() if d.schedule}
         return [by_name[name] for name in sorted(by_name)]
+
+    def webhooks(self, name: str) -> tuple[WebhookSubscription, ...]:
+        """The webhook subscriptions of workflow ``name`` (none when not registered)."""
+        definition = self._workflows.get(name)
+        return () if definition is None else definition.webhooks
+
+    def check_webhooks(self, configured: Iterable[str]) -> None:
+        """ConfigurationError naming every subscription to an endpoint not in
+        ``configured`` (the names of ``ONCEFLOW_WEBHOOK_ENDPOINTS``). The decorators run
+        at import, before a process has read its settings: each process that is handed
+        the registry checks it against its own (the engine and the dispatcher at start,
+        when endpoints are configured)."""
+        names = set(configured)
+        unknown = sorted(
+            f"{d.name!r} -> {w.endpoint!r}"
+            for d in self._workflows.values()
+            for w in d.webhooks
+            if w.endpoint not in names
+        )
+        if unknown:
+            raise ConfigurationError(
+                f"webhooks to endpoints that are not configured: {', '.join(unknown)}"
+                f" (configured: {', '.join(sorted(names)) or 'none'}; ONCEFLOW_WEBHOOK_ENDPOINTS)"
+            )

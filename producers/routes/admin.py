@@ -12,6 +12,7 @@
     GET  /v1/instances/{workflow}/{job_id}
     POST /v1/instances/{workflow}/{job_id}/{pause|resume|terminate|restart}
     POST /v1/instances/{workflow}/{job_id}/events      {"type": "...", "payload": ...}
+    POST /v1/instances/{workflow}/{job_id}/webhooks/redrive   -> {"job_id", "requeued": n}
 
 Endpoints are plain functions: FastAPI runs them in its thread pool, so the blocking
 database calls never stall the event loop that answers job submissions. The bulk
@@ -67,6 +68,7 @@ def _bulk_action_of(request: Request) -> OperatorAction:
 
 BulkOperator = Annotated[Actor, Depends(operator(_bulk_action_of))]
 EventOperator = Annotated[Actor, Depends(operator(OperatorAction.SEND_EVENT))]
+RedriveOperator = Annotated[Actor, Depends(operator(OperatorAction.REDRIVE))]
 
 
 class EventIn(BaseModel):
@@ -266,3 +268,18 @@ def send_event(
         lambda: operations.send_event(db, workflow, job_id, event.type, event.payload, actor=actor)
     )
     return {"job_id": job_id, "event_id": event_id, "type": event.type}
+
+
+@router.post("/{workflow}/{job_id}/webhooks/redrive")
+def redrive_webhooks(
+    workflow: str, job_id: str, db: DbDep, ingest: IngestDep, actor: RedriveOperator
+) -> dict[str, Any]:
+    """Re-queue the instance's dead webhook deliveries (``onceflow webhooks redrive
+    --job``): due now, with a new retry window, audited."""
+    view = describe_instance(db, job_id)
+    if view is None or view.workflow != workflow:
+        raise RequestError(404, "not_found", f"no instance of {workflow!r} with job id {job_id!r}")
+    done = operations.redrive_webhooks(
+        db, ingest.settings.webhook_retry_seconds, job_id=job_id, actor=actor
+    )
+    return {"job_id": job_id, "requeued": done.requeued}

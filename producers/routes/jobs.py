@@ -195,7 +195,11 @@ async def _read_jobs(request: Submission, ingest: Ingest) -> list[JobIn]:
             f"the body is over {settings.ingest_max_body_bytes} bytes; send fewer jobs per request",
         )
     return parse_jobs(
-        body, settings.ingest_max_batch, settings.ingest_max_params_bytes, ingest.known_types
+        body,
+        settings.ingest_max_batch,
+        settings.ingest_max_params_bytes,
+        ingest.known_types,
+        ingest.known_callbacks,
     )
 
 
@@ -244,6 +248,7 @@ def _envelopes(jobs: list[JobIn], request_id: str) -> tuple[list[JobEnvelope], i
                 now,
                 new_traceparent(),
                 job.priority,
+                job.callback,
             )
         )
     return envelopes, len(jobs) - len(envelopes)

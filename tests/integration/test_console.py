@@ -140,10 +140,23 @@ def test_the_instance_page_shows_what_each_step_returned(settings, seeded):
                 " NULL, NULL)"
             )
         )
+        # A webhook delivery that died (the dispatcher's rows, written by hand here).
+        conn.execute(
+            sa.text(
+                "INSERT INTO onceflow_webhook_deliveries (event_id, endpoint, job_id, workflow,"
+                " kind, sequence, body, status, attempts, give_up_at, last_code, dead_reason,"
+                " finished_at) VALUES ('order_0002:7', 'billing', 'order_0002', 'order-workflow',"
+                " 'instance.complete', 7, '{}', 'dead', 5, now(), 503, 'retries_exhausted', now())"
+            )
+        )
     assert step_results(seeded, "order_0002") == {0: {"held": "sku-42"}, 1: None}
     page = client_for(settings, seeded).get("/instances/order_0002").text
     assert page.count("<summary>output</summary>") == 1
     assert "sku-42" in page
+    deliveries = page[page.index('id="webhook-deliveries"') : page.index('id="h-timeline"')]
+    assert "billing" in deliveries and "instance.complete" in deliveries
+    assert "retries_exhausted" in deliveries and ">503<" in deliveries and ">5<" in deliveries
+    assert "onceflow webhooks redrive --job order_0002" in deliveries
 
 
 def test_filters_narrow_the_list_and_pages_follow_the_cursor(settings, seeded):

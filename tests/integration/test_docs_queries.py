@@ -47,6 +47,14 @@ def test_query_runs(db, sql):
         {},
     )
     record_dead_letters(db, [dead])
+    with db.begin() as conn:  # a webhook delivery and its attempt, as the dispatcher writes
+        conn.exec_driver_sql(
+            "WITH d AS (INSERT INTO onceflow_webhook_deliveries (event_id, endpoint, job_id,"
+            " workflow, kind, sequence, body, give_up_at) VALUES ('order_1001:1', 'billing',"
+            " 'order_1001', 'order-workflow', 'instance.complete', 1, '{}', now()) RETURNING id)"
+            " INSERT INTO onceflow_webhook_attempts (delivery_id, attempt, claim_count, owner,"
+            " response_code, outcome) SELECT id, 1, 1, 'test', 500, 'failed' FROM d"
+        )
     with db.connect() as conn:
         rows = conn.exec_driver_sql(sql.strip().rstrip(";")).all()
     # Running without an error is the main check; where the example data must show, it does.

@@ -29,7 +29,7 @@ def test_alert_rules_pass_promtool():
         [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 8 rules found" in result.stdout
+    assert "SUCCESS: 12 rules found" in result.stdout
 
 
 @pytest.mark.timeout(240)
@@ -96,7 +96,7 @@ def test_every_dashboard_expression_returns_data(base_settings, tmp_path, capsys
     empty = [expr for expr, n in results.items() if n == 0]
     assert empty == [], "expressions without data:\n" + "\n".join(empty)
     assert rules[0]["rules"][0]["name"] == "OnceflowConsumerLagGrowing"
-    assert len(rules[0]["rules"]) == 8
+    assert len(rules[0]["rules"]) == 12
 
 
 def _up(api: str) -> int:

@@ -26,6 +26,9 @@ from onceflow.vocabulary import (
     StepStatus,
     TaskRunStatus,
     TickTrigger,
+    WebhookDeadReason,
+    WebhookOutcome,
+    WebhookStatus,
 )
 
 # A quoted literal as PostgreSQL prints it back ('queued'::text); no value holds a quote.
@@ -55,6 +58,9 @@ def _quoted_values(definition: str) -> set[str]:
         ("onceflow_operator_actions_front_end_check", FrontEnd),
         ("onceflow_operator_actions_action_check", OperatorAction),
         ("onceflow_operator_actions_result_check", ActionResult),
+        ("onceflow_webhook_deliveries_status_check", WebhookStatus),
+        ("onceflow_webhook_deliveries_dead_reason_check", WebhookDeadReason),
+        ("onceflow_webhook_attempts_outcome_check", WebhookOutcome),
     ],
 )
 def test_check_constraint_allows_exactly_the_vocabulary(db, constraint, vocabulary):

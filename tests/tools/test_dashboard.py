@@ -22,7 +22,14 @@ def test_dashboard_shape():
     names = [v["name"] for v in doc["templating"]["list"]]
     assert names == ["datasource", "group", "topic"]
     rows = [p["title"] for p in doc["panels"] if p["type"] == "row"]
-    assert rows == ["Ingest", "Kafka lag", "Streams worker", "Workflow engine", "PostgreSQL"]
+    assert rows == [
+        "Ingest",
+        "Kafka lag",
+        "Streams worker",
+        "Workflow engine",
+        "PostgreSQL",
+        "Webhooks",
+    ]
     assert all(e.count("(") == e.count(")") for e in expressions())
     assert all("onceflow_" in e for e in expressions())
 
@@ -45,12 +52,29 @@ def _essentials(doc: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+#: Rows added after the move to the SDK (the hand-written dashboard stops before them;
+#: they are built by the same helpers, so they take the same shape).
+ADDED_ROWS = ("Webhooks",)
+
+
+def _as_hand_written() -> dict[str, Any]:
+    """The built dashboard without :data:`ADDED_ROWS` (and their panels)."""
+    doc = build()
+    first = next(i for i, p in enumerate(doc["panels"]) if p["title"] == ADDED_ROWS[0])
+    doc["panels"] = doc["panels"][:first]
+    return doc
+
+
 def test_same_panels_as_the_hand_written_dashboard():
     old = json.loads(HAND_WRITTEN.read_text())
-    new = build()
+    new = _as_hand_written()
     assert _essentials(new) == _essentials(old)
-    # what tests/integration/test_prometheus.py evaluates
-    assert expressions() == [t["expr"] for p in old["panels"] for t in p.get("targets", [])]
+    assert [p["title"] for p in build()["panels"] if p["type"] == "row"][-len(ADDED_ROWS) :] == (
+        list(ADDED_ROWS)
+    )
+    # what tests/integration/test_prometheus.py evaluates (the hand-written ones first)
+    hand_written = [t["expr"] for p in old["panels"] for t in p.get("targets", [])]
+    assert expressions()[: len(hand_written)] == hand_written
 
 
 def _diff(old: Any, new: Any, path: str, out: dict[str, set[str]]) -> None:
@@ -73,7 +97,7 @@ def _diff(old: Any, new: Any, path: str, out: dict[str, set[str]]) -> None:
 
 def test_the_sdk_only_adds_grafana_defaults():
     out: dict[str, set[str]] = {"lost": set(), "added": set()}
-    _diff(json.loads(HAND_WRITTEN.read_text()), build(), "", out)
+    _diff(json.loads(HAND_WRITTEN.read_text()), _as_hand_written(), "", out)
     # `definition` is the query's display copy, which Grafana writes back on save (the
     # SDK's variable model has no such field); an empty `current` is no selection.
     assert out["lost"] == {

@@ -267,6 +267,19 @@ def _postgresql() -> list[timeseries.Panel]:
     ]
 
 
+def _webhooks() -> list[timeseries.Panel]:
+    # Every dispatcher reports the same database-wide counts: max, not sum. (The
+    # per-endpoint counters exist only once a dispatcher runs; these gauges always.)
+    return [
+        _panel(
+            "Webhook deliveries: pending and dead",
+            "short",
+            ("pending", "max(onceflow_webhook_deliveries_pending)"),
+            ("dead", "max(onceflow_webhook_deliveries_dead)"),
+        ),
+    ]
+
+
 ROWS = {
     "Ingest": _ingest,
     "Kafka lag": _kafka_lag,
@@ -274,6 +287,7 @@ ROWS = {
     "Workflow engine": _workflow_engine,
     "Lifecycle events": _lifecycle_events,
     "PostgreSQL": _postgresql,
+    "Webhooks": _webhooks,
 }
 
 

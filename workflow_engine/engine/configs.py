@@ -16,6 +16,7 @@ from workflow_engine.engine.presence import PresenceConfig
 from workflow_engine.engine.relay import RelayConfig
 from workflow_engine.engine.scheduler import SchedulerConfig
 from workflow_engine.engine.services import LeaseKeeperConfig, MaintenanceConfig, RescuerConfig
+from workflow_engine.engine.webhook_dispatcher import DispatcherConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,9 @@ class EngineConfigs:
     relay: RelayConfig | None = None
     #: The outbox watch and its backpressure on claims (None: events off).
     backpressure: BackpressureConfig | None = None
+    #: The webhook dispatcher's, when this engine runs one (endpoints configured and
+    #: ONCEFLOW_ENGINE_WEBHOOKS on).
+    webhooks: DispatcherConfig | None = None
 
 
 def relay_config(settings: Settings) -> RelayConfig:
@@ -71,4 +75,24 @@ def engine_configs(settings: Settings) -> EngineConfigs:
         backpressure=(
             BackpressureConfig(max_depth=s.events_outbox_max_depth) if s.lifecycle_events else None
         ),
+        webhooks=(webhook_config(s) if s.engine_webhooks and s.webhook_endpoints else None),
+    )
+
+
+def webhook_config(settings: Settings) -> DispatcherConfig:
+    """The webhook dispatcher's config from ``settings`` (in an engine or on its own)."""
+    s = settings
+    return DispatcherConfig(
+        bootstrap_servers=s.kafka_bootstrap_servers,
+        events_topic=s.events_topic,
+        consumer_group=s.webhook_consumer_group,
+        concurrency=s.webhook_concurrency,
+        connect_timeout=s.webhook_connect_timeout_seconds,
+        read_timeout=s.webhook_read_timeout_seconds,
+        attempt_timeout=s.webhook_attempt_timeout_seconds,
+        backoff_base=s.webhook_backoff_base_seconds,
+        backoff_max=s.webhook_backoff_max_seconds,
+        retry_seconds=s.webhook_retry_seconds,
+        lease_seconds=s.webhook_lease_seconds,
+        poll_interval=s.webhook_poll_interval_seconds,
     )

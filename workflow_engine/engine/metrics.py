@@ -145,3 +145,35 @@ BACKPRESSURE = Gauge(
     "onceflow_events_backpressure",
     "1 while this engine holds back its claims because the outbox is too deep",
 )
+
+# --- the webhook dispatcher (in the engine, or `onceflow webhooks run`) -------------------
+_WEBHOOK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+WEBHOOK_EVENTS = Counter(
+    "onceflow_webhook_events_total",
+    "Lifecycle events read by the dispatcher, by what became of them (subscribed: one or"
+    " more deliveries; unsubscribed; skipped: not a lifecycle event it can read)",
+    ["result"],
+)
+WEBHOOK_ATTEMPTS = Counter(
+    "onceflow_webhook_attempts_total",
+    "Webhook attempts by outcome (delivered, failed, refused, lost)",
+    ["endpoint", "outcome"],
+)
+WEBHOOK_DELIVERIES = Counter(
+    "onceflow_webhook_deliveries_total",
+    "Webhook deliveries finished, by outcome (delivered, dead) and, when dead, reason",
+    ["endpoint", "outcome", "reason"],
+)
+WEBHOOK_ATTEMPT_DURATION = Histogram(
+    "onceflow_webhook_attempt_duration_seconds",
+    "One webhook attempt, from resolving the host to the bounded body read",
+    ["endpoint"],
+    buckets=_WEBHOOK_BUCKETS,
+)
+WEBHOOK_PENDING = Gauge(
+    "onceflow_webhook_deliveries_pending", "Webhook deliveries not yet delivered nor dead"
+)
+WEBHOOK_DEAD = Gauge(
+    "onceflow_webhook_deliveries_dead", "Dead webhook deliveries (`onceflow webhooks redrive`)"
+)

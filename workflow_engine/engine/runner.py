@@ -65,6 +65,7 @@ from workflow_engine.engine.presence import Presence
 from workflow_engine.engine.relay import RelayService
 from workflow_engine.engine.scheduler import Scheduler
 from workflow_engine.engine.services import LeaseKeeper, Maintenance, Rescuer, Run, Service
+from workflow_engine.engine.webhook_dispatcher import WebhookDispatcher
 from workflow_engine.errors import ControlRequested, LeaseLost, Suspend, WorkflowError
 from workflow_engine.model import Registry
 from workflow_engine.store import (
@@ -97,6 +98,8 @@ class EngineRunner:
         #: The workflows this engine runs (and claims: their versions, flow control).
         self.registry = registry
         self.configs = engine_configs(settings)  # the services' configs, checked here
+        if settings.webhook_endpoints:  # a subscription to an unknown endpoint stops here
+            registry.check_webhooks(settings.webhook_endpoints)
         # Connections: the group-commit writers, the claim loop, the rescuer and
         # maintenance, and the rare single writes (sleeps, waits) — not one per instance.
         self.db = db or make_engine(
@@ -176,6 +179,16 @@ class EngineRunner:
         extra: list[Service] = [] if self.backpressure is None else [self.backpressure]
         if c.relay is not None:
             extra.append(RelayService(self.db, c.relay))
+        if c.webhooks is not None:
+            extra.append(
+                WebhookDispatcher(
+                    self.db,
+                    self.registry,
+                    self.settings.webhook_endpoints,
+                    c.webhooks,
+                    f"{self.owner}:webhooks",
+                )
+            )
         return [
             *extra,
             LeaseKeeper(self.batcher, self._inflight, c.lease_keeper),

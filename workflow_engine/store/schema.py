@@ -72,6 +72,8 @@ PRODUCT = MigrationSet(
         "onceflow_flow_controls",
         "onceflow_operator_actions",
         "onceflow_outbox",
+        "onceflow_webhook_deliveries",
+        "onceflow_webhook_attempts",
     ),
 )
 

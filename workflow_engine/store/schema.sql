@@ -7,36 +7,24 @@ CREATE FUNCTION public.job_trace(p_job_id text) RETURNS TABLE(at timestamp with 
     LANGUAGE sql STABLE
     AS $$
 SELECT t.at, t.event, t.detail, t.layer FROM (
-    -- A child has no HTTP request nor Kafka record: its 'received' / 'enqueued' rows
-    -- would only say "-"; its own 'instance created' row names its parent instead.
-    SELECT b.at, b.event, coalesce(b.detail, '') AS detail, b.layer, b.n AS ord, 0 AS src
-    FROM job_trace_without_children(p_job_id) WITH ORDINALITY AS b(at, event, detail, layer, n)
-    WHERE NOT (b.event IN ('received', 'enqueued', 'instance created') AND EXISTS (
-        SELECT 1 FROM onceflow_jobs j WHERE j.job_id = p_job_id AND j.origin = 'child'))
+    SELECT b.at, b.event, b.detail, b.layer, b.n AS ord, 0 AS src
+    FROM job_trace_without_webhooks(p_job_id) WITH ORDINALITY AS b(at, event, detail, layer, n)
     UNION ALL
-    SELECT i.created_at, 'instance created',
-           'workflow ' || i.workflow || ', started by parent ' || i.parent_job_id
-             || ' (on parent close: ' || i.parent_close_policy || ')',
-           'engine', 0, 0
-    FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
-    WHERE i.job_id = p_job_id AND j.origin = 'child'
+    SELECT a.started_at, 'webhook ' || coalesce(a.outcome, 'sending'),
+           d.endpoint || ' ' || d.kind || ' (attempt ' || a.attempt
+             || coalesce(', HTTP ' || a.response_code, '')
+             || coalesce(', ' || round(a.latency_ms::numeric, 1) || ' ms', '')
+             || coalesce(': ' || a.error, '') || ')',
+           'webhooks', a.attempt, 1
+    FROM onceflow_webhook_deliveries d
+    JOIN onceflow_webhook_attempts a ON a.delivery_id = d.id
+    WHERE d.job_id = p_job_id
     UNION ALL
-    SELECT s.started_at, 'child started',
-           '"' || s.name || '" ' || s.child_job_id
-             || coalesce(' (workflow ' || c.workflow || ')', ''), 'engine', 0, 1
-    FROM onceflow_steps s LEFT JOIN onceflow_instances c ON c.job_id = s.child_job_id
-    WHERE s.job_id = p_job_id AND s.kind = 'child'
-    UNION ALL
-    SELECT c.finished_at, 'child ' || c.status,
-           '"' || s.name || '" ' || s.child_job_id || coalesce(': ' || c.error, ''), 'engine', 0, 2
-    FROM onceflow_steps s JOIN onceflow_instances c ON c.job_id = s.child_job_id
-    WHERE s.job_id = p_job_id AND s.kind = 'child' AND c.finished_at IS NOT NULL
-    UNION ALL
-    SELECT s.finished_at,
-           CASE s.status WHEN 'complete' THEN 'child result taken' ELSE 'child failure raised' END,
-           '"' || s.name || '" ' || s.child_job_id || coalesce(': ' || s.error, ''), 'engine', 0, 3
-    FROM onceflow_steps s
-    WHERE s.job_id = p_job_id AND s.kind = 'child' AND s.finished_at IS NOT NULL
+    SELECT d.finished_at, 'webhook dead', d.endpoint || ' ' || d.kind || ': ' || d.dead_reason
+             || coalesce(' (' || d.last_error || ')', ''),
+           'webhooks', d.attempts + 1, 1
+    FROM onceflow_webhook_deliveries d
+    WHERE d.job_id = p_job_id AND d.status = 'dead'
 ) AS t
 ORDER BY date_trunc('milliseconds', t.at), t.src, t.ord, t.at
 $$;
@@ -132,6 +120,44 @@ SELECT t.at, t.event, t.detail, t.layer FROM (
     FROM onceflow_task_runs t WHERE t.job_id = p_job_id AND t.finished_at IS NOT NULL
 ) AS t
 ORDER BY date_trunc('milliseconds', t.at), t.ord, t.at
+$$;
+
+CREATE FUNCTION public.job_trace_without_webhooks(p_job_id text) RETURNS TABLE(at timestamp with time zone, event text, detail text, layer text)
+    LANGUAGE sql STABLE
+    AS $$
+SELECT t.at, t.event, t.detail, t.layer FROM (
+    -- A child has no HTTP request nor Kafka record: its 'received' / 'enqueued' rows
+    -- would only say "-"; its own 'instance created' row names its parent instead.
+    SELECT b.at, b.event, coalesce(b.detail, '') AS detail, b.layer, b.n AS ord, 0 AS src
+    FROM job_trace_without_children(p_job_id) WITH ORDINALITY AS b(at, event, detail, layer, n)
+    WHERE NOT (b.event IN ('received', 'enqueued', 'instance created') AND EXISTS (
+        SELECT 1 FROM onceflow_jobs j WHERE j.job_id = p_job_id AND j.origin = 'child'))
+    UNION ALL
+    SELECT i.created_at, 'instance created',
+           'workflow ' || i.workflow || ', started by parent ' || i.parent_job_id
+             || ' (on parent close: ' || i.parent_close_policy || ')',
+           'engine', 0, 0
+    FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
+    WHERE i.job_id = p_job_id AND j.origin = 'child'
+    UNION ALL
+    SELECT s.started_at, 'child started',
+           '"' || s.name || '" ' || s.child_job_id
+             || coalesce(' (workflow ' || c.workflow || ')', ''), 'engine', 0, 1
+    FROM onceflow_steps s LEFT JOIN onceflow_instances c ON c.job_id = s.child_job_id
+    WHERE s.job_id = p_job_id AND s.kind = 'child'
+    UNION ALL
+    SELECT c.finished_at, 'child ' || c.status,
+           '"' || s.name || '" ' || s.child_job_id || coalesce(': ' || c.error, ''), 'engine', 0, 2
+    FROM onceflow_steps s JOIN onceflow_instances c ON c.job_id = s.child_job_id
+    WHERE s.job_id = p_job_id AND s.kind = 'child' AND c.finished_at IS NOT NULL
+    UNION ALL
+    SELECT s.finished_at,
+           CASE s.status WHEN 'complete' THEN 'child result taken' ELSE 'child failure raised' END,
+           '"' || s.name || '" ' || s.child_job_id || coalesce(': ' || s.error, ''), 'engine', 0, 3
+    FROM onceflow_steps s
+    WHERE s.job_id = p_job_id AND s.kind = 'child' AND s.finished_at IS NOT NULL
+) AS t
+ORDER BY date_trunc('milliseconds', t.at), t.src, t.ord, t.at
 $$;
 
 CREATE FUNCTION public.onceflow_add_partition(p_parent text, p_from timestamp with time zone, p_to timestamp with time zone) RETURNS text
@@ -408,7 +434,7 @@ CREATE TABLE public.onceflow_dead_letters (
     headers jsonb DEFAULT '{}'::jsonb NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT onceflow_dead_letters_dlq_position_check CHECK (((dlq_partition IS NULL) = (dlq_offset IS NULL))),
-    CONSTRAINT onceflow_dead_letters_reason_check CHECK ((reason = ANY (ARRAY['no_value'::text, 'not_json'::text, 'not_an_object'::text, 'unsupported_version'::text, 'invalid_job_id'::text, 'key_mismatch'::text, 'missing_workflow'::text, 'invalid_params'::text, 'invalid_submitted_at'::text, 'invalid_priority'::text, 'too_large'::text, 'unknown_type'::text, 'task_failed'::text, 'database_refused'::text])))
+    CONSTRAINT onceflow_dead_letters_reason_check CHECK ((reason = ANY (ARRAY['database_refused'::text, 'invalid_callback'::text, 'invalid_job_id'::text, 'invalid_params'::text, 'invalid_priority'::text, 'invalid_submitted_at'::text, 'key_mismatch'::text, 'missing_workflow'::text, 'no_value'::text, 'not_an_object'::text, 'not_json'::text, 'task_failed'::text, 'too_large'::text, 'unknown_type'::text, 'unsupported_version'::text, 'unknown_callback'::text])))
 );
 
 ALTER TABLE public.onceflow_dead_letters ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
@@ -528,6 +554,8 @@ CREATE TABLE public.onceflow_instances (
     duplicated boolean DEFAULT false NOT NULL,
     mismatched boolean DEFAULT false NOT NULL,
     event_seq integer DEFAULT 0 NOT NULL,
+    callback text,
+    CONSTRAINT onceflow_instances_callback_length CHECK ((char_length(callback) <= 64)),
     CONSTRAINT onceflow_instances_finished_check CHECK (((status = ANY (ARRAY['complete'::text, 'errored'::text, 'terminated'::text])) = (finished_at IS NOT NULL))),
     CONSTRAINT onceflow_instances_lease_check CHECK (((status = 'running'::text) = ((lease_owner IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
     CONSTRAINT onceflow_instances_mismatched_check CHECK ((duplicated OR (NOT mismatched))),
@@ -543,6 +571,8 @@ COMMENT ON COLUMN public.onceflow_instances.duplicated IS 'A later delivery of t
 COMMENT ON COLUMN public.onceflow_instances.mismatched IS 'One of those deliveries had other params or named another workflow.';
 
 COMMENT ON COLUMN public.onceflow_instances.event_seq IS 'The sequence of the last lifecycle event written for this instance (0: none yet).';
+
+COMMENT ON COLUMN public.onceflow_instances.callback IS 'The webhook endpoint (a configured name) the job asked its lifecycle events be sent to.';
 
 CREATE TABLE public.onceflow_jobs (
     job_id text NOT NULL,
@@ -735,6 +765,67 @@ CREATE TABLE public.onceflow_task_runs (
     CONSTRAINT onceflow_task_runs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'succeeded'::text, 'dead_lettered'::text])))
 );
 
+CREATE TABLE public.onceflow_webhook_attempts (
+    delivery_id bigint NOT NULL,
+    attempt integer NOT NULL,
+    claim_count integer NOT NULL,
+    owner text NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    latency_ms double precision,
+    response_code integer,
+    error text,
+    outcome text,
+    CONSTRAINT onceflow_webhook_attempts_error_length CHECK ((char_length(error) <= 1000)),
+    CONSTRAINT onceflow_webhook_attempts_outcome_check CHECK ((outcome = ANY (ARRAY['delivered'::text, 'failed'::text, 'refused'::text, 'lost'::text]))),
+    CONSTRAINT onceflow_webhook_attempts_owner_length CHECK ((char_length(owner) <= 200))
+);
+
+COMMENT ON TABLE public.onceflow_webhook_attempts IS 'Each attempt to send a webhook delivery: when, how long, the response code or error.';
+
+CREATE TABLE public.onceflow_webhook_deliveries (
+    id bigint NOT NULL,
+    event_id text NOT NULL,
+    endpoint text NOT NULL,
+    job_id text NOT NULL,
+    workflow text NOT NULL,
+    kind text NOT NULL,
+    sequence integer NOT NULL,
+    body text NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone DEFAULT now() NOT NULL,
+    give_up_at timestamp with time zone NOT NULL,
+    claim_count integer DEFAULT 0 NOT NULL,
+    lease_owner text,
+    lease_expires_at timestamp with time zone,
+    last_code integer,
+    last_error text,
+    dead_reason text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    CONSTRAINT onceflow_webhook_deliveries_dead_check CHECK (((status = 'dead'::text) = (dead_reason IS NOT NULL))),
+    CONSTRAINT onceflow_webhook_deliveries_dead_reason_check CHECK ((dead_reason = ANY (ARRAY['retries_exhausted'::text, 'refused_address'::text, 'unknown_endpoint'::text]))),
+    CONSTRAINT onceflow_webhook_deliveries_endpoint_length CHECK ((char_length(endpoint) <= 64)),
+    CONSTRAINT onceflow_webhook_deliveries_event_id_length CHECK ((char_length(event_id) <= 200)),
+    CONSTRAINT onceflow_webhook_deliveries_kind_length CHECK ((char_length(kind) <= 64)),
+    CONSTRAINT onceflow_webhook_deliveries_last_error_length CHECK ((char_length(last_error) <= 1000)),
+    CONSTRAINT onceflow_webhook_deliveries_lease_check CHECK (((status = 'sending'::text) = (lease_expires_at IS NOT NULL))),
+    CONSTRAINT onceflow_webhook_deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'sending'::text, 'delivered'::text, 'dead'::text])))
+);
+
+COMMENT ON TABLE public.onceflow_webhook_deliveries IS 'Webhook deliveries: one per (lifecycle event, subscribed endpoint), retried until delivered or dead.';
+
+ALTER TABLE public.onceflow_webhook_deliveries ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.onceflow_webhook_deliveries_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
 ALTER TABLE ONLY public.onceflow_duplicate_deliveries ATTACH PARTITION public.onceflow_duplicate_deliveries_default DEFAULT;
 
 ALTER TABLE ONLY public.onceflow_step_attempts ATTACH PARTITION public.onceflow_step_attempts_default DEFAULT;
@@ -813,6 +904,15 @@ ALTER TABLE ONLY public.onceflow_steps
 ALTER TABLE ONLY public.onceflow_task_runs
     ADD CONSTRAINT onceflow_task_runs_job_id_key PRIMARY KEY (job_id);
 
+ALTER TABLE ONLY public.onceflow_webhook_attempts
+    ADD CONSTRAINT onceflow_webhook_attempts_pkey PRIMARY KEY (delivery_id, attempt);
+
+ALTER TABLE ONLY public.onceflow_webhook_deliveries
+    ADD CONSTRAINT onceflow_webhook_deliveries_event_endpoint_key UNIQUE (event_id, endpoint);
+
+ALTER TABLE ONLY public.onceflow_webhook_deliveries
+    ADD CONSTRAINT onceflow_webhook_deliveries_pkey PRIMARY KEY (id);
+
 CREATE INDEX onceflow_dead_letters_job_idx ON public.onceflow_dead_letters USING btree (job_id);
 
 CREATE INDEX onceflow_duplicate_deliveries_job_idx ON ONLY public.onceflow_duplicate_deliveries USING btree (job_id);
@@ -855,6 +955,14 @@ CREATE INDEX onceflow_rate_starts_idx ON public.onceflow_rate_starts USING btree
 
 CREATE INDEX onceflow_schedules_due_idx ON public.onceflow_schedules USING btree (next_fire_at) WHERE (NOT paused);
 
+CREATE INDEX onceflow_webhook_deliveries_dead_idx ON public.onceflow_webhook_deliveries USING btree (endpoint, id) WHERE (status = 'dead'::text);
+
+CREATE INDEX onceflow_webhook_deliveries_due_idx ON public.onceflow_webhook_deliveries USING btree (next_attempt_at) WHERE (status = 'pending'::text);
+
+CREATE INDEX onceflow_webhook_deliveries_job_idx ON public.onceflow_webhook_deliveries USING btree (job_id, id);
+
+CREATE INDEX onceflow_webhook_deliveries_lease_idx ON public.onceflow_webhook_deliveries USING btree (lease_expires_at) WHERE (status = 'sending'::text);
+
 ALTER INDEX public.onceflow_duplicate_deliveries_job_idx ATTACH PARTITION public.onceflow_duplicate_deliveries_default_job_id_idx;
 
 ALTER INDEX public.onceflow_duplicate_deliveries_pkey ATTACH PARTITION public.onceflow_duplicate_deliveries_default_pkey;
@@ -880,3 +988,9 @@ ALTER TABLE ONLY public.onceflow_steps
 
 ALTER TABLE ONLY public.onceflow_task_runs
     ADD CONSTRAINT onceflow_task_runs_job_fkey FOREIGN KEY (job_id) REFERENCES public.onceflow_jobs(job_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.onceflow_webhook_attempts
+    ADD CONSTRAINT onceflow_webhook_attempts_delivery_fkey FOREIGN KEY (delivery_id) REFERENCES public.onceflow_webhook_deliveries(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.onceflow_webhook_deliveries
+    ADD CONSTRAINT onceflow_webhook_deliveries_job_fkey FOREIGN KEY (job_id) REFERENCES public.onceflow_instances(job_id) ON DELETE CASCADE;

@@ -34,6 +34,7 @@ spec:
                 name: {{ include "onceflow.fullname" $root }}-settings
           env:
             {{- include "onceflow.databaseEnv" $root | nindent 12 }}
+            {{- include "onceflow.webhooksEnv" $root | nindent 12 }}
             {{- range $key, $value := .env }}
             - name: {{ $key }}
               value: {{ $value | quote }}

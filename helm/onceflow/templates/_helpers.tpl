@@ -33,6 +33,9 @@ ONCEFLOW_DLQ_TOPIC: {{ .Values.kafka.dlqTopic | quote }}
 ONCEFLOW_TOPIC_PARTITIONS: {{ .Values.kafka.partitions | quote }}
 ONCEFLOW_TOPIC_REPLICATION_FACTOR: {{ .Values.kafka.replicationFactor | quote }}
 ONCEFLOW_CONSUMER_GROUP: {{ .Values.kafka.consumerGroup | quote }}
+ONCEFLOW_ENGINE_WEBHOOKS: {{ .Values.webhooks.inEngine | quote }}
+ONCEFLOW_WEBHOOK_CONCURRENCY: {{ .Values.webhooks.concurrency | quote }}
+ONCEFLOW_WEBHOOK_RETRY_SECONDS: {{ .Values.webhooks.retrySeconds | quote }}
 ONCEFLOW_WORKFLOW_MODULES: {{ .Values.workflowModules | toJson | quote }}
 {{- with .Values.events }}
 ONCEFLOW_LIFECYCLE_EVENTS: {{ .enabled | quote }}
@@ -60,6 +63,17 @@ ONCEFLOW_OTEL_SERVICE_NAME_PREFIX: {{ .serviceNamePrefix | quote }}
     secretKeyRef:
       name: {{ .Values.database.existingSecret }}
       key: {{ .Values.database.secretKey }}
+{{- end -}}
+
+{{/* The webhook allow-list (with its secrets) from its Secret, for every process. */}}
+{{- define "onceflow.webhooksEnv" -}}
+{{- if .Values.webhooks.existingSecret }}
+- name: ONCEFLOW_WEBHOOK_ENDPOINTS
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.webhooks.existingSecret }}
+      key: {{ .Values.webhooks.secretKey }}
+{{- end }}
 {{- end -}}
 
 {{- define "onceflow.probes" -}}

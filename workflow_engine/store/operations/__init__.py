@@ -58,6 +58,11 @@ from workflow_engine.store.operations.schedules import (
     pause_schedule,
     resume_schedule,
 )
+from workflow_engine.store.operations.webhooks import (
+    NothingToRedrive,
+    WebhookRedrive,
+    redrive_webhooks,
+)
 from workflow_engine.store.operator_audit import (
     ActionEntry,
     Actor,
@@ -89,9 +94,11 @@ __all__ = [
     "EventRefusal",
     "InstanceNotFound",
     "InvalidEvent",
+    "NothingToRedrive",
     "ScheduleExists",
     "ScheduleNotFound",
     "Verdict",
+    "WebhookRedrive",
     "announce",
     "backfill",
     "bulk_status",
@@ -107,6 +114,7 @@ __all__ = [
     "record",
     "record_quietly",
     "redrive_letters",
+    "redrive_webhooks",
     "refuse_empty",
     "restart",
     "resume",

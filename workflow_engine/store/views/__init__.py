@@ -62,6 +62,10 @@ from workflow_engine.store.views.trace import (
     TraceEvent,
     job_trace,
 )
+from workflow_engine.store.views.webhooks import (
+    DeliveryView,
+    deliveries_of,
+)
 from workflow_engine.store.writes.dead_letters import (
     DeadLetterRow,
     DeadLetterView,
@@ -78,6 +82,7 @@ __all__ = [
     "ActionPage",
     "DeadLetterRow",
     "DeadLetterView",
+    "DeliveryView",
     "InstanceFilter",
     "InstanceRow",
     "InstanceView",
@@ -99,6 +104,7 @@ __all__ = [
     "dead_letter_sources",
     "dead_letters_for",
     "decode_cursor",
+    "deliveries_of",
     "describe_instance",
     "encode_cursor",
     "explain_list",

@@ -19,6 +19,7 @@ from onceflow.vocabulary import (
 )
 from workflow_engine.store.fragments import TERMINAL
 from workflow_engine.store.views.engines import ENGINE_HAS, ENGINE_STALE_SECONDS
+from workflow_engine.store.views.webhooks import DeliveryView, deliveries_of
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,9 @@ class InstanceView:
     parent_job_id: str | None = None
     parent_close_policy: str | None = None
     children: list[Any] = field(default_factory=list)  # store.children.ChildView
+    # The webhook endpoint the job named (its callback), and the instance's deliveries.
+    callback: str | None = None
+    deliveries: list[DeliveryView] = field(default_factory=list)
 
     @property
     def waiting_for_engine(self) -> str | None:
@@ -92,6 +96,7 @@ class InstanceView:
         doc = {k: v for k, v in self.__dict__.items() if k != "steps"}
         doc["steps"] = [s.__dict__ for s in self.steps]
         doc["children"] = [asdict(c) for c in self.children]
+        doc["deliveries"] = [asdict(d) for d in self.deliveries]
         doc["provenance"] = self.provenance
         return doc
 
@@ -113,7 +118,7 @@ SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
            WHERE e.last_seen_at > now() - make_interval(secs => :stale)
              AND {ENGINE_HAS}) END AS engine_available,
        i.priority, onceflow_hold_reason(i.job_id) AS held_because,
-       i.parent_job_id, i.parent_close_policy
+       i.parent_job_id, i.parent_close_policy, i.callback
 FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
 -- One pass over the job id's duplicate rows, in its one partition (job_received_at,
 -- migration 0012): planning a partitioned table costs per partition and per reference.
@@ -156,9 +161,10 @@ def describe_instance(db: Engine, job_id: str) -> InstanceView | None:
         from workflow_engine.store.writes.children import list_children
 
         children = list_children(conn, job_id)
+        deliveries = deliveries_of(conn, job_id)
     fields = dict(row._mapping)
     fields["status"] = InstanceStatus(fields["status"])
-    return InstanceView(**fields, steps=steps, children=children)
+    return InstanceView(**fields, steps=steps, children=children, deliveries=deliveries)
 
 
 _TASK_RUN_STATUS = sa.text(

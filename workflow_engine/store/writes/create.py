@@ -38,9 +38,10 @@ from workflow_engine.store.lifecycle import ONE_EVENT, outbox_insert
 # instance.created, for each instance the statement inserts, with the record's position
 # from the input (the job's registry row, inserted by this statement, is not visible to it).
 _CREATED_EVENTS = outbox_insert(
-    "(SELECT n.*, f.origin, f.topic, f.part, f.off FROM inst n JOIN firsts f USING (job_id))",
+    "(SELECT n.*, f.origin, f.topic, f.part, f.off, f.callback"
+    " FROM inst n JOIN firsts f USING (job_id))",
     f"'{LifecycleEvent.CREATED}'",
-    "jsonb_build_object('priority', e.priority)",
+    "jsonb_build_object('priority', e.priority, 'callback', e.callback)",
     provenance="e.origin, e.topic, e.part, e.off",
 )
 
@@ -51,7 +52,7 @@ WITH input AS (
         ord integer, job_id text, kind text, workflow text, params jsonb, params_digest text,
         request_id text, submitted_at timestamptz, traceparent text, origin text,
         topic text, part integer, off bigint, enqueued_at timestamptz, version text,
-        priority smallint, lane_path text[])
+        priority smallint, lane_path text[], callback text)
 ),
 firsts AS (
     SELECT DISTINCT ON (job_id) * FROM input ORDER BY job_id, ord
@@ -106,10 +107,10 @@ dups AS (
 ),
 inst AS (
     INSERT INTO onceflow_instances (job_id, workflow, params, version, priority, flow_lane,
-                                    event_seq)
+                                    event_seq, callback)
     SELECT f.job_id, f.workflow, f.params, f.version, f.priority,
            -- bounded (migration 0014): the lane index takes any key's value
-           onceflow_flow_lane(f.params, f.lane_path), {ONE_EVENT}
+           onceflow_flow_lane(f.params, f.lane_path), {ONE_EVENT}, f.callback
     FROM firsts f JOIN upsert u USING (job_id)
     WHERE u.inserted AND f.kind = :workflow_kind
     RETURNING job_id, workflow, version, priority, event_seq AS seq, status
@@ -162,6 +163,7 @@ def _row(ord_: int, d: Delivery) -> dict[str, Any]:
         "version": d.version,
         "priority": env.priority,
         "lane_path": d.lane_path,
+        "callback": env.callback,
     }
 
 

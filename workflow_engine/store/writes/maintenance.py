@@ -17,6 +17,9 @@ at a time (the others skip that round); each step is its own short transaction:
    partitioned tables have no foreign key to cascade through);
 7. the operators' audit trail (``onceflow_operator_actions``) older than its own
    retention is deleted.
+
+An instance's webhook deliveries and their attempts (migration 0019) go with it in
+step 3, by their foreign keys' ``ON DELETE CASCADE`` (an index on the job id each).
 """
 
 from __future__ import annotations
