@@ -299,3 +299,56 @@ def test_events_tail_reads_one_jobs_partition_and_says_one_line_on_errors(settin
     missing = _tail(settings, "--limit", "1", ONCEFLOW_EVENTS_TOPIC="no.such.events.topic")
     assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1
     assert "no events topic 'no.such.events.topic'" in missing.stderr
+
+
+@workflow("ev-big-result")
+async def big_result(ctx, params):
+    await ctx.step("small", lambda: 1)
+    return {"blob": "x" * params["size"]}
+
+
+@pytest.mark.timeout(60)
+def test_an_event_over_the_record_limit_is_published_without_its_result_in_order(settings, db):
+    # A result under the step-result bound (1 MiB) but over the relay's record limit
+    # (ONCEFLOW_KAFKA_MAX_MESSAGE_BYTES at its 64 KiB floor): the producer refuses the
+    # record outright. The relay must publish it all the same, in its place in the
+    # job's sequence, and the outbox drain, instead of retrying that round forever.
+    limit = 64 * 1024
+    _deliver(db, [("big-1", "ev-big-result", {"size": 2 * limit}), ("big-2", "ev-three-steps", {})])
+    runner = _engine(settings, db, events_relay=False)
+    relay = OutboxRelay(
+        db, relay_config(settings.model_copy(update={"kafka_max_message_bytes": limit}))
+    )
+    thread = threading.Thread(target=relay.run, daemon=True)
+    thread.start()
+    try:
+        _run(
+            runner,
+            lambda: (
+                _status(db, "big-1") == "complete"
+                and _status(db, "big-2") == "complete"
+                and _depth(db) == 0
+            ),
+            timeout=30,
+        )
+    finally:
+        relay.stop()
+        thread.join(10)
+    records = read_topic(settings.kafka_bootstrap_servers, settings.events_topic)
+    schemas = event_schemas()
+    for record in records:
+        check_cloudevent(record)
+        check_schema(record, schemas)
+    jobs = sequences(records)
+    assert [e.kind for e in jobs["big-1"]] == [
+        "instance.created",
+        "instance.started",
+        "step.completed",
+        "instance.complete",
+    ]
+    done = jobs["big-1"][-1].data
+    assert "result" not in done and done["result_too_large"] is True
+    assert done["status"] == "complete" and done["sequence"] == 4
+    assert len(jobs["big-2"]) == 6
+    # published once each: no round was published again
+    assert len(records) == 10
