@@ -34,6 +34,7 @@ from workflow_engine.engine.metrics import BACKPRESSURE
 from workflow_engine.engine.relay import OutboxRelay
 from workflow_engine.engine.runner import EngineRunner
 from workflow_engine.model import Delivery
+from workflow_engine.store import make_engine
 from workflow_engine.store.operations import control
 from workflow_engine.store.writes import create_instances, create_instances_in, outbox_depth
 
@@ -352,3 +353,47 @@ def test_an_event_over_the_record_limit_is_published_without_its_result_in_order
     assert len(jobs["big-2"]) == 6
     # published once each: no round was published again
     assert len(records) == 10
+
+
+def _outbox(db, job_id):
+    with db.connect() as conn:
+        return [
+            (seq, type_.removeprefix("dev.onceflow."), payload["status"])
+            for seq, type_, payload in conn.execute(
+                sa.text(
+                    "SELECT seq, type, payload FROM onceflow_outbox WHERE aggregateid = :j"
+                    " ORDER BY position"
+                ),
+                {"j": job_id},
+            )
+        ]
+
+
+@pytest.mark.timeout(30)
+def test_operators_actions_write_their_events_and_a_session_with_events_off_none(settings, db):
+    flow = "ev-three-steps"
+    _deliver(db, [("op-1", flow, {})])
+    control.pause(db, flow, "op-1")
+    control.resume(db, flow, "op-1")
+    control.terminate(db, flow, "op-1")
+    with pytest.raises(control.ControlError):
+        control.pause(db, flow, "op-1")  # refused: no change, no event
+    control.restart(db, flow, "op-1")
+    assert _outbox(db, "op-1") == [
+        (1, "instance.created", "queued"),
+        (2, "instance.paused", "paused"),
+        (3, "instance.resumed", "queued"),
+        (4, "instance.terminated", "terminated"),
+        (5, "instance.restarted", "queued"),
+    ]
+    # A process with ONCEFLOW_LIFECYCLE_EVENTS=false: its changes write no event and
+    # leave the counter alone; the pool of the process with events on is not affected.
+    off = make_engine(settings.database_url, pool_size=1, lifecycle_events=False)
+    try:
+        control.pause(off, flow, "op-1")
+        _deliver(off, [("op-2", flow, {})])
+    finally:
+        off.dispose()
+    control.resume(db, flow, "op-1")
+    assert _outbox(db, "op-1")[5:] == [(6, "instance.resumed", "queued")]
+    assert _status(db, "op-2") == "queued" and _outbox(db, "op-2") == []
