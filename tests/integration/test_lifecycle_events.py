@@ -34,6 +34,7 @@ from workflow_engine.engine.metrics import BACKPRESSURE
 from workflow_engine.engine.relay import OutboxRelay
 from workflow_engine.engine.runner import EngineRunner
 from workflow_engine.model import Delivery
+from workflow_engine.store import make_engine
 from workflow_engine.store.operations import control
 from workflow_engine.store.writes import create_instances, create_instances_in, outbox_depth
 
@@ -299,3 +300,100 @@ def test_events_tail_reads_one_jobs_partition_and_says_one_line_on_errors(settin
     missing = _tail(settings, "--limit", "1", ONCEFLOW_EVENTS_TOPIC="no.such.events.topic")
     assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1
     assert "no events topic 'no.such.events.topic'" in missing.stderr
+
+
+@workflow("ev-big-result")
+async def big_result(ctx, params):
+    await ctx.step("small", lambda: 1)
+    return {"blob": "x" * params["size"]}
+
+
+@pytest.mark.timeout(60)
+def test_an_event_over_the_record_limit_is_published_without_its_result_in_order(settings, db):
+    # A result under the step-result bound (1 MiB) but over the relay's record limit
+    # (ONCEFLOW_KAFKA_MAX_MESSAGE_BYTES at its 64 KiB floor): the producer refuses the
+    # record outright. The relay must publish it all the same, in its place in the
+    # job's sequence, and the outbox drain, instead of retrying that round forever.
+    limit = 64 * 1024
+    _deliver(db, [("big-1", "ev-big-result", {"size": 2 * limit}), ("big-2", "ev-three-steps", {})])
+    runner = _engine(settings, db, events_relay=False)
+    relay = OutboxRelay(
+        db, relay_config(settings.model_copy(update={"kafka_max_message_bytes": limit}))
+    )
+    thread = threading.Thread(target=relay.run, daemon=True)
+    thread.start()
+    try:
+        _run(
+            runner,
+            lambda: (
+                _status(db, "big-1") == "complete"
+                and _status(db, "big-2") == "complete"
+                and _depth(db) == 0
+            ),
+            timeout=30,
+        )
+    finally:
+        relay.stop()
+        thread.join(10)
+    records = read_topic(settings.kafka_bootstrap_servers, settings.events_topic)
+    schemas = event_schemas()
+    for record in records:
+        check_cloudevent(record)
+        check_schema(record, schemas)
+    jobs = sequences(records)
+    assert [e.kind for e in jobs["big-1"]] == [
+        "instance.created",
+        "instance.started",
+        "step.completed",
+        "instance.complete",
+    ]
+    done = jobs["big-1"][-1].data
+    assert "result" not in done and done["result_too_large"] is True
+    assert done["status"] == "complete" and done["sequence"] == 4
+    assert len(jobs["big-2"]) == 6
+    # published once each: no round was published again
+    assert len(records) == 10
+
+
+def _outbox(db, job_id):
+    with db.connect() as conn:
+        return [
+            (seq, type_.removeprefix("dev.onceflow."), payload["status"])
+            for seq, type_, payload in conn.execute(
+                sa.text(
+                    "SELECT seq, type, payload FROM onceflow_outbox WHERE aggregateid = :j"
+                    " ORDER BY position"
+                ),
+                {"j": job_id},
+            )
+        ]
+
+
+@pytest.mark.timeout(30)
+def test_operators_actions_write_their_events_and_a_session_with_events_off_none(settings, db):
+    flow = "ev-three-steps"
+    _deliver(db, [("op-1", flow, {})])
+    control.pause(db, flow, "op-1")
+    control.resume(db, flow, "op-1")
+    control.terminate(db, flow, "op-1")
+    with pytest.raises(control.ControlError):
+        control.pause(db, flow, "op-1")  # refused: no change, no event
+    control.restart(db, flow, "op-1")
+    assert _outbox(db, "op-1") == [
+        (1, "instance.created", "queued"),
+        (2, "instance.paused", "paused"),
+        (3, "instance.resumed", "queued"),
+        (4, "instance.terminated", "terminated"),
+        (5, "instance.restarted", "queued"),
+    ]
+    # A process with ONCEFLOW_LIFECYCLE_EVENTS=false: its changes write no event and
+    # leave the counter alone; the pool of the process with events on is not affected.
+    off = make_engine(settings.database_url, pool_size=1, lifecycle_events=False)
+    try:
+        control.pause(off, flow, "op-1")
+        _deliver(off, [("op-2", flow, {})])
+    finally:
+        off.dispose()
+    control.resume(db, flow, "op-1")
+    assert _outbox(db, "op-1")[5:] == [(6, "instance.resumed", "queued")]
+    assert _status(db, "op-2") == "queued" and _outbox(db, "op-2") == []

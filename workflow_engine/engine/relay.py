@@ -38,7 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+import orjson
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from sqlalchemy.engine import Connection, Engine
 
 from onceflow import failpoints
@@ -133,6 +134,17 @@ def producer_config(config: RelayConfig) -> dict[str, object]:
     settings["delivery.report.only.error"] = True
     settings["max.in.flight.requests.per.connection"] = 5
     return settings
+
+
+def without_result(data: bytes) -> bytes:
+    """An event's data without its ``result`` and with ``result_too_large: true``: what
+    is published when the event is over the record limit (``kafka_max_message_bytes``).
+    Only a result can be that large (errors are cut at 2,000 characters); the consumer
+    reads it from ``GET /v1/jobs/{id}`` instead."""
+    fields = orjson.loads(data)
+    fields.pop("result", None)
+    fields["result_too_large"] = True
+    return orjson.dumps(fields)
 
 
 class _Failures:
@@ -244,12 +256,13 @@ class OutboxRelay:
         return len(events)
 
     def _produce(self, event: OutboxEvent, failures: _Failures) -> None:
+        value = event.data
         while True:
             try:
                 self._producer.produce(
                     self.config.topic,
                     key=event.job_id,
-                    value=event.data,
+                    value=value,
                     headers=headers_of(event),
                     on_delivery=failures,
                 )
@@ -257,6 +270,18 @@ class OutboxRelay:
             except BufferError:
                 # The producer's queue is full (Kafka slow or away): serve reports.
                 self._producer.poll(0.1)
+            except KafkaException as exc:
+                # Over the record limit: refused here, synchronously, before any later
+                # event of its job is produced, so its smaller self keeps its place.
+                # Retried as it was, it failed the round, every round, for ever.
+                if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE or value is not event.data:
+                    raise
+                value = without_result(event.data)
+                log.warning(
+                    "event %s over the record limit: published without its result",
+                    event.id,
+                    extra={"event": "relay.result_too_large", "job_id": event.job_id},
+                )
 
     def _lost(self, exc: Exception) -> None:
         """A database error: give up the lock (with the connection) and start over."""
