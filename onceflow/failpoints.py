@@ -48,6 +48,7 @@ POINTS: dict[str, str] = {
     "engine.before_tick_fire": "engine: a schedule's tick about to be created",
     "engine.before_partition_maintenance": "engine: a retention round about to run",
     "bulk.between_batches": "bulk runner: a batch committed, the next not started (lease held)",
+    "operations.after_lock": "operator action: the instance locked, its status read, not changed",
 }
 
 

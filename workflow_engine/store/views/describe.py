@@ -67,6 +67,14 @@ class InstanceView:
     parent_job_id: str | None = None
     parent_close_policy: str | None = None
     children: list[Any] = field(default_factory=list)  # store.children.ChildView
+    # Retry and fork (migration 0020): the step an errored instance failed at (what
+    # ``retry`` runs again), how often it was retried, the instance and history position
+    # it was forked from, and the forks made from it.
+    failed_position: int | None = None
+    retry_count: int = 0
+    forked_from: str | None = None
+    forked_at_position: int | None = None
+    forks: list[str] = field(default_factory=list)
 
     @property
     def waiting_for_engine(self) -> str | None:
@@ -86,6 +94,8 @@ class InstanceView:
             return "a schedule's tick"
         if self.origin == Origin.CHILD:
             return f"child of {self.parent_job_id or '(pruned parent)'}"
+        if self.origin == Origin.FORK:
+            return f"fork of {self.forked_from} from position {self.forked_at_position}"
         return f"HTTP request {self.request_id or '-'}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -113,7 +123,10 @@ SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
            WHERE e.last_seen_at > now() - make_interval(secs => :stale)
              AND {ENGINE_HAS}) END AS engine_available,
        i.priority, onceflow_hold_reason(i.job_id) AS held_because,
-       i.parent_job_id, i.parent_close_policy
+       i.parent_job_id, i.parent_close_policy,
+       i.failed_position, i.retry_count, i.forked_from, i.forked_at_position,
+       ARRAY(SELECT f.job_id FROM onceflow_instances f WHERE f.forked_from = i.job_id
+             ORDER BY f.job_id) AS forks
 FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
 -- One pass over the job id's duplicate rows, in its one partition (job_received_at,
 -- migration 0012): planning a partitioned table costs per partition and per reference.
