@@ -54,6 +54,7 @@ def render_instance(view: InstanceView) -> str:
         lines.append(f"parent: {view.parent_job_id} (on parent close: {view.parent_close_policy})")
     for child in view.children:
         lines.append(f"child {child.name!r}: {child.job_id} ({child.workflow}) {child.status}")
+    lines += _lineage(view)
     for step in view.steps:
         state = str(step.status)
         if step.kind == StepKind.STEP and (step.status == StepStatus.RUNNING or step.attempts > 1):
@@ -70,6 +71,27 @@ def render_instance(view: InstanceView) -> str:
     if view.finished_at:
         lines.append(f"finished: {view.finished_at.isoformat()}")
     return "\n".join(lines)
+
+
+def _lineage(view: InstanceView) -> list[str]:
+    """Where it was forked from, its forks, its retries and the step a retry runs."""
+    lines = []
+    if view.forked_from:
+        lines.append(
+            f"forked from: {view.forked_from} at position {view.forked_at_position}"
+            " (the entries before it copied from there)"
+        )
+    if view.forks:
+        lines.append(f"forks: {', '.join(view.forks)}")
+    if view.retry_count:
+        lines.append(f"retried: {view.retry_count} time(s) from its failed step")
+    if view.failed_position is not None:
+        failed = next((s.name for s in view.steps if s.position == view.failed_position), "?")
+        lines.append(
+            f"failed at: step {failed!r} (position {view.failed_position});"
+            " `onceflow instances retry` runs it again"
+        )
+    return lines
 
 
 def render_trace(job_id: str, events: list[TraceEvent]) -> str:

@@ -268,3 +268,91 @@ def test_bulk_retry_by_filter(settings, counted):
     for i in range(3):
         assert _executions(db, f"rb_{i}") == {"one": 1, "two": 3, "three": 1}
     assert check_history(db) == []
+
+
+def test_retry_and_fork_from_the_admin_api_the_cli_and_the_console(settings, counted):
+    """The three front ends call the same store operations: a retry answers what it
+    runs again, a refused one is a 409 / one CLI line, a fork is 201 and the same fork
+    again a 409; the console's fork form goes through its confirmation page."""
+    import re
+    import subprocess
+    import sys
+
+    from fastapi.testclient import TestClient
+
+    import console
+    from producers.api import create_app
+    from tests.conftest import settings_env
+    from tests.integration.test_admin_http import NoKafka
+
+    db = counted
+    _submit(db, "fe_1", fail_two=2)
+    with EngineHarness(settings, db):
+        wait_for(lambda: _final(db, "fe_1"), "the first run's end")
+    base = f"/v1/instances/{WORKFLOW}/fe_1"
+    with TestClient(create_app(settings, NoKafka())) as client:
+        retried = client.post(f"{base}/retry")
+        assert retried.status_code == 200, retried.text
+        assert retried.json()["status"] == "queued"
+        assert "step 'two' (position 1) runs again" in retried.json()["note"]
+        refused = client.post(f"{base}/retry")
+        assert refused.status_code == 409 and "fe_1 is queued" in refused.json()["message"]
+        made = client.post(f"{base}/fork", json={"from_step": "two"})
+        assert made.status_code == 201, made.text
+        assert made.json() == {
+            "job_id": "fe_1~fork1",
+            "forked_from": "fe_1",
+            "position": 1,
+            "copied": 1,
+        }
+        again = client.post(f"{base}/fork", json={"from_step": "two"})
+        assert again.status_code == 409 and "already exists" in again.json()["message"]
+        shown = client.get(f"/v1/instances/{WORKFLOW}/fe_1~fork1").json()
+        assert (shown["forked_from"], shown["provenance"]) == (
+            "fe_1",
+            "fork of fe_1 from position 1",
+        )
+    cli = [sys.executable, "-c", "from onceflow_cli.main import main; main()", "instances"]
+    forked = subprocess.run(
+        [*cli, "fork", WORKFLOW, "fe_1", "--from-position", "2", "--number", "2"],
+        env=settings_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert forked.returncode == 0, forked.stderr
+    assert forked.stdout.startswith("fe_1~fork2: queued, forked from fe_1 at position 2")
+    bad = subprocess.run(
+        [*cli, "retry", WORKFLOW, "fe_1"],
+        env=settings_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode != 0 and bad.stderr.count("\n") == 1, bad.stderr
+    assert "fe_1 is queued; only an errored or terminated instance" in bad.stderr
+    page = TestClient(console.create_app(settings, db), base_url="http://testserver")
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page.get("/instances/fe_1").text)
+    assert token is not None
+    form = {"csrf_token": token.group(1), "from_step": "two", "number": "3"}
+    asked = page.post("/instances/fe_1/fork", data=form)
+    assert asked.status_code == 200 and 'id="confirm"' in asked.text
+    done = page.post("/instances/fe_1/fork", data={**form, "confirm": "yes"})
+    assert done.status_code == 200 and "fe_1~fork3: queued" in done.text
+    view = describe_instance(db, "fe_1")
+    assert view is not None
+    assert view.forks == ["fe_1~fork1", "fe_1~fork2", "fe_1~fork3"]
+    audited = rows(
+        db,
+        "SELECT action, result, front_end FROM onceflow_operator_actions WHERE job_id = 'fe_1'"
+        " ORDER BY id",
+    )
+    assert [tuple(a) for a in audited] == [
+        ("retry", "ok", "admin_api"),
+        ("retry", "refused", "admin_api"),
+        ("fork", "ok", "admin_api"),
+        ("fork", "refused", "admin_api"),
+        ("fork", "ok", "cli"),
+        ("retry", "refused", "cli"),
+        ("fork", "ok", "console"),
+    ]
