@@ -124,6 +124,7 @@ class DeadLetterReason(StrEnum):
     INVALID_PARAMS = "invalid_params"
     INVALID_SUBMITTED_AT = "invalid_submitted_at"
     INVALID_PRIORITY = "invalid_priority"
+    INVALID_RUN_AT = "invalid_run_at"  # run_at / start_after: not a time, or too far ahead
     TOO_LARGE = "too_large"
     UNKNOWN_TYPE = "unknown_type"
     TASK_FAILED = "task_failed"

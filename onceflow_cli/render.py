@@ -44,6 +44,8 @@ def render_instance(view: InstanceView) -> str:
         f" ({view.redeliveries} redeliveries, {view.mismatches} with different params,"
         f" {view.workflow_mismatches} naming another workflow)",
     ]
+    if view.scheduled_start:
+        lines.append(f"scheduled to start at: {view.scheduled_start.isoformat()}")
     if view.waiting_for_engine:
         lines.append(view.waiting_for_engine)
     if view.held_because:

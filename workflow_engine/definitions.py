@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
+from onceflow.envelope import MAX_START_DELAY_SECONDS
 from onceflow.instance_events import MAX_EVENT_TYPE_CHARS  # an awaited type: what may be sent
 from onceflow.ticks import Schedule
 from workflow_engine.model import (
@@ -139,6 +140,7 @@ def workflow(
     rate_limit: RateLimit | None = None,
     fairness_key: str | None = None,
     inline_steps: bool = False,
+    start_after: float | timedelta | None = None,
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register an async function ``(ctx, params)`` as the workflow called ``name``.
 
@@ -159,8 +161,13 @@ def workflow(
     (a dotted path on params, ``"params.customer_id"``; sleeping and waiting instances
     keep their slot only with ``hold_while_waiting``); at most ``rate_limit`` starts per
     period per key; claims rotated round-robin across the values of ``fairness_key``.
+
+    ``start_after`` (seconds or a ``timedelta``, at most a year): a new instance becomes
+    claimable that long after its job was submitted, unless the job gives its own
+    ``run_at``/``start_after`` (README, "Delayed start").
     """
     check_name("workflow name", name)
+    delay = _start_delay(name, start_after)
     declared = _declared_schedule(name, schedule, timezone)
     flow = flow_control(
         concurrency, concurrency_key, max_per_key, hold_while_waiting, rate_limit, fairness_key
@@ -168,10 +175,25 @@ def workflow(
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         given = check_version(version) if version is not None else fingerprint(fn)
-        REGISTRY.add_workflow(WorkflowDef(fn, name, given, inline_steps, flow, declared))
+        REGISTRY.add_workflow(WorkflowDef(fn, name, given, inline_steps, flow, declared, delay))
         return fn
 
     return register
+
+
+def _start_delay(workflow: str, start_after: float | timedelta | None) -> float | None:
+    """The declared default delay in seconds, checked when the module loads."""
+    if start_after is None:
+        return None
+    seconds = start_after.total_seconds() if isinstance(start_after, timedelta) else start_after
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise TypeError(f"workflow {workflow!r}: start_after must be seconds or a timedelta")
+    if not 0 <= seconds <= MAX_START_DELAY_SECONDS:
+        raise ValueError(
+            f"workflow {workflow!r}: start_after={seconds!r} is outside"
+            f" 0..{MAX_START_DELAY_SECONDS} seconds (a year)"
+        )
+    return float(seconds) or None
 
 
 def _declared_schedule(

@@ -188,6 +188,9 @@ class Delivery:
     # Registry.lane_path); () for flow control without a key (lane ''); None: no flow
     # control (no lane).
     lane_path: KeyPath | None = None
+    # The workflow's default delayed start in seconds (``@workflow(start_after=)``),
+    # applied when the job gives no ``run_at``/``start_after`` of its own.
+    start_after: float | None = None
 
 
 @dataclass(slots=True)
@@ -259,6 +262,9 @@ class WorkflowDef:
     inline_steps: bool = False  # its sync steps run on the event loop by default
     flow: FlowControl | None = None  # None: no flow control (the plain claim takes it)
     schedule: ScheduleDef | None = None
+    # Seconds after submission before a new instance may start, unless the job says
+    # (``run_at``/``start_after``); None: at once.
+    start_after: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,6 +337,11 @@ class Registry:
     def flows(self) -> dict[str, FlowControl]:
         """Every flow-controlled workflow's flow control (the engine's claim takes it)."""
         return {name: d.flow for name, d in self._workflows.items() if d.flow is not None}
+
+    def start_after(self, name: str) -> float | None:
+        """The default delayed start of workflow ``name`` (seconds), or None."""
+        definition = self._workflows.get(name)
+        return definition.start_after if definition is not None else None
 
     def lane_path(self, name: str) -> KeyPath | None:
         """The key new instances of ``name`` store as their fairness lane: ``()`` for a

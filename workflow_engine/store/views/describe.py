@@ -19,6 +19,7 @@ from onceflow.vocabulary import (
 )
 from workflow_engine.store.fragments import TERMINAL
 from workflow_engine.store.views.engines import ENGINE_HAS, ENGINE_STALE_SECONDS
+from workflow_engine.store.views.listing import SCHEDULED_START
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,8 @@ class InstanceView:
     forked_from: str | None = None
     forked_at_position: int | None = None
     forks: list[str] = field(default_factory=list)
+    # A delayed start not reached yet (run_at / start_after): it is queued until then.
+    scheduled_start: datetime | None = None
 
     @property
     def waiting_for_engine(self) -> str | None:
@@ -126,7 +129,8 @@ SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
        i.parent_job_id, i.parent_close_policy,
        i.failed_position, i.retry_count, i.forked_from, i.forked_at_position,
        ARRAY(SELECT f.job_id FROM onceflow_instances f WHERE f.forked_from = i.job_id
-             ORDER BY f.job_id) AS forks
+             ORDER BY f.job_id) AS forks,
+       {SCHEDULED_START} AS scheduled_start
 FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
 -- One pass over the job id's duplicate rows, in its one partition (job_received_at,
 -- migration 0012): planning a partitioned table costs per partition and per reference.
