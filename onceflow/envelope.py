@@ -5,13 +5,16 @@ a consumer, a DLQ reader or ``kcat`` can see them without parsing the value.
 
     {"v": 1, "job_id": "job_01J…", "workflow": "order-workflow", "params": {…},
      "request_id": "req_01J…", "submitted_at": "2026-11-29T16:00:00.123+00:00",
-     "traceparent": "00-…-…-01", "priority": 2, "callback": "billing"}
+     "traceparent": "00-…-…-01", "priority": 2, "callback": "billing",
+     "run_at": "2026-11-29T18:00:00+00:00"}
 
 Only ``job_id``, ``workflow`` and ``params`` are required: a producer writing the topic
 directly (kcat, a Java or Go client) may leave out ``v`` (1), ``submitted_at`` (the
 Kafka record's timestamp), ``priority`` (3; 1 is the highest, 5 the lowest) and
 ``callback`` (none: the name of a configured webhook endpoint that gets the job's final
-lifecycle events, never a URL), and may send the record without a key. The README's "The
+lifecycle events, never a URL), and may send the record without a key. A delayed start
+is ``run_at`` (an RFC 3339 time with its offset) or ``start_after`` (seconds after
+``submitted_at``), at most a year ahead; ingest always writes ``run_at``. The README's "The
 record format" section is the documentation of this module, including the rule for
 evolving ``v``.
 
@@ -25,7 +28,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -44,6 +47,9 @@ ENVELOPE_VERSION = 1
 PRIORITY_HIGHEST = 1
 PRIORITY_LOWEST = 5
 DEFAULT_PRIORITY = 3
+
+#: The furthest ahead a job may be scheduled to start (``run_at``, ``start_after``).
+MAX_START_DELAY_SECONDS = 365 * 24 * 3600
 
 # Kafka record headers as confluent-kafka takes them.
 KafkaHeaders = list[tuple[str, str | bytes | None]]
@@ -104,6 +110,8 @@ class JobEnvelope:
     priority: int = DEFAULT_PRIORITY
     #: A webhook endpoint's name (ONCEFLOW_WEBHOOK_ENDPOINTS); None: no callback.
     callback: str | None = None
+    #: Not claimable before this time (a delayed start); None: at once.
+    run_at: datetime | None = None
 
     @property
     def origin(self) -> Origin:
@@ -129,6 +137,8 @@ class JobEnvelope:
             doc["priority"] = self.priority
         if self.callback is not None:
             doc["callback"] = self.callback
+        if self.run_at is not None:
+            doc["run_at"] = self.run_at.isoformat(timespec="microseconds")
         return orjson.dumps(doc)
 
     def headers(self) -> KafkaHeaders:
@@ -175,15 +185,21 @@ class JobEnvelope:
         if not isinstance(params, dict):
             raise InvalidEnvelope(DeadLetterReason.INVALID_PARAMS, "params must be a JSON object")
         _check_numbers(value, params)
+        submitted_at = _submitted_at(doc.get("submitted_at"), timestamp)
+        try:
+            run_at = start_time(doc.get("run_at"), doc.get("start_after"), submitted_at)
+        except ValueError as exc:
+            raise InvalidEnvelope(DeadLetterReason.INVALID_RUN_AT, str(exc)) from None
         return cls(
             job_id=job_id,
             workflow=workflow,
             params=params,
             request_id=_request_id(doc, headers),
-            submitted_at=_submitted_at(doc.get("submitted_at"), timestamp),
+            submitted_at=submitted_at,
             traceparent=str(doc.get("traceparent") or ""),
             priority=_priority(doc.get("priority", DEFAULT_PRIORITY)),
             callback=_callback(doc.get("callback")),
+            run_at=run_at,
         )
 
 
@@ -246,6 +262,52 @@ def _callback(value: Any) -> str | None:
     if problem is not None:
         raise InvalidEnvelope(DeadLetterReason.INVALID_CALLBACK, problem[1])
     return str(value)
+
+
+def start_time(run_at: Any, start_after: Any, submitted_at: datetime) -> datetime | None:
+    """When a job may start (None: at once), from the job's ``run_at`` (an RFC 3339 time
+    with its UTC offset: ``2026-11-29T18:00:00Z``) or ``start_after`` (a number of
+    seconds after ``submitted_at``), at most one of them; a time in the past is "now".
+    ValueError saying what is wrong: both given, not a time with an offset, not a
+    number, negative, or more than :data:`MAX_START_DELAY_SECONDS` after submission.
+    The one rule of ingest's 422 and the worker's dead letter (``invalid_run_at``)."""
+    if run_at is None and start_after is None:
+        return None
+    if run_at is not None and start_after is not None:
+        raise ValueError("give run_at or start_after, not both")
+    if start_after is not None:
+        # bool is an int in Python: `"start_after": true` is not one second.
+        if type(start_after) not in (int, float) or not 0 <= start_after <= MAX_START_DELAY_SECONDS:
+            raise ValueError(
+                f"invalid start_after {str(start_after)[:40]!r}: a number of seconds from 0"
+                f" to {MAX_START_DELAY_SECONDS} (a year)"
+            )
+        at = submitted_at + timedelta(seconds=start_after)
+    else:
+        at = parse_run_at(run_at)
+    if at - submitted_at > timedelta(seconds=MAX_START_DELAY_SECONDS):
+        raise ValueError(
+            f"start time {at.isoformat()} is more than {MAX_START_DELAY_SECONDS // 86400} days"
+            " after the job was submitted"
+        )
+    return at
+
+
+def parse_run_at(value: Any) -> datetime:
+    """An RFC 3339 time with its offset (ValueError otherwise: a date alone, a time
+    without ``Z`` or ``±hh:mm``, not a string)."""
+    try:
+        if not isinstance(value, str) or "T" not in value.upper():
+            raise ValueError
+        at = datetime.fromisoformat(value)
+    except (ValueError, OverflowError):
+        raise ValueError(
+            f"invalid run_at {str(value)[:60]!r}: an RFC 3339 time with its offset"
+            " (2026-11-29T18:00:00Z) expected"
+        ) from None
+    if at.tzinfo is None:
+        raise ValueError(f"run_at {value[:60]!r} has no UTC offset (add Z or +hh:mm)")
+    return at
 
 
 def _request_id(doc: dict[str, Any], headers: Sequence[tuple[str, Any]] | None) -> str | None:

@@ -20,6 +20,24 @@ def is_valid_job_id(value: str) -> bool:
     return bool(_JOB_ID_RE.fullmatch(value))
 
 
+#: The longest id the system derives from another (a schedule's tick and its children,
+#: ``<schedule>@<instant>``; a fork, ``<job id>~fork<k>``). Derived ids carry a character
+#: no client-supplied id has (``@``, ``~``), so they never collide with one.
+MAX_DERIVED_JOB_ID = 200
+#: Between an instance's id and its fork's number (``onceflow instances fork``).
+FORK_SEPARATOR = "~fork"
+
+
+def fork_job_id(job_id: str, number: int) -> str:
+    """The deterministic id of ``job_id``'s fork number ``number`` (1, 2, ...)."""
+    return f"{job_id}{FORK_SEPARATOR}{number}"
+
+
+def is_derived_job_id(job_id: str) -> bool:
+    """Whether ``job_id`` was derived by the system (a tick's, a fork's, or below one)."""
+    return "@" in job_id or "~" in job_id
+
+
 def new_ulid(random_bytes: Callable[[int], bytes] = os.urandom) -> str:
     """A ULID: 48-bit millisecond time (10 digits) and 80 random bits (16 digits), in
     Crockford's base32, as ``ulid.ULID()`` writes it. The time digits are worked out once

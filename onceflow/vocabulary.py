@@ -32,7 +32,7 @@ class InstanceStatus(StrEnum):
         return self in RUNNABLE_STATUSES
 
 
-#: An instance in one of these never runs again (short of ``restart``).
+#: An instance in one of these never runs again (short of ``restart`` or ``retry``).
 TERMINAL_STATUSES = frozenset(
     {InstanceStatus.COMPLETE, InstanceStatus.ERRORED, InstanceStatus.TERMINATED}
 )
@@ -41,6 +41,9 @@ TERMINAL_STATUSES = frozenset(
 RUNNABLE_STATUSES = frozenset(
     {InstanceStatus.QUEUED, InstanceStatus.SLEEPING, InstanceStatus.WAITING}
 )
+#: ``retry`` (from the failed step) takes an instance in one of these: one that errored,
+#: or that an operator terminated (it goes on from where it stopped).
+RETRYABLE_STATUSES = frozenset({InstanceStatus.ERRORED, InstanceStatus.TERMINATED})
 
 
 class StepStatus(StrEnum):
@@ -121,6 +124,7 @@ class DeadLetterReason(StrEnum):
     INVALID_PARAMS = "invalid_params"
     INVALID_SUBMITTED_AT = "invalid_submitted_at"
     INVALID_PRIORITY = "invalid_priority"
+    INVALID_RUN_AT = "invalid_run_at"  # run_at / start_after: not a time, or too far ahead
     TOO_LARGE = "too_large"
     UNKNOWN_TYPE = "unknown_type"
     TASK_FAILED = "task_failed"
@@ -138,6 +142,7 @@ class Origin(StrEnum):
     KAFKA = "kafka"
     SCHEDULE = "schedule"  # a schedule's tick (workflow_engine.engine.scheduler)
     CHILD = "child"  # started by a parent workflow's ctx.start_child (no Kafka record)
+    FORK = "fork"  # an operator's fork of another instance's history (no Kafka record)
 
 
 class BulkAction(StrEnum):
@@ -148,6 +153,7 @@ class BulkAction(StrEnum):
     RESUME = "resume"
     TERMINATE = "terminate"
     RESTART = "restart"
+    RETRY = "retry"  # an errored (or terminated) instance, from its failed step
 
 
 class BulkStatus(StrEnum):
@@ -217,11 +223,14 @@ class OperatorAction(StrEnum):
     RESUME = "resume"
     TERMINATE = "terminate"
     RESTART = "restart"
+    RETRY = "retry"  # from the failed step, completed steps kept
+    FORK = "fork"  # a new job id from a copy of the history before a position
     SEND_EVENT = "send_event"
     BULK_PAUSE = "bulk_pause"  # a bulk operation started (its filter on the row)
     BULK_RESUME = "bulk_resume"
     BULK_TERMINATE = "bulk_terminate"
     BULK_RESTART = "bulk_restart"
+    BULK_RETRY = "bulk_retry"
     REDRIVE = "redrive"  # dead letters sent back to the jobs topic
     LOGIN = "login"  # the console's login form
     LOGOUT = "logout"
@@ -268,6 +277,7 @@ class LifecycleEvent(StrEnum):
     ERRORED = "instance.errored"
     TERMINATED = "instance.terminated"
     RESTARTED = "instance.restarted"
+    RETRIED = "instance.retried"  # an operator's retry from the failed step (issue 26)
 
     @property
     def ce_type(self) -> str:

@@ -22,31 +22,14 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from onceflow.vocabulary import FINAL_EVENTS, LifecycleEvent
+
 #: Every lifecycle event kind (the events contract of issue 25; the topic's ``ce_type`` is
-#: ``dev.onceflow.<kind>``).
-EVENT_KINDS: tuple[str, ...] = (
-    "instance.created",
-    "instance.duplicate",
-    "instance.payload_mismatch",
-    "instance.started",
-    "step.completed",
-    "step.failed",
-    "step.retrying",
-    "instance.waiting",
-    "instance.sleeping",
-    "instance.held",
-    "instance.paused",
-    "instance.resumed",
-    "instance.complete",
-    "instance.errored",
-    "instance.terminated",
-    "instance.restarted",
-)
+#: ``dev.onceflow.<kind>``): the vocabulary's, as plain strings.
+EVENT_KINDS: tuple[str, ...] = tuple(str(kind) for kind in LifecycleEvent)
 #: The final kinds, a start-and-wait caller's answer: what a subscription gets when
 #: neither it nor its endpoint names kinds.
-FINAL_KINDS: tuple[str, ...] = ("instance.complete", "instance.errored", "instance.terminated")
-#: The CloudEvents ``type`` of a kind is this prefix and the kind.
-EVENT_TYPE_PREFIX = "dev.onceflow."
+FINAL_KINDS: tuple[str, ...] = tuple(str(k) for k in LifecycleEvent if k in FINAL_EVENTS)
 
 #: An endpoint's name: what a job's ``callback`` and ``@workflow(webhooks=...)`` say.
 ENDPOINT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"

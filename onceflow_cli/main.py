@@ -336,6 +336,10 @@ _CONTROL_OPERATIONS = {
     "resume": "Resume a paused instance.",
     "terminate": "Stop an instance for good (a running one stops at its next step).",
     "restart": "Run an instance again from its first step, forgetting its history.",
+    "retry": (
+        "Run an errored (or terminated) instance again from its failed step: completed"
+        " steps keep their checkpoints, the failed step gets a fresh retry budget."
+    ),
 }
 
 
@@ -433,6 +437,55 @@ def _control_command(op: str, help_text: str) -> None:
 
 for _op, _help in _CONTROL_OPERATIONS.items():
     _control_command(_op, _help)
+
+
+@instances.command("fork")
+@click.argument("workflow")
+@click.argument("job_id")
+@click.option("--from-step", default=None, help="Fork from this step (it runs in the fork).")
+@click.option(
+    "--from-position", default=None, type=click.IntRange(0), help="Or from this history position."
+)
+@click.option(
+    "--number",
+    default=1,
+    type=click.IntRange(1),
+    help="The fork's id is JOB_ID~fork<NUMBER> (the same fork twice collides).",
+)
+@click.option("--new-job-id", default=None, help="Name the fork's job id instead.")
+@click.option(
+    "--params", "params_text", default=None, help="New params (a JSON object) from that step on."
+)
+def instances_fork(
+    workflow: str,
+    job_id: str,
+    from_step: str | None,
+    from_position: int | None,
+    number: int,
+    new_job_id: str | None,
+    params_text: str | None,
+) -> None:
+    """Fork an instance into a new job id: its history before the step is copied (those
+    steps do not run again), the step and everything after it run in the fork."""
+    from onceflow_cli.inputs import exact_json
+    from onceflow_cli.operator_log import cli_actor
+    from workflow_engine.store.operations import fork
+
+    params = None
+    if params_text is not None:
+        params = exact_json(params_text.encode(), "--params")
+    made = fork(
+        _db(),
+        workflow,
+        job_id,
+        from_step=from_step,
+        from_position=from_position,
+        number=number,
+        new_job_id=new_job_id,
+        params=params,
+        actor=cli_actor(),
+    )
+    click.echo(made.describe())
 
 
 @instances.command("send-event")

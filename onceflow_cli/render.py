@@ -44,6 +44,8 @@ def render_instance(view: InstanceView) -> str:
         f" ({view.redeliveries} redeliveries, {view.mismatches} with different params,"
         f" {view.workflow_mismatches} naming another workflow)",
     ]
+    if view.scheduled_start:
+        lines.append(f"scheduled to start at: {view.scheduled_start.isoformat()}")
     if view.waiting_for_engine:
         lines.append(view.waiting_for_engine)
     if view.held_because:
@@ -54,6 +56,7 @@ def render_instance(view: InstanceView) -> str:
         lines.append(f"parent: {view.parent_job_id} (on parent close: {view.parent_close_policy})")
     for child in view.children:
         lines.append(f"child {child.name!r}: {child.job_id} ({child.workflow}) {child.status}")
+    lines += _lineage(view)
     for step in view.steps:
         state = str(step.status)
         if step.kind == StepKind.STEP and (step.status == StepStatus.RUNNING or step.attempts > 1):
@@ -88,6 +91,27 @@ def _delivery_lines(view: InstanceView) -> list[str]:
         lines.append(f"webhook {d.endpoint} {d.kind} ({d.event_id}): {state}")
         if d.last_error and d.status != "delivered":
             lines.append(f"    last error: {d.last_error}")
+    return lines
+
+
+def _lineage(view: InstanceView) -> list[str]:
+    """Where it was forked from, its forks, its retries and the step a retry runs."""
+    lines = []
+    if view.forked_from:
+        lines.append(
+            f"forked from: {view.forked_from} at position {view.forked_at_position}"
+            " (the entries before it copied from there)"
+        )
+    if view.forks:
+        lines.append(f"forks: {', '.join(view.forks)}")
+    if view.retry_count:
+        lines.append(f"retried: {view.retry_count} time(s) from its failed step")
+    if view.failed_position is not None:
+        failed = next((s.name for s in view.steps if s.position == view.failed_position), "?")
+        lines.append(
+            f"failed at: step {failed!r} (position {view.failed_position});"
+            " `onceflow instances retry` runs it again"
+        )
     return lines
 
 

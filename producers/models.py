@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from onceflow.envelope import DEFAULT_PRIORITY, PRIORITY_HIGHEST, PRIORITY_LOWEST
+from onceflow.envelope import (
+    DEFAULT_PRIORITY,
+    MAX_START_DELAY_SECONDS,
+    PRIORITY_HIGHEST,
+    PRIORITY_LOWEST,
+    start_time,
+)
 from onceflow.exact_numbers import Inexact, exact_loads, may_be_inexact, scan
 from onceflow.ids import JOB_ID_PATTERN
 from onceflow.webhooks import ENDPOINT_NAME_PATTERN, callback_problem
@@ -42,6 +49,22 @@ class JobIn(BaseModel):
         description="A configured webhook endpoint's name (never a URL): it gets this job's"
         " final lifecycle events, signed (README, Webhooks).",
         examples=["billing"],
+    )
+    run_at: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Start no earlier than this RFC 3339 time (with its offset); a past"
+        " one starts now. At most a year ahead. Not with start_after.",
+        examples=["2026-11-29T18:00:00Z"],
+    )
+    start_after: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_START_DELAY_SECONDS,
+        strict=True,
+        description="Start no earlier than this many seconds after submission (at most a"
+        " year). Not with run_at.",
+        examples=[90],
     )
 
 
@@ -278,8 +301,11 @@ def _check_job(
     known_types: frozenset[str] | None,
     check_params: bool = True,
 ) -> None:
-    """What the models cannot check: a known type, storable params of bounded size.
-    ``index``: the job's place in a batch (None: the body is the job)."""
+    """What the models cannot check: a known type, storable params of bounded size, a
+    start time that is a time and within a year. ``index``: the job's place in a batch
+    (None: the body is the job)."""
+    if job.run_at is not None or job.start_after is not None:
+        _check_start(job, index)
     if known_types is not None and job.workflow not in known_types:
         field = _field(index, "workflow")
         raise RequestError(
@@ -303,6 +329,27 @@ def _check_job(
             f"{field} is {size} bytes, limit {max_params_bytes}",
             [FieldError(field=field, reason=f"{size} bytes, limit {max_params_bytes}")],
         )
+
+
+def job_start(job: JobIn, submitted_at: datetime) -> datetime | None:
+    """When ``job`` may start (None: at once): the envelope's rule
+    (:func:`onceflow.envelope.start_time`), which :func:`_check_job` applied already."""
+    if job.run_at is None and job.start_after is None:
+        return None
+    return start_time(job.run_at, job.start_after, submitted_at)
+
+
+def _check_start(job: JobIn, index: int | None) -> None:
+    try:
+        job_start(job, datetime.now(UTC))
+    except ValueError as exc:
+        field = _field(index, "run_at" if job.run_at is not None else "start_after")
+        raise RequestError(
+            422,
+            "invalid_request",
+            f"invalid {field}: {exc}",
+            [FieldError(field=field, reason=str(exc))],
+        ) from None
 
 
 MAX_PARAMS_DEPTH = 32

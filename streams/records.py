@@ -85,11 +85,24 @@ def classify(
             dead.append(DeadLetter.of(rec, *refused, env.job_id))
             continue
         enqueued = datetime.fromtimestamp(rec.timestamp, UTC) if rec.timestamp else None
+        if env.run_at is not None and not workflow:
+            detail = f"{env.workflow!r} is a task: a delayed start (run_at) is for workflows"
+            dead.append(DeadLetter.of(rec, DeadLetterReason.INVALID_RUN_AT, detail, env.job_id))
+            continue
         version = registry.version(env.workflow) if workflow else None
         lane = registry.lane_path(env.workflow) if workflow else None
+        delay = registry.start_after(env.workflow) if workflow else None
         deliveries.append(
             Delivery(
-                env, rec.topic, rec.partition, rec.offset, kind, enqueued, version, lane_path=lane
+                env,
+                rec.topic,
+                rec.partition,
+                rec.offset,
+                kind,
+                enqueued,
+                version,
+                lane_path=lane,
+                start_after=delay,
             )
         )
     return deliveries, dead

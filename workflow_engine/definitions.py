@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
+from onceflow.envelope import MAX_START_DELAY_SECONDS
 from onceflow.instance_events import MAX_EVENT_TYPE_CHARS  # an awaited type: what may be sent
 from onceflow.ticks import Schedule
 from workflow_engine.model import (
@@ -141,6 +142,7 @@ def workflow(
     fairness_key: str | None = None,
     inline_steps: bool = False,
     webhooks: Sequence[str | WebhookSubscription] = (),
+    start_after: float | timedelta | None = None,
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register an async function ``(ctx, params)`` as the workflow called ``name``.
 
@@ -162,15 +164,16 @@ def workflow(
     keep their slot only with ``hold_while_waiting``); at most ``rate_limit`` starts per
     period per key; claims rotated round-robin across the values of ``fairness_key``.
 
-    ``webhooks`` subscribes endpoints (names from ``ONCEFLOW_WEBHOOK_ENDPOINTS``) to every
-    instance's lifecycle events: a name gets the endpoint's kinds (by default the final
-    ones), a :class:`~workflow_engine.model.WebhookSubscription` the kinds it names
-    (README, "Webhooks"). A name no configured endpoint has stops the engine at start.
+    ``webhooks`` subscribes endpoints (names from ``ONCEFLOW_WEBHOOK_ENDPOINTS``) to its
+    lifecycle events: a name gets the endpoint's kinds (by default the final ones), a
+    :class:`~workflow_engine.model.WebhookSubscription` the kinds it names (README,
+    "Webhooks"); an unknown name stops the engine at start. ``start_after`` (seconds or a
+    ``timedelta``, at most a year): a new instance becomes claimable that long after its
+    job was submitted, unless the job gives its own (README, "Delayed start").
     """
     check_name("workflow name", name)
-    subscriptions = tuple(
-        w if isinstance(w, WebhookSubscription) else WebhookSubscription(w) for w in webhooks
-    )
+    subscriptions = tuple(w if isinstance(w, WebhookSubscription) else _sub(w) for w in webhooks)
+    delay = _start_delay(name, start_after)
     declared = _declared_schedule(name, schedule, timezone)
     flow = flow_control(
         concurrency, concurrency_key, max_per_key, hold_while_waiting, rate_limit, fairness_key
@@ -179,11 +182,30 @@ def workflow(
     def register(fn: WorkflowFn) -> WorkflowFn:
         given = check_version(version) if version is not None else fingerprint(fn)
         REGISTRY.add_workflow(
-            WorkflowDef(fn, name, given, inline_steps, flow, declared, subscriptions)
+            WorkflowDef(fn, name, given, inline_steps, flow, declared, subscriptions, delay)
         )
         return fn
 
     return register
+
+
+def _sub(endpoint: str) -> WebhookSubscription:
+    return WebhookSubscription(endpoint)
+
+
+def _start_delay(workflow: str, start_after: float | timedelta | None) -> float | None:
+    """The declared default delay in seconds, checked when the module loads."""
+    if start_after is None:
+        return None
+    seconds = start_after.total_seconds() if isinstance(start_after, timedelta) else start_after
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise TypeError(f"workflow {workflow!r}: start_after must be seconds or a timedelta")
+    if not 0 <= seconds <= MAX_START_DELAY_SECONDS:
+        raise ValueError(
+            f"workflow {workflow!r}: start_after={seconds!r} is outside"
+            f" 0..{MAX_START_DELAY_SECONDS} seconds (a year)"
+        )
+    return float(seconds) or None
 
 
 def _declared_schedule(

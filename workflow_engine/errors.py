@@ -7,6 +7,35 @@ class WorkflowError(OnceflowError):
     """Base class of engine errors."""
 
 
+#: The attribute that marks a step's failure with its history position (``at_step``).
+_POSITION = "onceflow_step_position"
+
+
+def at_step(error: BaseException, position: int) -> BaseException:
+    """Mark ``error`` (a step's ``StepFailed`` or ``NonRetryableError``, raised live or
+    again on replay) as the failure of the step at history ``position``: if it ends the
+    run, the instance records that position (``onceflow_instances.failed_position``),
+    the step ``onceflow instances retry`` runs again."""
+    setattr(error, _POSITION, position)
+    return error
+
+
+def failed_step_position(error: BaseException) -> int | None:
+    """The position of the step failure that ended a run: ``error`` itself, or the
+    failure it was raised from or while handling (``raise Refund() from exc``, a
+    ``raise`` in an ``except StepFailed``); None when no step failure is in the chain
+    (the workflow's own code failed)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        position = getattr(current, _POSITION, None)
+        if isinstance(position, int):
+            return position
+        current = current.__cause__ or current.__context__
+    return None
+
+
 class NonRetryableError(WorkflowError):
     """Raise from step code to fail the step and the instance at once, without retries."""
 

@@ -189,6 +189,9 @@ class Delivery:
     # Registry.lane_path); () for flow control without a key (lane ''); None: no flow
     # control (no lane).
     lane_path: KeyPath | None = None
+    # The workflow's default delayed start in seconds (``@workflow(start_after=)``),
+    # applied when the job gives no ``run_at``/``start_after`` of its own.
+    start_after: float | None = None
 
 
 @dataclass(slots=True)
@@ -280,6 +283,9 @@ class WorkflowDef:
     flow: FlowControl | None = None  # None: no flow control (the plain claim takes it)
     schedule: ScheduleDef | None = None
     webhooks: tuple[WebhookSubscription, ...] = ()  # its instances' lifecycle events
+    # Seconds after submission before a new instance may start, unless the job says
+    # (``run_at``/``start_after``); None: at once.
+    start_after: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,6 +358,11 @@ class Registry:
     def flows(self) -> dict[str, FlowControl]:
         """Every flow-controlled workflow's flow control (the engine's claim takes it)."""
         return {name: d.flow for name, d in self._workflows.items() if d.flow is not None}
+
+    def start_after(self, name: str) -> float | None:
+        """The default delayed start of workflow ``name`` (seconds), or None."""
+        definition = self._workflows.get(name)
+        return definition.start_after if definition is not None else None
 
     def lane_path(self, name: str) -> KeyPath | None:
         """The key new instances of ``name`` store as their fairness lane: ``()`` for a

@@ -1,6 +1,7 @@
-"""Acting on instances: pause, resume, terminate, restart, send an event, and bulk
-operations by filter. Every action needs ``instances:control`` and the CSRF token, and
-goes through a confirmation page first (the form posts again with ``confirm=yes``)."""
+"""Acting on instances: pause, resume, terminate, restart, retry from the failed step,
+fork, send an event, and bulk operations by filter. Every action needs
+``instances:control`` and the CSRF token, and goes through a confirmation page first
+(the form posts again with ``confirm=yes``)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ _CONTROL = {
     "resume": operations.resume,
     "terminate": operations.terminate,
     "restart": operations.restart,
+    "retry": operations.retry,
 }
 
 
@@ -79,6 +81,54 @@ def send_event(
     return RedirectResponse(
         f"/instances/{quote(job_id)}?done={quote(f'event {event_id} sent')}", status_code=303
     )
+
+
+def _fork_request(form: Form) -> tuple[dict[str, Any], str | None]:
+    """The fork form's fields as ``operations.fork`` takes them, or why they are not."""
+    raw, number = form.get("params").strip(), form.get("number").strip() or "1"
+    fields: dict[str, Any] = {"from_step": form.get("from_step"), "number": 1, "params": None}
+    if not number.isdigit() or int(number) < 1:
+        return fields, f"the fork number {number!r} is not a whole number of 1 or more"
+    fields["number"] = int(number)
+    if raw:
+        try:
+            params = orjson.loads(raw)  # as the console reads an event's payload
+        except orjson.JSONDecodeError as exc:
+            return fields, f"the params are not JSON: {exc}"
+        if not isinstance(params, dict):
+            return fields, "the params must be a JSON object"
+        fields["params"] = params
+    return fields, None
+
+
+@router.post("/instances/{job_id}/fork")
+def fork_instance(
+    request: Request, job_id: str, form: ControlForm, c: ConsoleDep, actor: Operator
+) -> Response:
+    view = describe_instance(c.db, job_id)
+    if view is None:
+        raise HTTPException(404, f"no instance with job id {job_id!r}")
+    fields, error = _fork_request(form)
+    if error or not _confirmed(form):
+        return render(
+            request,
+            "confirm.html",
+            {
+                "title": f"Fork {job_id} from step {fields['from_step']!r}?",
+                "action_url": request.url.path,
+                "fields": {k: form.get(k) for k in ("from_step", "number", "params")},
+                "summary": f"Copy the history of {job_id} before step {fields['from_step']!r}"
+                f" into {job_id}~fork{fields['number']} and run the rest there.",
+                "detail": form.get("params") or None,
+                "error": error,
+                "back": f"/instances/{quote(job_id)}",
+            },
+            400 if error else 200,
+        )
+    made = operations.fork(c.db, view.workflow, job_id, actor=actor, **fields)
+    ACTIONS.labels("fork").inc()
+    log.info("instance forked", extra={"event": "console.fork", "job_id": job_id})
+    return RedirectResponse(f"/instances/{quote(made.job_id)}?done={quote(made.describe())}", 303)
 
 
 @router.post("/instances/{job_id}/{action}")

@@ -5,12 +5,16 @@
                       &has_duplicates=&payload_mismatch=&error_contains=&version=
                       &sort=created|updated&cursor=&limit=&count=true
          -> {"instances": [...], "next_cursor": "..." | null, "count": n | null}
-    POST /v1/instances/bulk/{pause|resume|terminate|restart}   {"filter": "...", "dry_run": false}
+    POST /v1/instances/bulk/{pause|resume|terminate|restart|retry}
+                      {"filter": "...", "dry_run": false}
          -> 202 the operation (it runs in a background thread); dry run: 200 the count
     GET  /v1/instances/bulk              the latest bulk operations
     GET  /v1/instances/bulk/{id}         one bulk operation's progress
     GET  /v1/instances/{workflow}/{job_id}
-    POST /v1/instances/{workflow}/{job_id}/{pause|resume|terminate|restart}
+    POST /v1/instances/{workflow}/{job_id}/{pause|resume|terminate|restart|retry}
+    POST /v1/instances/{workflow}/{job_id}/fork
+                      {"from_step": "..." | "from_position": n, "number": 1,
+                       "new_job_id": null, "params": null}      -> 201 the fork
     POST /v1/instances/{workflow}/{job_id}/events      {"type": "...", "payload": ...}
     POST /v1/instances/{workflow}/{job_id}/webhooks/redrive   -> {"job_id", "requeued": n}
 
@@ -69,6 +73,7 @@ def _bulk_action_of(request: Request) -> OperatorAction:
 BulkOperator = Annotated[Actor, Depends(operator(_bulk_action_of))]
 EventOperator = Annotated[Actor, Depends(operator(OperatorAction.SEND_EVENT))]
 RedriveOperator = Annotated[Actor, Depends(operator(OperatorAction.REDRIVE))]
+ForkOperator = Annotated[Actor, Depends(operator(OperatorAction.FORK))]
 
 
 class EventIn(BaseModel):
@@ -86,6 +91,26 @@ class ControlOut(BaseModel):
     job_id: str
     status: str
     requested: str | None = None
+    note: str | None = None  # what a retry runs again
+
+
+class ForkIn(BaseModel):
+    """Where to fork from (a step's name or a history position, one of them), the
+    fork's id (``<job id>~fork<number>``, or ``new_job_id``) and, optionally, new params
+    (they apply from that position on; the copied steps stay as recorded)."""
+
+    from_step: str | None = Field(default=None, max_length=500)
+    from_position: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    number: int = Field(default=1, ge=1, le=1_000_000)
+    new_job_id: str | None = Field(default=None, max_length=100)
+    params: dict[str, Any] | None = None
+
+
+class ForkOut(BaseModel):
+    job_id: str
+    forked_from: str
+    position: int
+    copied: int
 
 
 def _guarded(op: Callable[[], T]) -> T:
@@ -253,6 +278,34 @@ _add_control_route("pause", operations.pause)
 _add_control_route("resume", operations.resume)
 _add_control_route("terminate", operations.terminate)
 _add_control_route("restart", operations.restart)
+_add_control_route("retry", operations.retry)
+
+
+@router.post("/{workflow}/{job_id}/fork", status_code=201, response_model=ForkOut)
+def fork_instance(
+    workflow: str,
+    job_id: str,
+    body: ForkIn,
+    db: DbDep,
+    actor: ForkOperator,
+    _exact: Annotated[None, Depends(exact_body)],  # after the key is checked
+) -> ForkOut:
+    """Fork an instance from a step (or position) into a new job id: the history before
+    it is copied, the rest runs in the fork. The same fork twice is a 409."""
+    made = _guarded(
+        lambda: operations.fork(
+            db,
+            workflow,
+            job_id,
+            from_step=body.from_step,
+            from_position=body.from_position,
+            number=body.number,
+            new_job_id=body.new_job_id,
+            params=body.params,
+            actor=actor,
+        )
+    )
+    return ForkOut(**made.__dict__)
 
 
 @router.post("/{workflow}/{job_id}/events", status_code=202)

@@ -35,6 +35,7 @@ from producers.models import (
     JobIn,
     JobRejected,
     RequestError,
+    job_start,
     parse_jobs,
 )
 from producers.responses import error_response, json_response
@@ -249,6 +250,7 @@ def _envelopes(jobs: list[JobIn], request_id: str) -> tuple[list[JobEnvelope], i
                 new_traceparent(),
                 job.priority,
                 job.callback,
+                job_start(job, now),
             )
         )
     return envelopes, len(jobs) - len(envelopes)

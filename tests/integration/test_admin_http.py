@@ -40,7 +40,12 @@ def test_list_describe_control_and_events(settings, db):
         assert (described["job_id"], described["status"]) == ("adm_0", "queued")
 
         paused = client.post("/v1/instances/approval-workflow/adm_0/pause")
-        assert paused.json() == {"job_id": "adm_0", "status": "paused", "requested": None}
+        assert paused.json() == {
+            "job_id": "adm_0",
+            "status": "paused",
+            "requested": None,
+            "note": None,
+        }
         assert (
             client.post("/v1/instances/approval-workflow/adm_0/resume").json()["status"] == "queued"
         )

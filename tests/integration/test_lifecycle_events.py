@@ -35,7 +35,7 @@ from workflow_engine.engine.relay import OutboxRelay
 from workflow_engine.engine.runner import EngineRunner
 from workflow_engine.model import Delivery
 from workflow_engine.store import make_engine
-from workflow_engine.store.operations import control
+from workflow_engine.store.operations import control, fork
 from workflow_engine.store.writes import create_instances, create_instances_in, outbox_depth
 
 
@@ -397,3 +397,13 @@ def test_operators_actions_write_their_events_and_a_session_with_events_off_none
     control.resume(db, flow, "op-1")
     assert _outbox(db, "op-1")[5:] == [(6, "instance.resumed", "queued")]
     assert _status(db, "op-2") == "queued" and _outbox(db, "op-2") == []
+    # Issue 26's operator actions: a retry of a terminated instance (no failed step to
+    # reset: it replays), and a fork (the new instance's own first event).
+    control.terminate(db, flow, "op-1")
+    control.retry(db, flow, "op-1")
+    assert _outbox(db, "op-1")[6:] == [
+        (7, "instance.terminated", "terminated"),
+        (8, "instance.retried", "queued"),
+    ]
+    fork(db, flow, "op-1", from_position=0)
+    assert _outbox(db, "op-1~fork1") == [(1, "instance.created", "queued")]

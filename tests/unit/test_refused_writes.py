@@ -49,7 +49,7 @@ class RefusingRuntime:
         if isinstance(write, FinishInstance):
             self.finished.append(write)
         if isinstance(write, StartStep | Chain):
-            return cast(T, Started(1, AT))
+            return cast(T, Started(1, AT, 1))
         return cast(T, None)
 
     async def call_db(self, fn: Any, *args: Any, **kwargs: Any) -> Any:

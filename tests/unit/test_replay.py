@@ -62,7 +62,7 @@ class FakeRuntime:
         self.writes.append(write)
         if isinstance(write, StartStep):
             attempt = self._attempts[write.position] = self._attempts.get(write.position, 0) + 1
-            return cast(T, Started(attempt, AT))
+            return cast(T, Started(attempt, AT, attempt))
         return cast(T, None)
 
     async def call_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

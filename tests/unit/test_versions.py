@@ -133,7 +133,7 @@ class MarkerRuntime:
             return await self.write(write.then)
         if isinstance(write, StartStep):
             self.started.append((write.position, write.name))
-            return cast(T, Started(1, datetime(2025, 1, 1, tzinfo=UTC)))
+            return cast(T, Started(1, datetime(2025, 1, 1, tzinfo=UTC), 1))
         return cast(T, None)
 
     async def call_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

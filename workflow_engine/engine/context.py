@@ -72,6 +72,7 @@ from workflow_engine.errors import (
     NonRetryableError,
     StepFailed,
     Suspend,
+    at_step,
 )
 from workflow_engine.model import RecordedStep
 from workflow_engine.steps import StepInfo, _current_step, idempotency_key
@@ -89,6 +90,16 @@ INLINE_SLOW_LOG_SECONDS = 60.0
 _inline_slow_logged: dict[tuple[str, str], float] = {}
 #: What an attempt returns when the step should run again at once (its value may be None).
 _AGAIN: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
+class _Tried:
+    """One attempt of a step: its number, its try within the step's retry budget, and
+    its row's ``started_at`` (the attempts table's partition key)."""
+
+    attempt: int
+    tries: int
+    started_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +184,11 @@ class WorkflowContext:
         if isinstance(refused, DatabaseRefused) and isinstance(write, FinishInstance):
             self._broken = None
             errored = dataclasses.replace(
-                write, status=InstanceStatus.ERRORED, result=None, error=str(refused)
+                write,
+                status=InstanceStatus.ERRORED,
+                result=None,
+                error=str(refused),
+                failed_position=None,
             )
             return cast(T, await self._write(errored))
         return await self._write(write)
@@ -316,7 +331,7 @@ class WorkflowContext:
             return recorded.result
         if recorded is not None and recorded.status == StepStatus.FAILED:
             # The workflow caught this failure before: the same error, not a second run.
-            raise replay.replayed_failure(self.job_id, recorded)
+            raise at_step(replay.replayed_failure(self.job_id, recorded), position)
         if self.spans and _cut_off(recorded):
             assert recorded is not None
             self.spans.cut_off(name, position, recorded.attempts)
@@ -342,7 +357,7 @@ class WorkflowContext:
         attempt failed and the step should run again at once."""
         await failpoints.hit_async("engine.before_step_start", self.job_id)
         start = StartStep(self.job_id, self.lease.claim, position, name)
-        attempt, started_at = await self._write(start)
+        attempt, started_at, tries = await self._write(start)
         labelled(STEPS_STARTED, self.workflow).inc()
         token = _current_step.set(StepInfo(self.job_id, self.workflow, name, position, attempt))
         span = self.spans.step(name, position, attempt) if self.spans else None
@@ -353,10 +368,12 @@ class WorkflowContext:
             encoded = writes.encode_result(value, self._rt.max_result_bytes)
         except NonRetryableError as exc:
             await self._failed_for_good(position, attempt, started_at, span, exc)
+            at_step(exc, position)
             raise
         except Exception as exc:  # step code may raise anything: that is a failed attempt
             job_spans.end(span, exc)
-            await self._attempt_failed(name, position, attempt, started_at, policy, exc)
+            tried = _Tried(attempt, tries, started_at)
+            await self._attempt_failed(name, position, tried, policy, exc)
             return _AGAIN
         finally:
             _current_step.reset(token)
@@ -400,25 +417,27 @@ class WorkflowContext:
         self,
         name: str,
         position: int,
-        attempt: int,
-        started_at: datetime,
+        tried: _Tried,
         policy: RetryPolicy,
         exc: Exception,
     ) -> None:
         """Record a failed attempt. Raises ``StepFailed`` once retries are spent and
-        ``Suspend`` for a retry delay; returns when the step should run again at once."""
-        final = attempt > policy.limit
+        ``Suspend`` for a retry delay; returns when the step should run again at once.
+        The policy counts the tries of the step's budget, which an operator's retry
+        starts again (``tried.tries``); the attempt numbers go on."""
+        attempt, tries = tried.attempt, tried.tries
+        final = tries > policy.limit
         outcome = AttemptOutcome.FAILED if final else AttemptOutcome.RETRY
         failed = None
         if final:  # recorded with the entry, so that replay raises it again
             failed = StepFailed(
-                f"step {name!r} failed after {attempt} attempts: {_describe(exc)}",
+                f"step {name!r} failed after {tries} attempts: {_describe(exc)}",
                 cause_type=replay.type_name(type(exc)),
             )
         record = replay.step_failure(failed) if failed is not None else None
-        await self._finish(position, attempt, started_at, outcome, record, _describe(exc))
+        await self._finish(position, attempt, tried.started_at, outcome, record, _describe(exc))
         labelled(STEPS, self.workflow, outcome).inc()
-        delay = 0.0 if final else policy.delay_for(exc, attempt)
+        delay = 0.0 if final else policy.delay_for(exc, tries)
         log.warning(
             "step %r attempt %d failed: %s",
             name,
@@ -433,7 +452,7 @@ class WorkflowContext:
             },
         )
         if failed is not None:
-            raise failed from exc
+            raise at_step(failed, position) from exc
         if delay > 0:
             raise Suspend(InstanceStatus.SLEEPING, None, delay=delay) from None
 

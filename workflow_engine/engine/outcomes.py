@@ -23,9 +23,12 @@ class Completed:
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """The workflow raised (or is unknown); the instance errors with ``error``."""
+    """The workflow raised (or is unknown); the instance errors with ``error``.
+    ``position``: the history position of the step whose failure ended the run, if one
+    did (what ``onceflow instances retry`` runs again)."""
 
     error: str
+    position: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,7 +66,13 @@ from workflow_engine.engine.relay import RelayService
 from workflow_engine.engine.scheduler import Scheduler
 from workflow_engine.engine.services import LeaseKeeper, Maintenance, Rescuer, Run, Service
 from workflow_engine.engine.webhook_dispatcher import WebhookDispatcher
-from workflow_engine.errors import ControlRequested, LeaseLost, Suspend, WorkflowError
+from workflow_engine.errors import (
+    ControlRequested,
+    LeaseLost,
+    Suspend,
+    WorkflowError,
+    failed_step_position,
+)
 from workflow_engine.model import Registry
 from workflow_engine.store import (
     check_connection,
@@ -412,11 +418,11 @@ class EngineRunner:
         except LeaseLost as exc:
             return LostLease(str(exc))
         except WorkflowError as exc:
-            return Failed(str(exc))
+            return Failed(str(exc), failed_step_position(exc))
         except Exception as exc:
             if is_transient(exc):
                 raise  # the database failed, not the workflow: _run_instance gives it back
-            return Failed(f"{type(exc).__name__}: {exc}")
+            return Failed(f"{type(exc).__name__}: {exc}", failed_step_position(exc))
 
     async def _give_back(self, job_id: str, claim: int) -> None:
         """A database outage or failover cut a run: its last write may or may not have
@@ -447,8 +453,10 @@ class EngineRunner:
         match outcome:
             case Completed(result):
                 await self._finish(inst, ctx, InstanceStatus.COMPLETE, result=result)
-            case Failed(error):
-                await self._finish(inst, ctx, InstanceStatus.ERRORED, error=error)
+            case Failed(error, position):
+                await self._finish(
+                    inst, ctx, InstanceStatus.ERRORED, error=error, failed_position=position
+                )
             case Suspended():
                 await ctx.flush()
                 await self._suspend(inst, outcome)
@@ -521,9 +529,13 @@ class EngineRunner:
         status: InstanceStatus,
         result: bytes | None = None,
         error: str | None = None,
+        failed_position: int | None = None,
     ) -> None:
         await failpoints.hit_async("engine.before_finish", inst.job_id)
-        await ctx.commit(FinishInstance(inst.job_id, inst.claim_count, status, result, error))
+        finish = FinishInstance(
+            inst.job_id, inst.claim_count, status, result, error, failed_position
+        )
+        await ctx.commit(finish)
         labelled(FINISHED, inst.workflow, status).inc()
         if self._traced and (spans := JobSpans.of(inst.traceparent, *_ids(inst))):
             spans.finished(status, error)

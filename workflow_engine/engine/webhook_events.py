@@ -18,8 +18,8 @@ from typing import Any
 import orjson
 
 from onceflow.ids import is_valid_job_id
-from onceflow.vocabulary import WebhookDeadReason
-from onceflow.webhooks import EVENT_KINDS, EVENT_TYPE_PREFIX, FINAL_KINDS, WebhookEndpoint
+from onceflow.vocabulary import EVENT_TYPE_PREFIX, WebhookDeadReason
+from onceflow.webhooks import EVENT_KINDS, FINAL_KINDS, WebhookEndpoint
 from workflow_engine.model import Registry
 from workflow_engine.store.writes import NewDelivery
 

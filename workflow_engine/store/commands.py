@@ -51,6 +51,9 @@ class Started(NamedTuple):
     #: The attempt row's ``started_at``: the partition key of ``onceflow_step_attempts``,
     #: carried to the attempt's close so that update reads one partition, not all.
     at: datetime
+    #: The attempt within the step's retry budget (what the retry policy counts): the
+    #: attempt itself, unless an operator retried the step (``retry_base``, 0020).
+    tries: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +90,8 @@ class FinishInstance(Write[None]):
     status: InstanceStatus
     result: bytes | None = None  # JSON
     error: str | None = None
+    # Errored by a step's failure: that step's history position (retry runs it again).
+    failed_position: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -402,7 +402,7 @@ CREATE TABLE public.onceflow_bulk_operations (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     finished_at timestamp with time zone,
     error text,
-    CONSTRAINT onceflow_bulk_operations_action_check CHECK ((action = ANY (ARRAY['pause'::text, 'resume'::text, 'terminate'::text, 'restart'::text]))),
+    CONSTRAINT onceflow_bulk_operations_action_check CHECK ((action = ANY (ARRAY['pause'::text, 'restart'::text, 'resume'::text, 'terminate'::text, 'retry'::text]))),
     CONSTRAINT onceflow_bulk_operations_finished_check CHECK (((status = 'running'::text) = (finished_at IS NULL))),
     CONSTRAINT onceflow_bulk_operations_progress_check CHECK (((done >= 0) AND (skipped >= 0) AND ((done + skipped) <= total))),
     CONSTRAINT onceflow_bulk_operations_status_check CHECK ((status = ANY (ARRAY['running'::text, 'complete'::text, 'failed'::text])))
@@ -434,7 +434,7 @@ CREATE TABLE public.onceflow_dead_letters (
     headers jsonb DEFAULT '{}'::jsonb NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT onceflow_dead_letters_dlq_position_check CHECK (((dlq_partition IS NULL) = (dlq_offset IS NULL))),
-    CONSTRAINT onceflow_dead_letters_reason_check CHECK ((reason = ANY (ARRAY['database_refused'::text, 'invalid_callback'::text, 'invalid_job_id'::text, 'invalid_params'::text, 'invalid_priority'::text, 'invalid_submitted_at'::text, 'key_mismatch'::text, 'missing_workflow'::text, 'no_value'::text, 'not_an_object'::text, 'not_json'::text, 'task_failed'::text, 'too_large'::text, 'unknown_type'::text, 'unsupported_version'::text, 'unknown_callback'::text])))
+    CONSTRAINT onceflow_dead_letters_reason_check CHECK ((reason = ANY (ARRAY['database_refused'::text, 'invalid_callback'::text, 'invalid_job_id'::text, 'invalid_params'::text, 'invalid_priority'::text, 'invalid_submitted_at'::text, 'key_mismatch'::text, 'missing_workflow'::text, 'no_value'::text, 'not_an_object'::text, 'not_json'::text, 'task_failed'::text, 'too_large'::text, 'unknown_callback'::text, 'unknown_type'::text, 'unsupported_version'::text, 'invalid_run_at'::text])))
 );
 
 ALTER TABLE public.onceflow_dead_letters ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
@@ -555,8 +555,13 @@ CREATE TABLE public.onceflow_instances (
     mismatched boolean DEFAULT false NOT NULL,
     event_seq integer DEFAULT 0 NOT NULL,
     callback text,
+    failed_position integer,
+    retry_count integer DEFAULT 0 NOT NULL,
+    forked_from text,
+    forked_at_position integer,
     CONSTRAINT onceflow_instances_callback_length CHECK ((char_length(callback) <= 64)),
     CONSTRAINT onceflow_instances_finished_check CHECK (((status = ANY (ARRAY['complete'::text, 'errored'::text, 'terminated'::text])) = (finished_at IS NOT NULL))),
+    CONSTRAINT onceflow_instances_forked_check CHECK (((forked_from IS NULL) = (forked_at_position IS NULL))),
     CONSTRAINT onceflow_instances_lease_check CHECK (((status = 'running'::text) = ((lease_owner IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
     CONSTRAINT onceflow_instances_mismatched_check CHECK ((duplicated OR (NOT mismatched))),
     CONSTRAINT onceflow_instances_parent_check CHECK (((parent_job_id IS NULL) = (parent_close_policy IS NULL))),
@@ -590,7 +595,7 @@ CREATE TABLE public.onceflow_jobs (
     enqueued_at timestamp with time zone,
     origin text DEFAULT 'http'::text NOT NULL,
     CONSTRAINT onceflow_jobs_kind_check CHECK ((kind = ANY (ARRAY['workflow'::text, 'task'::text]))),
-    CONSTRAINT onceflow_jobs_origin_check CHECK ((origin = ANY (ARRAY['http'::text, 'kafka'::text, 'schedule'::text, 'child'::text]))),
+    CONSTRAINT onceflow_jobs_origin_check CHECK ((origin = ANY (ARRAY['child'::text, 'http'::text, 'kafka'::text, 'schedule'::text, 'fork'::text]))),
     CONSTRAINT onceflow_jobs_source_check CHECK (((origin <> ALL (ARRAY['http'::text, 'kafka'::text])) OR ((source_topic IS NOT NULL) AND (source_partition IS NOT NULL) AND (source_offset IS NOT NULL))))
 );
 
@@ -614,7 +619,7 @@ CREATE TABLE public.onceflow_operator_actions (
     bulk_id bigint,
     client text,
     detail text,
-    CONSTRAINT onceflow_operator_actions_action_check CHECK ((action = ANY (ARRAY['pause'::text, 'resume'::text, 'terminate'::text, 'restart'::text, 'send_event'::text, 'bulk_pause'::text, 'bulk_resume'::text, 'bulk_terminate'::text, 'bulk_restart'::text, 'redrive'::text, 'login'::text, 'logout'::text, 'request'::text]))),
+    CONSTRAINT onceflow_operator_actions_action_check CHECK ((action = ANY (ARRAY['bulk_pause'::text, 'bulk_restart'::text, 'bulk_resume'::text, 'bulk_retry'::text, 'bulk_terminate'::text, 'login'::text, 'logout'::text, 'pause'::text, 'redrive'::text, 'request'::text, 'restart'::text, 'resume'::text, 'retry'::text, 'send_event'::text, 'terminate'::text, 'fork'::text]))),
     CONSTRAINT onceflow_operator_actions_actor_length CHECK (((char_length(actor) >= 1) AND (char_length(actor) <= 200))),
     CONSTRAINT onceflow_operator_actions_client_length CHECK ((char_length(client) <= 100)),
     CONSTRAINT onceflow_operator_actions_detail_length CHECK ((char_length(detail) <= 1000)),
@@ -744,6 +749,7 @@ CREATE TABLE public.onceflow_steps (
     wake_at timestamp with time zone,
     event_type text,
     child_job_id text,
+    retry_base integer DEFAULT 0 NOT NULL,
     CONSTRAINT onceflow_steps_child_check CHECK (((kind = 'child'::text) = (child_job_id IS NOT NULL))),
     CONSTRAINT onceflow_steps_event_type_check CHECK (((kind = 'event'::text) = (event_type IS NOT NULL))),
     CONSTRAINT onceflow_steps_finished_check CHECK (((status = ANY (ARRAY['running'::text, 'sleeping'::text, 'waiting'::text])) = (finished_at IS NULL))),
@@ -930,6 +936,8 @@ CREATE INDEX onceflow_instances_duplicated_created_idx ON public.onceflow_instan
 CREATE INDEX onceflow_instances_duplicated_updated_idx ON public.onceflow_instances USING btree (updated_at, job_id) WHERE duplicated;
 
 CREATE INDEX onceflow_instances_finished_idx ON public.onceflow_instances USING btree (finished_at) WHERE (finished_at IS NOT NULL);
+
+CREATE INDEX onceflow_instances_forked_from_idx ON public.onceflow_instances USING btree (forked_from) WHERE (forked_from IS NOT NULL);
 
 CREATE INDEX onceflow_instances_lane_idx ON public.onceflow_instances USING btree (workflow, flow_lane, public.onceflow_claim_order(run_after, priority)) WHERE (status = ANY (ARRAY['queued'::text, 'sleeping'::text, 'waiting'::text]));
 

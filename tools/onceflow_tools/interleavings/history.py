@@ -151,11 +151,14 @@ def check_history(
         " WHERE a.finished_at IS NULL OR b.started_at < a.finished_at - interval '5 ms'",
     ):
         broken.append(f"{job_id}: attempt {attempt} of position {position} overlaps the one before")
-    # 3. A completed step is never run again; 4. a recorded final failure is never re-run.
+    # 3. A completed step is never run again; 4. a recorded final failure is never re-run
+    #    (unless an operator retried the step: its attempts up to retry_base, 0020).
     for job_id, position, outcome in rows(
         db,
         "SELECT a.job_id, a.position, a.outcome FROM onceflow_step_attempts a"
-        " WHERE a.outcome IN ('complete', 'failed') AND EXISTS ("
+        " JOIN onceflow_steps s ON s.job_id = a.job_id AND s.position = a.position"
+        " WHERE a.outcome IN ('complete', 'failed')"
+        "  AND NOT (a.outcome = 'failed' AND a.attempt <= s.retry_base) AND EXISTS ("
         "  SELECT 1 FROM onceflow_step_attempts b WHERE b.job_id = a.job_id"
         "   AND b.position = a.position AND b.attempt > a.attempt)",
     ):

@@ -1,6 +1,8 @@
 """What operators do, from whichever front-end (the admin API, the console, the CLI):
-control an instance, send it an event, run bulk actions (one background runner), re-drive
-dead letters, manage schedules. Each records who did it in the operator audit trail.
+control an instance (pause, resume, terminate, restart, retry from its failed step),
+fork one from a history position, send it an event, run bulk actions (one background
+runner), re-drive dead letters, manage schedules. Each records who did it in the operator
+audit trail.
 
 What an operator may send is checked here, not in the front ends: ``send_event`` applies
 the one event rule (:func:`check_event`, refusing with :class:`InvalidEvent`), and
@@ -42,8 +44,14 @@ from workflow_engine.store.operations.control import (
     pause,
     restart,
     resume,
+    retry,
     send_event,
     terminate,
+)
+from workflow_engine.store.operations.forks import (
+    ForkExists,
+    ForkResult,
+    fork,
 )
 from workflow_engine.store.operations.redrives import (
     Verdict,
@@ -92,6 +100,8 @@ __all__ = [
     "ControlResult",
     "EmptyFilter",
     "EventRefusal",
+    "ForkExists",
+    "ForkResult",
     "InstanceNotFound",
     "InvalidEvent",
     "NothingToRedrive",
@@ -107,6 +117,7 @@ __all__ = [
     "delete_schedule",
     "entry",
     "failures_recorded",
+    "fork",
     "leased",
     "pause",
     "pause_schedule",
@@ -119,6 +130,7 @@ __all__ = [
     "restart",
     "resume",
     "resume_schedule",
+    "retry",
     "run_bulk",
     "run_leased",
     "send_event",

@@ -1,8 +1,15 @@
-"""Control operations: pause, resume, terminate, restart, send an event; list instances.
+"""Control operations: pause, resume, terminate, restart, retry, send an event.
 
 An instance that no engine is running is changed at once. One that an engine is
 running gets a ``requested_action``, which the engine carries out at its next step
-boundary (a step, sleep or event wait), so no step is cut off half-way.
+boundary (a step, sleep or event wait), so no step is cut off half-way. ``retry``
+applies only to an instance no engine runs (errored or terminated); forking is
+:mod:`workflow_engine.store.operations.forks`.
+
+Every action locks the instance row ``FOR UPDATE`` and decides on the status it reads
+under that lock, in the transaction that changes it: an engine finishing the instance
+or a second operator acting on it at the same moment waits for the lock and then sees
+the new state (failpoint ``operations.after_lock``; tests/integration/test_retry_fork.py).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from onceflow import failpoints
 from onceflow.errors import OnceflowError
 from onceflow.instance_events import check_event
 from onceflow.vocabulary import (
@@ -42,10 +50,13 @@ class ControlResult:
     job_id: str
     status: InstanceStatus
     requested: ControlAction | None = None
+    note: str | None = None  # what a retry ran again
 
     def describe(self) -> str:
         if self.requested:
             return f"{self.job_id}: {self.requested} requested (the engine applies it next step)"
+        if self.note:
+            return f"{self.job_id}: {self.status}; {self.note}"
         return f"{self.job_id}: {self.status}"
 
 
@@ -70,12 +81,13 @@ def _operate(
 ) -> tuple[ControlResult, ActionEntry | None]:
     with db.begin() as conn:
         status, requested = _lock(conn, workflow, job_id)
+        failpoints.hit("operations.after_lock", job_id)
         done = transition(conn, job_id, action, status, requested)
         if done.refused is not None:
             raise ControlError(done.refused)
         if done.runnable:
             _notify(conn)
-        result = ControlResult(job_id, done.status, done.requested)
+        result = ControlResult(job_id, done.status, done.requested, done.note)
         # The operator's row commits with the change, or neither does.
         audited = None
         if actor is not None:
@@ -120,6 +132,13 @@ def terminate(
 
 def restart(db: Engine, workflow: str, job_id: str, *, actor: Actor | None = None) -> ControlResult:
     return _control(db, BulkAction.RESTART, workflow, job_id, actor)
+
+
+def retry(db: Engine, workflow: str, job_id: str, *, actor: Actor | None = None) -> ControlResult:
+    """Run an errored (or terminated) instance again from its failed step: completed
+    steps keep their checkpoints, the failed step gets a fresh attempt budget
+    (:func:`workflow_engine.store.writes.requests.apply_retry`)."""
+    return _control(db, BulkAction.RETRY, workflow, job_id, actor)
 
 
 _INSERT_EVENT = sa.text(

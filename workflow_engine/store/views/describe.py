@@ -19,6 +19,7 @@ from onceflow.vocabulary import (
 )
 from workflow_engine.store.fragments import TERMINAL
 from workflow_engine.store.views.engines import ENGINE_HAS, ENGINE_STALE_SECONDS
+from workflow_engine.store.views.listing import SCHEDULED_START
 from workflow_engine.store.views.webhooks import DeliveryView, deliveries_of
 
 
@@ -71,6 +72,16 @@ class InstanceView:
     # The webhook endpoint the job named (its callback), and the instance's deliveries.
     callback: str | None = None
     deliveries: list[DeliveryView] = field(default_factory=list)
+    # Retry and fork (migration 0020): the step an errored instance failed at (what
+    # ``retry`` runs again), how often it was retried, the instance and history position
+    # it was forked from, and the forks made from it.
+    failed_position: int | None = None
+    retry_count: int = 0
+    forked_from: str | None = None
+    forked_at_position: int | None = None
+    forks: list[str] = field(default_factory=list)
+    # A delayed start not reached yet (run_at / start_after): it is queued until then.
+    scheduled_start: datetime | None = None
 
     @property
     def waiting_for_engine(self) -> str | None:
@@ -90,6 +101,8 @@ class InstanceView:
             return "a schedule's tick"
         if self.origin == Origin.CHILD:
             return f"child of {self.parent_job_id or '(pruned parent)'}"
+        if self.origin == Origin.FORK:
+            return f"fork of {self.forked_from} from position {self.forked_at_position}"
         return f"HTTP request {self.request_id or '-'}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -118,7 +131,11 @@ SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
            WHERE e.last_seen_at > now() - make_interval(secs => :stale)
              AND {ENGINE_HAS}) END AS engine_available,
        i.priority, onceflow_hold_reason(i.job_id) AS held_because,
-       i.parent_job_id, i.parent_close_policy, i.callback
+       i.parent_job_id, i.parent_close_policy, i.callback,
+       i.failed_position, i.retry_count, i.forked_from, i.forked_at_position,
+       ARRAY(SELECT f.job_id FROM onceflow_instances f WHERE f.forked_from = i.job_id
+             ORDER BY f.job_id) AS forks,
+       {SCHEDULED_START} AS scheduled_start
 FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
 -- One pass over the job id's duplicate rows, in its one partition (job_received_at,
 -- migration 0012): planning a partitioned table costs per partition and per reference.

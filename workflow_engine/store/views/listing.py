@@ -287,6 +287,16 @@ class InstanceRow:
     error: str | None
     finished_at: datetime | None
     version: str | None  # the definition version it was created with
+    # A delayed start not reached yet (run_at / start_after): when it becomes claimable.
+    scheduled_start: datetime | None = None
+
+
+#: When a queued instance that has never run will become claimable, if that is still
+#: ahead (a delayed start; migration 0021): NULL otherwise. Status stays ``queued``.
+SCHEDULED_START = (
+    "CASE WHEN i.status = 'queued' AND i.started_at IS NULL AND i.run_after > now()"
+    " THEN i.run_after END"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,7 +349,7 @@ def _list_sql(
         params["c_at"], params["c_job"] = after
     page = (
         "SELECT i.job_id, i.workflow, i.status, i.created_at, i.updated_at, i.error,"
-        " i.finished_at, i.version"
+        f" i.finished_at, i.version, {SCHEDULED_START} AS scheduled_start"
         f" FROM onceflow_instances i WHERE {where}"
         f" ORDER BY i.{column} DESC, i.job_id DESC LIMIT :limit"
     )
@@ -383,6 +393,7 @@ def list_page(
             error=r.error,
             finished_at=r.finished_at,
             version=r.version,
+            scheduled_start=r.scheduled_start,
         )
         for r in found[:limit]
     ]

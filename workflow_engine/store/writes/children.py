@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from onceflow.envelope import params_digest
-from onceflow.ids import is_valid_job_id
+from onceflow.ids import is_derived_job_id, is_valid_job_id
 from onceflow.vocabulary import (
     TERMINAL_STATUSES,
     InstanceStatus,
@@ -74,7 +74,7 @@ def child_job_id(parent_job_id: str, name: str) -> str:
             " (no '__', no leading or trailing '_')"
         )
     job_id = f"{parent_job_id}{SEPARATOR}{name}"
-    if "@" in parent_job_id:  # started by a schedule's tick (or below one)
+    if is_derived_job_id(parent_job_id):  # below a schedule's tick or a fork
         if len(job_id) > MAX_TICK_CHILD_ID:
             raise ValueError(
                 f"child id {job_id!r} is over {MAX_TICK_CHILD_ID} characters:"

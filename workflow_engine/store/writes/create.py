@@ -13,6 +13,7 @@ for a whole batch of Kafka deliveries, in one statement and one round trip:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import orjson
@@ -52,7 +53,7 @@ WITH input AS (
         ord integer, job_id text, kind text, workflow text, params jsonb, params_digest text,
         request_id text, submitted_at timestamptz, traceparent text, origin text,
         topic text, part integer, off bigint, enqueued_at timestamptz, version text,
-        priority smallint, lane_path text[], callback text)
+        priority smallint, lane_path text[], callback text, run_after timestamptz)
 ),
 firsts AS (
     SELECT DISTINCT ON (job_id) * FROM input ORDER BY job_id, ord
@@ -107,10 +108,14 @@ dups AS (
 ),
 inst AS (
     INSERT INTO onceflow_instances (job_id, workflow, params, version, priority, flow_lane,
-                                    event_seq, callback)
+                                    event_seq, callback, run_after)
     SELECT f.job_id, f.workflow, f.params, f.version, f.priority,
            -- bounded (migration 0014): the lane index takes any key's value
-           onceflow_flow_lane(f.params, f.lane_path), {ONE_EVENT}, f.callback
+           onceflow_flow_lane(f.params, f.lane_path), {ONE_EVENT}, f.callback,
+           -- a delayed start (run_at, start_after: migration 0021); one in the past, or
+           -- none, is now (GREATEST skips a NULL), so it is not claimed ahead of the
+           -- backlog as if it had waited since then
+           GREATEST(f.run_after, now())
     FROM firsts f JOIN upsert u USING (job_id)
     WHERE u.inserted AND f.kind = :workflow_kind
     RETURNING job_id, workflow, version, priority, event_seq AS seq, status
@@ -164,7 +169,19 @@ def _row(ord_: int, d: Delivery) -> dict[str, Any]:
         "priority": env.priority,
         "lane_path": d.lane_path,
         "callback": env.callback,
+        "run_after": _start(d),
     }
+
+
+def _start(d: Delivery) -> str | None:
+    """When the instance may first be claimed: the job's own start time, else its
+    workflow's default delay (``@workflow(start_after=)``) after submission."""
+    env = d.envelope
+    if env.run_at is not None:
+        return env.run_at.isoformat()
+    if d.start_after:
+        return (env.submitted_at + timedelta(seconds=d.start_after)).isoformat()
+    return None
 
 
 # The instances' duplicate flags (migration 0015: what the list's has_duplicates and

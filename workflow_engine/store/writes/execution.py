@@ -125,7 +125,7 @@ step AS (
         SET attempts = s.attempts + 1, status = '{StepStatus.RUNNING}', error = NULL,
             finished_at = NULL
         WHERE s.name = EXCLUDED.name AND s.status <> '{StepStatus.COMPLETE}'
-    RETURNING s.job_id, s.position, s.attempts
+    RETURNING s.job_id, s.position, s.attempts, s.attempts - s.retry_base AS tries
 ),
 abandoned AS (
     UPDATE onceflow_step_attempts a
@@ -141,8 +141,9 @@ attempt AS (
     RETURNING job_id, attempt, started_at
 )
 SELECT input.job_id, attempt.attempt, attempt.started_at, lease.requested_action,
-       lease.job_id IS NOT NULL
+       lease.job_id IS NOT NULL, step.tries
 FROM input LEFT JOIN lease USING (job_id) LEFT JOIN attempt USING (job_id)
+     LEFT JOIN step USING (job_id)
 """
 )
 
@@ -190,12 +191,13 @@ _FINISH_INSTANCES = sa.text(
 WITH input AS (
     SELECT * FROM unnest(CAST(:job_ids AS text[]), CAST(:claims AS int[]),
                          CAST(:statuses AS text[]), CAST(:results AS text[]),
-                         CAST(:errors AS text[]))
-        AS t(job_id, claim, status, result, error)
+                         CAST(:errors AS text[]), CAST(:failed_positions AS int[]))
+        AS t(job_id, claim, status, result, error, failed_position)
 ),
 done AS (
     UPDATE onceflow_instances i
     SET status = input.status, result = CAST(input.result AS jsonb), error = input.error,
+        failed_position = input.failed_position,
         finished_at = now(), updated_at = now(), lease_owner = NULL, lease_expires_at = NULL,
         -- a request that reached the run after its last step is void: the work is done,
         -- and a finished instance carries no request (it would never be applied)
@@ -242,12 +244,17 @@ def _start_steps(conn: sa.Connection, owner: str, writes: list[StartStep]) -> li
             "names": [w.name for w in writes],
         },
     )
-    found = {job_id: (attempt, at, action, leased) for job_id, attempt, at, action, leased in rows}
+    found = {job_id: rest for job_id, *rest in rows}
     return [_start_answer(w, *found[w.job_id]) for w in writes]
 
 
 def _start_answer(
-    w: StartStep, attempt: int | None, at: datetime | None, action: str | None, leased: bool
+    w: StartStep,
+    attempt: int | None,
+    at: datetime | None,
+    action: str | None,
+    leased: bool,
+    tries: int | None,
 ) -> Answer:
     if not leased:
         return LeaseLost(f"lease on {w.job_id} lost before step {w.name!r}")
@@ -257,7 +264,7 @@ def _start_answer(
         return NonDeterminismError(
             f"step {w.name!r} at position {w.position} does not match history"
         )
-    return Started(int(attempt), at)
+    return Started(int(attempt), at, int(tries if tries is not None else attempt))
 
 
 def _guarded(
@@ -300,6 +307,7 @@ def _finish_instances(
         "statuses": [w.status.value for w in writes],
         "results": [_json_text(w.result) for w in writes],
         "errors": [_error_text(w.error) for w in writes],
+        "failed_positions": [w.failed_position for w in writes],
     }
     job_ids = [w.job_id for w in writes]
     rows = conn.execute(_FINISH_INSTANCES, {"job_ids": job_ids, **params}).all()

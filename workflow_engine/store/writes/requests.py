@@ -14,12 +14,15 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from onceflow.vocabulary import (
+    RETRYABLE_STATUSES,
     TERMINAL_STATUSES,
     BulkAction,
     ControlAction,
     InstanceStatus,
     LifecycleEvent,
     ParentClosePolicy,
+    StepKind,
+    StepStatus,
 )
 from workflow_engine.store import lifecycle
 from workflow_engine.store.commands import Lease
@@ -50,6 +53,7 @@ class Transition:
     changed: bool = True  # False: it was already so (pausing a paused instance)
     runnable: bool = False  # it became claimable: wake the engines
     refused: str | None = None  # why the action does not apply to it
+    note: str | None = None  # what it did, where the status does not say (a retry)
 
 
 _RESUME = sa.text(
@@ -69,6 +73,14 @@ def transition(
     instance already locked ``FOR UPDATE``. The single operations below raise on a
     refusal; :mod:`workflow_engine.store.operations.bulk` counts it as skipped."""
     running = status == InstanceStatus.RUNNING
+    if action == BulkAction.RETRY:
+        if status not in RETRYABLE_STATUSES:
+            refusal = (
+                f"{job_id} is {status}; only an errored or terminated instance can be"
+                " retried from its failed step"
+            )
+            return Transition(status, changed=False, refused=refusal)
+        return Transition(InstanceStatus.QUEUED, runnable=True, note=apply_retry(conn, job_id))
     if action == BulkAction.RESUME:
         if running and requested == ControlAction.PAUSE:
             _request(conn, job_id, None)
@@ -159,7 +171,7 @@ _RESTART = sa.text(
     "UPDATE onceflow_instances SET status = :queued, run_after = now(), started_at = NULL,"
     " finished_at = NULL, result = NULL, error = NULL, lease_owner = NULL,"
     " lease_expires_at = NULL, requested_action = NULL, restart_count = restart_count + 1,"
-    " updated_at = now() WHERE job_id = :j"
+    " failed_position = NULL, updated_at = now() WHERE job_id = :j"
 )
 
 
@@ -172,6 +184,52 @@ def apply_restart(conn: Connection, job_id: str) -> None:
     conn.execute(_FORGET_CONSUMED_EVENTS, {"j": job_id})
     conn.execute(_RESTART, {"j": job_id, "queued": str(InstanceStatus.QUEUED)})
     lifecycle.emit(conn, [(job_id, LifecycleEvent.RESTARTED, None)])
+
+
+# The step the instance errored at (failed_position) becomes a step not yet run: its row
+# stays (name, position) with no result, so replay runs it; its attempts go on counting
+# (the earlier ones stay in onceflow_step_attempts) while retry_base makes its next start
+# the first try of a fresh budget. The error says why it is open (and tells it from an
+# attempt a crash cut off). Only a step's own failure: a timed-out wait or a failed
+# child is left as recorded.
+_RESET_FAILED_STEP = sa.text(
+    f"""
+WITH failed AS (
+    SELECT s.job_id, s.position, s.name, s.attempts FROM onceflow_steps s
+    JOIN onceflow_instances i ON i.job_id = s.job_id AND i.failed_position = s.position
+    WHERE s.job_id = :j AND s.kind = '{StepKind.STEP}' AND s.status = '{StepStatus.FAILED}'
+    FOR UPDATE OF s
+)
+UPDATE onceflow_steps s
+SET status = '{StepStatus.RUNNING}', retry_base = failed.attempts, result = NULL,
+    error = 'retried by an operator', finished_at = NULL
+FROM failed WHERE s.job_id = failed.job_id AND s.position = failed.position
+RETURNING failed.position, failed.name, failed.attempts
+"""
+)
+_RETRY = sa.text(
+    "UPDATE onceflow_instances SET status = :queued, run_after = now(), finished_at = NULL,"
+    " result = NULL, error = NULL, failed_position = NULL, requested_action = NULL,"
+    " retry_count = retry_count + 1, updated_at = now() WHERE job_id = :j"
+)
+
+
+def apply_retry(conn: Connection, job_id: str) -> str:
+    """Queue an errored or terminated instance (locked ``FOR UPDATE`` by the caller) to
+    go on from where it stopped: every completed entry of its history is kept (replay
+    returns it, nothing completed runs again), the step it errored at runs again with a
+    fresh attempt budget, and an entry left open (a sleep or wait it was terminated in)
+    is picked up as recorded. Answers what was reset, for the operator."""
+    reset = conn.execute(_RESET_FAILED_STEP, {"j": job_id}).one_or_none()
+    conn.execute(_RETRY, {"j": job_id, "queued": str(InstanceStatus.QUEUED)})
+    step = None if reset is None else {"position": reset.position, "name": reset.name}
+    lifecycle.emit(conn, [(job_id, LifecycleEvent.RETRIED, {"step": step})])
+    if reset is None:
+        return "queued to replay its history (no failed step to run again)"
+    return (
+        f"step {reset.name!r} (position {reset.position}) runs again with a fresh attempt"
+        f" budget ({reset.attempts} earlier attempt(s) kept in its history)"
+    )
 
 
 _PAUSE = sa.text(
