@@ -2,7 +2,7 @@
 
 Public API::
 
-    from workflow_engine import workflow, task, RetryPolicy, NonRetryableError, current_step
+    from workflow_engine import workflow, task, RetryPolicy, NonRetryableError, current_step, emit
 
 Sub-packages: :mod:`workflow_engine.store` (the one owner of the database) and
 :mod:`workflow_engine.engine` (the engine process). The names below are resolved
@@ -33,9 +33,12 @@ _EXPORTS = {
     "NonDeterminismError": "workflow_engine.errors",
     "NonRetryableError": "workflow_engine.errors",
     "StepFailed": "workflow_engine.errors",
+    "StreamLimitReached": "workflow_engine.errors",
+    "StreamValueRefused": "workflow_engine.errors",
     "WorkflowError": "workflow_engine.errors",
     "StepInfo": "workflow_engine.steps",
     "current_step": "workflow_engine.steps",
+    "emit": "workflow_engine.steps",
     "WorkflowContext": "workflow_engine.engine.context",
     "CreateResult": "workflow_engine.model",
     "Delivery": "workflow_engine.model",
@@ -61,11 +64,14 @@ __all__ = [
     "Schedule",
     "StepFailed",
     "StepInfo",
+    "StreamLimitReached",
+    "StreamValueRefused",
     "SystemClock",
     "WorkflowContext",
     "WorkflowError",
     "create_instances",
     "current_step",
+    "emit",
     "registered_tasks",
     "registered_versions",
     "registered_workflows",
@@ -94,10 +100,12 @@ if TYPE_CHECKING:
         NonDeterminismError,
         NonRetryableError,
         StepFailed,
+        StreamLimitReached,
+        StreamValueRefused,
         WorkflowError,
     )
     from workflow_engine.model import CreateResult, Delivery, RateLimit, Registry
-    from workflow_engine.steps import StepInfo, current_step
+    from workflow_engine.steps import StepInfo, current_step, emit
     from workflow_engine.store.writes import create_instances
 
 

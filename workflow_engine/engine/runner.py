@@ -42,6 +42,7 @@ from workflow_engine.definitions import RetryPolicy, load_workflow_modules
 from workflow_engine.engine.batcher import PostgresWrites, WriteBatcher
 from workflow_engine.engine.configs import engine_configs
 from workflow_engine.engine.context import WorkflowContext
+from workflow_engine.engine.emits import StreamLimits
 from workflow_engine.engine.job_spans import JobSpans
 from workflow_engine.engine.listener import Listener
 from workflow_engine.engine.metrics import (
@@ -103,6 +104,9 @@ class EngineRunner:
         self.default_retry = default_retry
         self.clock = clock or SystemClock()
         self.max_result_bytes = settings.step_result_max_bytes
+        self.stream_limits = StreamLimits(
+            settings.stream_value_max_bytes, settings.stream_max_values, settings.stream_max_bytes
+        )
         #: The runs in flight by job id, each with the claim it runs under: a run that
         #: ends removes only its own entry (``_run_instance``), and the claim skips
         #: these ids (``writes.claim``'s ``inflight``).

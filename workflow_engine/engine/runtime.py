@@ -15,6 +15,7 @@ from typing import Concatenate, ParamSpec, Protocol, TypeVar
 from sqlalchemy.engine import Engine
 
 from workflow_engine.definitions import RetryPolicy
+from workflow_engine.engine.emits import StreamLimits
 from workflow_engine.model import Registry
 from workflow_engine.store.writes import Write
 
@@ -50,6 +51,11 @@ class Runtime(Protocol):
     @property
     def max_result_bytes(self) -> int:
         """The size bound of a step's JSON result."""
+        ...
+
+    @property
+    def stream_limits(self) -> StreamLimits:
+        """The bounds of the instances' output streams (``ctx.emit``)."""
         ...
 
     async def write(self, write: Write[T]) -> T:
