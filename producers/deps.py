@@ -27,6 +27,7 @@ from workflow_engine.store import operations
 from workflow_engine.store.operations import Actor
 
 if TYPE_CHECKING:
+    from producers.stream_hub import StreamHub
     from workflow_engine.store.operations import BulkRunner
 
 
@@ -44,6 +45,8 @@ class Ingest:
     #: The admin API's bulk runner (started by the lifespan, or by the first bulk
     #: operation): it also resumes operations a dead process left running.
     bulk: BulkRunner | None = None
+    #: What the open output-stream readers share (created by the first one).
+    streams: StreamHub | None = None
 
     @classmethod
     def from_settings(
@@ -68,6 +71,16 @@ class Ingest:
 
             self.bulk = BulkRunner(db)
         return self.bulk
+
+    def stream_hub(self, db: Engine) -> StreamHub:
+        """The process's one :class:`~producers.stream_hub.StreamHub` (created on first
+        use, on ``db``)."""
+        if self.streams is None:
+            from producers.stream_hub import StreamHub
+
+            s = self.settings
+            self.streams = StreamHub(db, s.ingest_stream_max_readers, s.ingest_stream_poll_seconds)
+        return self.streams
 
     def sender(self) -> JobSender:
         if self.producer is None:

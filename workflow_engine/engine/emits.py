@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from onceflow.output_streams import InvalidStreamValue, check_stream_name, encode_stream_value
-from workflow_engine.errors import StreamValueRefused
+from workflow_engine.errors import NonRetryableError, StreamValueRefused
 
 MAX_KEY_CHARS = 200
 #: How long step code's ``emit()`` waits for its append to commit before it raises:
@@ -104,7 +104,8 @@ class StepOutput:
     def emit_blocking(self, stream: Any, value: Any) -> int | None:
         """Append from sync step code running in a thread; returns once committed."""
         if _on_loop(self._loop):
-            raise RuntimeError(
+            # a NonRetryableError: the step's next attempt would run there too
+            raise NonRetryableError(
                 "emit() in a step that runs on the engine's event loop (inline, or async"
                 " step code) would block it: make the step async and `await ctx.emit(...)`,"
                 " or run it in a thread (inline=False)"
