@@ -54,6 +54,9 @@ def render_instance(view: InstanceView) -> str:
         lines.append(f"parent: {view.parent_job_id} (on parent close: {view.parent_close_policy})")
     for child in view.children:
         lines.append(f"child {child.name!r}: {child.job_id} ({child.workflow}) {child.status}")
+    if view.streams:
+        counts = ", ".join(f"{name} {n}" for name, n in view.streams.items())
+        lines.append(f"output streams: {counts} (GET /v1/jobs/{view.job_id}/stream)")
     for step in view.steps:
         state = str(step.status)
         if step.kind == StepKind.STEP and (step.status == StepStatus.RUNNING or step.attempts > 1):

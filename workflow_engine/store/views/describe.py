@@ -19,6 +19,7 @@ from onceflow.vocabulary import (
 )
 from workflow_engine.store.fragments import TERMINAL
 from workflow_engine.store.views.engines import ENGINE_HAS, ENGINE_STALE_SECONDS
+from workflow_engine.store.views.stream_values import stream_counts
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,8 @@ class InstanceView:
     parent_job_id: str | None = None
     parent_close_policy: str | None = None
     children: list[Any] = field(default_factory=list)  # store.children.ChildView
+    # Values held per output stream (ctx.emit), by stream name.
+    streams: dict[str, int] = field(default_factory=dict)
 
     @property
     def waiting_for_engine(self) -> str | None:
@@ -156,9 +159,10 @@ def describe_instance(db: Engine, job_id: str) -> InstanceView | None:
         from workflow_engine.store.writes.children import list_children
 
         children = list_children(conn, job_id)
+        streams = stream_counts(conn, job_id)
     fields = dict(row._mapping)
     fields["status"] = InstanceStatus(fields["status"])
-    return InstanceView(**fields, steps=steps, children=children)
+    return InstanceView(**fields, steps=steps, children=children, streams=streams)
 
 
 _TASK_RUN_STATUS = sa.text(
