@@ -22,15 +22,18 @@ from onceflow.envelope import JobEnvelope
 from onceflow_cli.render import render_instance
 from onceflow_tools.processes import free_port
 from onceflow_tools.stack import Stack
+from producers.models import ErrorBody
 from tests.integration import stream_workflows  # noqa: F401 (registers the workflows)
 from workflow_engine.definitions import REGISTRY
 from workflow_engine.engine.runner import EngineRunner
 from workflow_engine.model import Delivery
+from workflow_engine.store import operations
 from workflow_engine.store.views import describe_instance
 from workflow_engine.store.writes import create_instances
 
 MODULE = "tests.integration.stream_workflows"
 #: 10 rounds of 50 values from the body and 50 from a step's thread: 1,000 values.
+MAX_READERS = 3
 THOUSAND = {"rounds": 10, "body": 50, "per_step": 50, "step_seconds": 0.3}
 
 
@@ -47,6 +50,7 @@ def stack(base_settings, tmp_path_factory):
             "ONCEFLOW_ENGINE_POLL_INTERVAL_SECONDS": "0.2",
             "ONCEFLOW_INGEST_STREAM_POLL_SECONDS": "0.5",
             "ONCEFLOW_INGEST_STREAM_WAIT_SECONDS": "30",
+            "ONCEFLOW_INGEST_STREAM_MAX_READERS": str(MAX_READERS),
         }
     )
     group = s.group
@@ -287,7 +291,49 @@ def test_past_the_instance_bounds_emit_raises_and_nothing_is_dropped(settings, d
     assert summary["sent"] == 2 and "ONCEFLOW_STREAM_MAX_BYTES=4000" in summary["refused"]
     assert (status, error, n) == ("complete", None, 3)
 
+    # A restart forgets the values with the history; the seq goes on past them, so a
+    # reader that saw seq 3 is never handed a new value under an id it already has.
+    operations.restart(db, "stream-bounded", "by-bytes")
+    state = "SELECT last_seq || '/' || value_count || '/' || value_bytes FROM onceflow_streams"
+    with db.connect() as conn:
+        assert conn.execute(sa.text(state + " WHERE job_id = 'by-bytes'")).scalar() == "3/0/0"
+        assert (
+            _scalar(db, "SELECT count(*) FROM onceflow_stream_values WHERE job_id = 'by-bytes'")
+            == 0
+        )
+
 
 def _scalar(db, sql: str) -> int:
     with db.connect() as conn:
         return int(conn.execute(sa.text(sql)).scalar() or 0)
+
+
+@pytest.mark.timeout(60)
+def test_readers_past_the_bound_get_503_until_a_slot_is_free(stack):
+    url = f"{stack.ingest_url}/v1/jobs/nobody-{uuid.uuid4().hex[:6]}/stream"
+
+    async def main() -> None:
+        async with httpx.AsyncClient(headers=stack.auth_headers, timeout=30) as client:
+            # Readers of an id with no instance wait for it, each in a slot.
+            waiting = [asyncio.create_task(client.get(url)) for _ in range(MAX_READERS)]
+            await asyncio.sleep(1.0)
+            assert not any(t.done() for t in waiting)
+            refused = await client.get(url)
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"] == "too_many_streams"
+            assert set(refused.json()) == set(ErrorBody.model_fields)
+            for task in waiting:  # their clients go away: the slots come back
+                task.cancel()
+            await asyncio.gather(*waiting, return_exceptions=True)
+        deadline = time.monotonic() + 15
+        while True:
+            async with httpx.AsyncClient(headers=stack.auth_headers, timeout=1.5) as client:
+                try:
+                    answer = await client.get(url)
+                except httpx.ReadTimeout:
+                    return  # admitted: waiting for the instance
+            assert answer.status_code == 503, answer.text
+            assert time.monotonic() < deadline, "the slots were not given back"
+            await asyncio.sleep(0.5)
+
+    asyncio.run(main())
