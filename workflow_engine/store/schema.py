@@ -71,6 +71,8 @@ PRODUCT = MigrationSet(
         "onceflow_rate_starts",
         "onceflow_flow_controls",
         "onceflow_operator_actions",
+        "onceflow_streams",
+        "onceflow_stream_values",
     ),
 )
 
