@@ -28,8 +28,9 @@ from workflow_engine.definitions import REGISTRY
 from workflow_engine.engine.runner import EngineRunner
 from workflow_engine.model import Delivery
 from workflow_engine.store import operations
-from workflow_engine.store.views import describe_instance
-from workflow_engine.store.writes import create_instances
+from workflow_engine.store.views import describe_instance, read_values
+from workflow_engine.store.writes import Appended, AppendValue, create_instances
+from workflow_engine.store.writes.stream_values import append_values
 
 MODULE = "tests.integration.stream_workflows"
 #: 10 rounds of 50 values from the body and 50 from a step's thread: 1,000 values.
@@ -337,3 +338,51 @@ def test_readers_past_the_bound_get_503_until_a_slot_is_free(stack):
             await asyncio.sleep(0.5)
 
     asyncio.run(main())
+
+
+@pytest.mark.timeout(30)
+def test_a_second_append_waits_for_the_first_to_commit_so_seqs_commit_in_order(db):
+    """Two appends to one instance at once (as gather branches or a step thread could
+    send, were the engine's writes not one at a time): the second takes its seq only
+    once the first has committed, so a reader past seq 0 never sees 2 before 1."""
+    create_instances(db, [Delivery(JobEnvelope("race", "stream-values", {}), "t", 0, 0)])
+    with db.begin() as conn:  # leased to engine e1 under claim 1, as a claim leaves it
+        conn.execute(
+            sa.text(
+                "UPDATE onceflow_instances SET status = 'running', lease_owner = 'e1',"
+                " claim_count = 1, lease_expires_at = now() + interval '1 minute'"
+                " WHERE job_id = 'race'"
+            )
+        )
+
+    def append(conn, key):
+        write = AppendValue("race", 1, key, "s", orjson.dumps(key), 100, 10_000)
+        return append_values(conn, "e1", [write])[0]
+
+    first = db.connect()
+    assert append(first, "one") == Appended(1)  # not committed yet
+    second: dict[str, Any] = {}
+
+    def run_second() -> None:
+        with db.begin() as conn:
+            second["pid"] = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar()
+            second["answer"] = append(conn, "two")
+
+    thread = threading.Thread(target=run_second, daemon=True)
+    thread.start()
+    waiting = "SELECT count(*) FROM pg_stat_activity WHERE pid = :p AND wait_event_type = 'Lock'"
+    deadline = time.monotonic() + 10
+    while "pid" not in second or _scalar_p(db, waiting, p=second["pid"]) == 0:
+        assert time.monotonic() < deadline, "the second append did not wait on a lock"
+        time.sleep(0.02)
+    assert read_values(db, "race", 0).values == []  # neither is visible yet
+    first.commit()
+    first.close()
+    thread.join(10)
+    assert second["answer"] == Appended(2)
+    assert [v.seq for v in read_values(db, "race", 0).values] == [1, 2]
+
+
+def _scalar_p(db, sql: str, **params: Any) -> int:
+    with db.connect() as conn:
+        return int(conn.execute(sa.text(sql), params).scalar() or 0)
