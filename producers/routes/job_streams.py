@@ -144,9 +144,11 @@ async def _first_page(
                 f" {ingest.settings.ingest_stream_wait_seconds:g}s: if it was accepted, it"
                 " is still in the queue; retry later",
             )
-        await waiter.wait(min(left, _DISCONNECT_CHECK_SECONDS))
-        waiter.event.clear()
-        page = await run_in_threadpool(read_values, db, job_id, after, stream, PAGE)
+        # Woken by the shared poll once the instance exists (or by its first append):
+        # a waiting reader reads nothing on its own, it only checks its client.
+        if await waiter.wait(min(left, _DISCONNECT_CHECK_SECONDS)):
+            waiter.event.clear()
+            page = await run_in_threadpool(read_values, db, job_id, after, stream, PAGE)
     return page
 
 
