@@ -30,6 +30,7 @@ import psycopg2
 import psycopg2.extensions
 from sqlalchemy.engine import Engine
 
+from producers.metrics import STREAM_LISTENING, STREAM_READERS, STREAM_REFUSED
 from workflow_engine.store import libpq_dsn
 from workflow_engine.store.views import StreamState, stream_states
 from workflow_engine.store.writes import STREAM_CHANNEL
@@ -74,12 +75,15 @@ class StreamHub:
     def admit(self) -> bool:
         """Take a reader's slot; False when all are taken."""
         if self._open >= self.max_readers:
+            STREAM_REFUSED.inc()
             return False
         self._open += 1
+        STREAM_READERS.set(self._open)
         return True
 
     def release(self) -> None:
         self._open -= 1
+        STREAM_READERS.set(self._open)
 
     def subscribe(self, job_id: str) -> Waiter:
         """Follow ``job_id`` (in an admitted slot, given back by :meth:`leave`)."""
@@ -154,7 +158,7 @@ class StreamHub:
                     exc,
                     extra={"event": "ingest.stream_listen_error"},
                 )
-            self.listening = False
+            self._listening(False)
             await asyncio.sleep(_RECONNECT_SECONDS)
 
     async def _listen(self) -> None:
@@ -165,7 +169,7 @@ class StreamHub:
             conn.set_isolation_level(psycopg2.extensions.ISOLATION_LEVEL_AUTOCOMMIT)
             conn.cursor().execute(f"LISTEN {STREAM_CHANNEL}")
             loop.add_reader(conn.fileno(), self._readable, conn, lost)
-            self.listening = True
+            self._listening(True)
             for job_id in list(self._waiters):  # what was missed while it was down
                 self.wake(job_id)
             await lost
@@ -174,6 +178,10 @@ class StreamHub:
                 loop.remove_reader(conn.fileno())
             with contextlib.suppress(Exception):
                 conn.close()
+
+    def _listening(self, up: bool) -> None:
+        self.listening = up
+        STREAM_LISTENING.set(1 if up else 0)
 
     def _readable(self, conn: psycopg2.extensions.connection, lost: asyncio.Future[None]) -> None:
         try:

@@ -338,6 +338,15 @@ def test_readers_past_the_bound_get_503_until_a_slot_is_free(stack):
             await asyncio.sleep(0.5)
 
     asyncio.run(main())
+    port = stack.env["ONCEFLOW_INGEST_METRICS_PORT"]
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    assert "onceflow_ingest_stream_listening 1.0" in metrics  # its LISTEN connection
+    refused = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("onceflow_ingest_stream_refused_total ")
+    ]
+    assert refused and float(refused[0].split()[1]) >= 1
 
 
 @pytest.mark.timeout(30)
