@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from onceflow.envelope import JobEnvelope
 from onceflow_cli.render import render_instance
 from onceflow_tools.processes import free_port
-from onceflow_tools.stack import Stack
+from onceflow_tools.stack import Stack, drop_database
 from producers.models import ErrorBody
 from tests.integration import stream_workflows  # noqa: F401 (registers the workflows)
 from workflow_engine.definitions import REGISTRY
@@ -71,6 +71,7 @@ def stack(base_settings, tmp_path_factory):
         for name in list(group.procs):  # nothing to drain: the database is this test's
             group.stop(name, signal.SIGKILL)
         s.close()
+        drop_database(base.database_url, f"onceflow_{run}".replace("-", "_"))
 
 
 def _submit(stack: Stack, job_id: str, workflow: str, params: dict[str, Any]) -> None:
