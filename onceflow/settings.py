@@ -89,6 +89,15 @@ class Settings(BaseSettings):
     # Bind the ingest port with SO_REUSEPORT, so that several ingest processes (each
     # with its own metrics port) share it and the kernel spreads connections over them.
     ingest_reuse_port: bool = False
+    # GET /v1/jobs/{id}/stream (Server-Sent Events): at most this many readers open at
+    # once per ingest process (503 past it). All of them share one LISTEN connection and
+    # one poll of PostgreSQL every ingest_stream_poll_seconds (the fallback for a lost
+    # notification, and how a reader learns its instance was created or finished); a
+    # reader of an id with no instance yet waits up to ingest_stream_wait_seconds for
+    # it (the job may still be in Kafka) before its 404.
+    ingest_stream_max_readers: int = Field(default=1000, ge=1)
+    ingest_stream_poll_seconds: float = Field(default=1.0, gt=0)
+    ingest_stream_wait_seconds: float = Field(default=60.0, ge=0)
 
     # --- streams worker (streams/) ------------------------------------------------
     consumer_group: str = "onceflow-streams"
@@ -123,6 +132,12 @@ class Settings(BaseSettings):
     engine_metrics_port: int = 9103
     workflow_modules: list[str] = Field(default_factory=list)
     step_result_max_bytes: int = Field(default=1024 * 1024, ge=2)
+    # Output streams (ctx.emit): the largest value (JSON bytes), and per instance at most
+    # this many values and bytes in all; an emit past a bound raises StreamLimitReached
+    # in the workflow (README, "Step-output streams").
+    stream_value_max_bytes: int = Field(default=64 * 1024, ge=2)
+    stream_max_values: int = Field(default=10_000, ge=1)
+    stream_max_bytes: int = Field(default=16 * 1024 * 1024, ge=2)
     # Finished instances (and their steps) are deleted this long after finishing; the
     # job-id record that makes a late duplicate collapse is kept longer.
     retention_instances_seconds: float = Field(default=7 * 86400, gt=0)

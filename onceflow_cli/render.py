@@ -57,6 +57,9 @@ def render_instance(view: InstanceView) -> str:
     for child in view.children:
         lines.append(f"child {child.name!r}: {child.job_id} ({child.workflow}) {child.status}")
     lines += _lineage(view)
+    if view.streams:
+        counts = ", ".join(f"{name} {n}" for name, n in view.streams.items())
+        lines.append(f"output streams: {counts} (GET /v1/jobs/{view.job_id}/stream)")
     for step in view.steps:
         state = str(step.status)
         if step.kind == StepKind.STEP and (step.status == StepStatus.RUNNING or step.attempts > 1):

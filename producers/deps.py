@@ -27,6 +27,7 @@ from workflow_engine.store import operations
 from workflow_engine.store.operations import Actor
 
 if TYPE_CHECKING:
+    from producers.stream_hub import StreamHub
     from workflow_engine.store.operations import BulkRunner
 
 
@@ -46,6 +47,8 @@ class Ingest:
     bulk: BulkRunner | None = None
     #: Webhook endpoint names a job's callback may name (None: not checked at ingest).
     known_callbacks: frozenset[str] | None = None
+    #: What the open output-stream readers share (created by the first one).
+    streams: StreamHub | None = None
 
     @classmethod
     def from_settings(
@@ -73,6 +76,16 @@ class Ingest:
 
             self.bulk = BulkRunner(db)
         return self.bulk
+
+    def stream_hub(self, db: Engine) -> StreamHub:
+        """The process's one :class:`~producers.stream_hub.StreamHub` (created on first
+        use, on ``db``)."""
+        if self.streams is None:
+            from producers.stream_hub import StreamHub
+
+            s = self.settings
+            self.streams = StreamHub(db, s.ingest_stream_max_readers, s.ingest_stream_poll_seconds)
+        return self.streams
 
     def sender(self) -> JobSender:
         if self.producer is None:

@@ -26,3 +26,15 @@ DEPENDENCY_UP = Gauge(
     " by the admin API only, never part of readiness), else 0",
     ["dependency"],
 )
+STREAM_READERS = Gauge(
+    "onceflow_ingest_stream_readers",
+    "Open GET /v1/jobs/{id}/stream readers, waiting ones included",
+)
+STREAM_REFUSED = Counter(
+    "onceflow_ingest_stream_refused_total",
+    "Stream readers answered 503 because every slot was taken",
+)
+STREAM_LISTENING = Gauge(
+    "onceflow_ingest_stream_listening",
+    "1 while the stream readers' LISTEN connection is up, else 0",
+)

@@ -2,7 +2,7 @@
 
 Public API::
 
-    from workflow_engine import workflow, task, RetryPolicy, NonRetryableError, current_step
+    from workflow_engine import workflow, task, RetryPolicy, NonRetryableError, current_step, emit
 
 Sub-packages: :mod:`workflow_engine.store` (the one owner of the database) and
 :mod:`workflow_engine.engine` (the engine process). The names below are resolved
@@ -34,9 +34,12 @@ _EXPORTS = {
     "NonDeterminismError": "workflow_engine.errors",
     "NonRetryableError": "workflow_engine.errors",
     "StepFailed": "workflow_engine.errors",
+    "StreamLimitReached": "workflow_engine.errors",
+    "StreamValueRefused": "workflow_engine.errors",
     "WorkflowError": "workflow_engine.errors",
     "StepInfo": "workflow_engine.steps",
     "current_step": "workflow_engine.steps",
+    "emit": "workflow_engine.steps",
     "WorkflowContext": "workflow_engine.engine.context",
     "CreateResult": "workflow_engine.model",
     "Delivery": "workflow_engine.model",
@@ -62,12 +65,15 @@ __all__ = [
     "Schedule",
     "StepFailed",
     "StepInfo",
+    "StreamLimitReached",
+    "StreamValueRefused",
     "SystemClock",
     "WebhookSubscription",
     "WorkflowContext",
     "WorkflowError",
     "create_instances",
     "current_step",
+    "emit",
     "registered_tasks",
     "registered_versions",
     "registered_workflows",
@@ -96,6 +102,8 @@ if TYPE_CHECKING:
         NonDeterminismError,
         NonRetryableError,
         StepFailed,
+        StreamLimitReached,
+        StreamValueRefused,
         WorkflowError,
     )
     from workflow_engine.model import (
@@ -105,7 +113,7 @@ if TYPE_CHECKING:
         Registry,
         WebhookSubscription,
     )
-    from workflow_engine.steps import StepInfo, current_step
+    from workflow_engine.steps import StepInfo, current_step, emit
     from workflow_engine.store.writes import create_instances
 
 

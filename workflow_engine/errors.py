@@ -61,6 +61,23 @@ class StepResultError(NonRetryableError):
     """A step returned something that is not JSON-serialisable or is too large."""
 
 
+class StreamValueRefused(NonRetryableError):
+    """``emit`` was given a stream name or value the rule refuses
+    (:mod:`onceflow.output_streams`): not JSON, too large, a bad name. Nothing was
+    written. ``code`` is the :class:`~onceflow.output_streams.StreamRefusal`."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class StreamLimitReached(NonRetryableError):
+    """``emit`` past the instance's bound on its output streams (values or bytes in all,
+    ``ONCEFLOW_STREAM_MAX_VALUES`` / ``ONCEFLOW_STREAM_MAX_BYTES``): nothing was written,
+    and no later emit of the instance can be either. Like any ``NonRetryableError`` it
+    fails a step at once; workflow code may catch it and go on without streaming."""
+
+
 class DatabaseRefused(WorkflowError):
     """The database refused one of the instance's writes for good (by SQLSTATE, the row
     is at fault: a value too large for its index, data it cannot store): retrying cannot

@@ -32,6 +32,9 @@ def test_no_server_errors_and_clear_4xx(settings, capsys):
                 "auth_disabled": False,
                 "api_keys": [ApiKey(name="fuzz", sha256=hash_key(key), scopes=list(SCOPES))],
                 "ingest_rate_limit_per_second": 0,
+                # a stream reader of an unknown id answers its 404 at once, not after
+                # waiting for the instance to appear
+                "ingest_stream_wait_seconds": 0,
             }
         )
     )

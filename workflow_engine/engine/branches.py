@@ -58,11 +58,24 @@ class PatchedInBranch(WorkflowError):
 
 @dataclass(slots=True)
 class Cursor:
-    """The next position of one branch (or of the workflow's main line)."""
+    """The next position of one branch (or of the workflow's main line).
+
+    ``path`` names the branch for the keys of the values it emits (``ctx.emit``):
+    ``""`` on the main line, then ``/<gather>.<branch>`` per level, where ``<gather>``
+    counts the gathers its parent cursor started. Positions alone cannot key an emit:
+    a branch that ends with an emit would key it at a position the main line takes
+    after the gather, and a gather whose branches take no position leaves its parent
+    where it was (found in design review). A branch's path and its local index are
+    unique however branches nest, and replay, running the same code, finds them again.
+    """
 
     offset: int = 0
     stride: int = 1
     next: int = 0  # local index of the next durable call
+    path: str = ""
+    gathers: int = 0  # gathers this cursor has started
+    emit_at: int = -1  # ``next`` at the last emit
+    emits: int = 0  # emits since ``next`` was ``emit_at``
 
     def peek(self) -> int:
         position = self.offset + self.stride * self.next
@@ -78,7 +91,20 @@ class Cursor:
     def split(self, n: int) -> list[Cursor]:
         """The cursors of ``n`` branches starting at this cursor's next index."""
         base = self.offset + self.stride * self.next
-        return [Cursor(base + self.stride * i, self.stride * n) for i in range(n)]
+        gather = f"{self.path}/{self.gathers}"
+        self.gathers += 1
+        return [
+            Cursor(base + self.stride * i, self.stride * n, path=f"{gather}.{i}") for i in range(n)
+        ]
+
+    def emit_slot(self) -> str:
+        """Where the next emit of this branch is in its code: its path, its local index
+        and how many emits came before it at that index (a key replay finds again)."""
+        if self.emit_at != self.next:
+            self.emit_at, self.emits = self.next, 0
+        slot = f"{self.path}@{self.next}#{self.emits}"
+        self.emits += 1
+        return slot
 
     def join(self, branches: Sequence[Cursor]) -> None:
         """Resume past the longest branch (``n * longest`` local indexes)."""

@@ -13,6 +13,10 @@ Concurrent branches (``ctx.gather``) each take positions from their own cursor
 in; their checkpoint writes go one at a time per instance (the group-commit writer's
 rule: an instance has at most one write pending), while their step code runs at once.
 
+Output streams (``ctx.emit``, and ``emit()`` in step code) append values readers follow
+over Server-Sent Events; each append is keyed by where in the code it was made, so a
+replay's emits collapse (:mod:`workflow_engine.engine.emits`).
+
 Child workflows (``ctx.start_child`` / ``ctx.child_result``) are entries of kind
 ``child`` in the history (:mod:`workflow_engine.store.writes.children`): started once, and
 awaited without holding a worker.
@@ -53,7 +57,7 @@ from workflow_engine.definitions import (
     RetryPolicy,
     check_name,
 )
-from workflow_engine.engine import branches, job_spans, replay
+from workflow_engine.engine import branches, emits, job_spans, replay
 from workflow_engine.engine.job_spans import JobSpans
 from workflow_engine.engine.metrics import (
     INLINE_SLOW,
@@ -71,13 +75,22 @@ from workflow_engine.errors import (
     NonDeterminismError,
     NonRetryableError,
     StepFailed,
+    StreamLimitReached,
     Suspend,
     at_step,
 )
 from workflow_engine.model import RecordedStep
-from workflow_engine.steps import StepInfo, _current_step, idempotency_key
+from workflow_engine.steps import StepInfo, _current_step, _step_output, idempotency_key
 from workflow_engine.store import writes
-from workflow_engine.store.writes import Chain, FinishInstance, FinishStep, Lease, StartStep, Write
+from workflow_engine.store.writes import (
+    AppendValue,
+    Chain,
+    FinishInstance,
+    FinishStep,
+    Lease,
+    StartStep,
+    Write,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -207,7 +220,7 @@ class WorkflowContext:
         by how it went."""
         try:
             answer = await self._rt.write(write)
-        except (ControlRequested, NonDeterminismError):
+        except (ControlRequested, NonDeterminismError, StreamLimitReached):
             self._checkpointed(held)  # refused after the checkpoint, which committed
             raise
         except DatabaseRefused as exc:
@@ -360,6 +373,7 @@ class WorkflowContext:
         attempt, started_at, tries = await self._write(start)
         labelled(STEPS_STARTED, self.workflow).inc()
         token = _current_step.set(StepInfo(self.job_id, self.workflow, name, position, attempt))
+        output = _step_output.set(self._step_output(position, attempt))
         span = self.spans.step(name, position, attempt) if self.spans else None
         started = time.perf_counter()
         try:
@@ -377,6 +391,7 @@ class WorkflowContext:
             return _AGAIN
         finally:
             _current_step.reset(token)
+            _step_output.reset(output)
         await failpoints.hit_async("engine.after_step_run", self.job_id)
         checkpoint = FinishStep(
             self.job_id,
@@ -471,6 +486,47 @@ class WorkflowContext:
                 "attempt": held.write.attempt,
             },
         )
+
+    async def emit(self, stream: str, value: Any) -> int | None:
+        """Append ``value`` (JSON) to this instance's output stream ``stream``; return
+        once it is committed, with its seq (the SSE ``id`` readers of ``GET
+        /v1/jobs/{id}/stream`` see), or None when a replay emitted it again.
+
+        In the workflow body an emit is keyed by where it is (branch, history position,
+        index), so replay, which runs the body again, appends nothing twice; in async
+        step code (``await ctx.emit`` while a step runs) it belongs to the step's
+        attempt, like ``emit()`` in sync step code (:func:`workflow_engine.steps.emit`).
+        Raises ``StreamValueRefused`` (a bad name or value) or ``StreamLimitReached``
+        (past the instance's bounds), both ``NonRetryableError``s: nothing is written.
+        """
+        output = _step_output.get()
+        if isinstance(output, emits.StepOutput) and output.job_id == self.job_id:
+            return await output.emit_async(stream, value)
+        name, data = emits.checked(stream, value, self._rt.stream_limits.value_max_bytes)
+        key = emits.bounded_key("b" + self._cursor().emit_slot())
+        return await self._append(name, data, key)
+
+    async def _append(self, stream: str, data: bytes, key: str) -> int | None:
+        """One append, through the instance's writes (after a held checkpoint, in its
+        transaction): committed when this returns."""
+        limits = self._rt.stream_limits
+        write = AppendValue(
+            self.job_id, self.lease.claim, key, stream, data, limits.max_values, limits.max_bytes
+        )
+        return (await self._write(write)).seq
+
+    def _step_output(self, position: int, attempt: int) -> emits.StepOutput:
+        return emits.StepOutput(
+            self.job_id,
+            position,
+            attempt,
+            asyncio.get_running_loop(),
+            self._append,
+            self._stream_limits,
+        )
+
+    def _stream_limits(self) -> emits.StreamLimits:
+        return self._rt.stream_limits
 
     async def sleep(self, name: str, duration: float | timedelta) -> None:
         """Sleep durably: the instance is released and claimed again when it is due."""

@@ -43,6 +43,7 @@ from workflow_engine.engine.backpressure import Backpressure
 from workflow_engine.engine.batcher import PostgresWrites, WriteBatcher
 from workflow_engine.engine.configs import engine_configs
 from workflow_engine.engine.context import WorkflowContext
+from workflow_engine.engine.emits import StreamLimits
 from workflow_engine.engine.job_spans import JobSpans
 from workflow_engine.engine.listener import Listener
 from workflow_engine.engine.metrics import (
@@ -122,6 +123,9 @@ class EngineRunner:
         # executor, ``_main``).
         self.step_executor = ThreadPoolExecutor(
             max_workers=settings.engine_concurrency + 8, thread_name_prefix="engine"
+        )
+        self.stream_limits = StreamLimits(
+            settings.stream_value_max_bytes, settings.stream_max_values, settings.stream_max_bytes
         )
         #: The runs in flight by job id, each with the claim it runs under: a run that
         #: ends removes only its own entry (``_run_instance``), and the claim skips

@@ -16,6 +16,7 @@ from typing import Concatenate, ParamSpec, Protocol, TypeVar
 from sqlalchemy.engine import Engine
 
 from workflow_engine.definitions import RetryPolicy
+from workflow_engine.engine.emits import StreamLimits
 from workflow_engine.model import Registry
 from workflow_engine.store.writes import Write
 
@@ -56,6 +57,11 @@ class Runtime(Protocol):
     @property
     def step_executor(self) -> Executor:
         """The threads sync step code runs in."""
+        ...
+
+    @property
+    def stream_limits(self) -> StreamLimits:
+        """The bounds of the instances' output streams (``ctx.emit``)."""
         ...
 
     async def write(self, write: Write[T]) -> T:

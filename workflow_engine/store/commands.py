@@ -94,6 +94,29 @@ class FinishInstance(Write[None]):
     failed_position: int | None = None
 
 
+class Appended(NamedTuple):
+    """What a committed ``AppendValue`` answers."""
+
+    #: The value's place in its instance's streams; None if a replay emitted it again
+    #: (its key was already there: nothing was written).
+    seq: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class AppendValue(Write[Appended]):
+    """Append one JSON value to stream ``stream`` of an instance, once per ``key`` (a
+    replay's emit collapses), within the instance's bounds (``max_values`` values and
+    ``max_bytes`` bytes in all; past them it answers ``StreamLimitReached``)."""
+
+    job_id: str
+    claim: int
+    key: str
+    stream: str
+    value: bytes  # JSON
+    max_values: int
+    max_bytes: int
+
+
 @dataclass(frozen=True, slots=True)
 class Chain(Write[T]):
     """A step's checkpoint and the write that follows it in its instance (the next

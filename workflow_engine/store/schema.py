@@ -74,6 +74,8 @@ PRODUCT = MigrationSet(
         "onceflow_outbox",
         "onceflow_webhook_deliveries",
         "onceflow_webhook_attempts",
+        "onceflow_streams",
+        "onceflow_stream_values",
     ),
 )
 

@@ -757,6 +757,30 @@ CREATE TABLE public.onceflow_steps (
     CONSTRAINT onceflow_steps_status_check CHECK ((status = ANY (ARRAY['running'::text, 'sleeping'::text, 'waiting'::text, 'complete'::text, 'failed'::text])))
 );
 
+CREATE TABLE public.onceflow_stream_values (
+    job_id text NOT NULL,
+    seq bigint NOT NULL,
+    stream text NOT NULL,
+    key text NOT NULL,
+    value jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT onceflow_stream_values_key_length CHECK (((char_length(key) >= 1) AND (char_length(key) <= 300))),
+    CONSTRAINT onceflow_stream_values_stream_check CHECK ((stream ~ '^[A-Za-z0-9_.:-]{1,200}$'::text))
+);
+
+COMMENT ON TABLE public.onceflow_stream_values IS 'Values appended to an instance''s output streams, in seq order (served over SSE).';
+
+CREATE TABLE public.onceflow_streams (
+    job_id text NOT NULL,
+    last_seq bigint NOT NULL,
+    value_count integer NOT NULL,
+    value_bytes bigint NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT onceflow_streams_counts_check CHECK (((last_seq >= value_count) AND (value_count >= 0) AND (value_bytes >= 0)))
+);
+
+COMMENT ON TABLE public.onceflow_streams IS 'Per instance: the last stream-value seq given out, and the values and bytes held.';
+
 CREATE TABLE public.onceflow_task_runs (
     job_id text NOT NULL,
     task text NOT NULL,
@@ -907,6 +931,15 @@ ALTER TABLE ONLY public.onceflow_steps
 ALTER TABLE ONLY public.onceflow_steps
     ADD CONSTRAINT onceflow_steps_pkey PRIMARY KEY (job_id, "position");
 
+ALTER TABLE ONLY public.onceflow_stream_values
+    ADD CONSTRAINT onceflow_stream_values_key_key UNIQUE (job_id, key);
+
+ALTER TABLE ONLY public.onceflow_stream_values
+    ADD CONSTRAINT onceflow_stream_values_pkey PRIMARY KEY (job_id, seq);
+
+ALTER TABLE ONLY public.onceflow_streams
+    ADD CONSTRAINT onceflow_streams_pkey PRIMARY KEY (job_id);
+
 ALTER TABLE ONLY public.onceflow_task_runs
     ADD CONSTRAINT onceflow_task_runs_job_id_key PRIMARY KEY (job_id);
 
@@ -993,6 +1026,12 @@ ALTER TABLE ONLY public.onceflow_schedule_ticks
 
 ALTER TABLE ONLY public.onceflow_steps
     ADD CONSTRAINT onceflow_steps_instance_fkey FOREIGN KEY (job_id) REFERENCES public.onceflow_instances(job_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.onceflow_stream_values
+    ADD CONSTRAINT onceflow_stream_values_job_id_fkey FOREIGN KEY (job_id) REFERENCES public.onceflow_streams(job_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.onceflow_streams
+    ADD CONSTRAINT onceflow_streams_job_id_fkey FOREIGN KEY (job_id) REFERENCES public.onceflow_instances(job_id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY public.onceflow_task_runs
     ADD CONSTRAINT onceflow_task_runs_job_fkey FOREIGN KEY (job_id) REFERENCES public.onceflow_jobs(job_id) ON DELETE CASCADE;

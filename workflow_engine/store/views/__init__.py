@@ -58,6 +58,14 @@ from workflow_engine.store.views.schedules import (
     next_fire_times,
     tick_of,
 )
+from workflow_engine.store.views.stream_values import (
+    StreamRead,
+    StreamState,
+    StreamValue,
+    read_values,
+    stream_counts,
+    stream_states,
+)
 from workflow_engine.store.views.trace import (
     TraceEvent,
     job_trace,
@@ -96,6 +104,9 @@ __all__ = [
     "StepView",
     "StoredJobIds",
     "Stranded",
+    "StreamRead",
+    "StreamState",
+    "StreamValue",
     "TickView",
     "TraceEvent",
     "as_utc",
@@ -118,8 +129,11 @@ __all__ = [
     "live_engines",
     "next_fire_times",
     "overview",
+    "read_values",
     "step_results",
     "stored_job_ids",
+    "stream_counts",
+    "stream_states",
     "tick_of",
     "where_clause",
     "workflow_mismatch_job_ids",

@@ -20,6 +20,7 @@ from onceflow.vocabulary import (
 from workflow_engine.store.fragments import TERMINAL
 from workflow_engine.store.views.engines import ENGINE_HAS, ENGINE_STALE_SECONDS
 from workflow_engine.store.views.listing import SCHEDULED_START
+from workflow_engine.store.views.stream_values import stream_counts
 from workflow_engine.store.views.webhooks import DeliveryView, deliveries_of
 
 
@@ -82,6 +83,8 @@ class InstanceView:
     forks: list[str] = field(default_factory=list)
     # A delayed start not reached yet (run_at / start_after): it is queued until then.
     scheduled_start: datetime | None = None
+    # Values held per output stream (ctx.emit), by stream name.
+    streams: dict[str, int] = field(default_factory=dict)
 
     @property
     def waiting_for_engine(self) -> str | None:
@@ -179,9 +182,12 @@ def describe_instance(db: Engine, job_id: str) -> InstanceView | None:
 
         children = list_children(conn, job_id)
         deliveries = deliveries_of(conn, job_id)
+        streams = stream_counts(conn, job_id)
     fields = dict(row._mapping)
     fields["status"] = InstanceStatus(fields["status"])
-    return InstanceView(**fields, steps=steps, children=children, deliveries=deliveries)
+    return InstanceView(
+        **fields, steps=steps, children=children, deliveries=deliveries, streams=streams
+    )
 
 
 _TASK_RUN_STATUS = sa.text(

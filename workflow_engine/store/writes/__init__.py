@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from workflow_engine.store.commands import (
     Answer,
+    Appended,
+    AppendValue,
     Chain,
     FinishInstance,
     FinishStep,
@@ -91,6 +93,7 @@ from workflow_engine.store.writes.requests import (
     LOST,
     apply_requested,
 )
+from workflow_engine.store.writes.stream_values import STREAM_CHANNEL
 from workflow_engine.store.writes.task_runs import (
     RETRY,
     PendingTask,
@@ -137,7 +140,10 @@ __all__ = [
     "RUNNABLE_CHANNEL",
     "START_AHEAD",
     "STEP_ATTEMPTS",
+    "STREAM_CHANNEL",
     "Answer",
+    "AppendValue",
+    "Appended",
     "AttemptResult",
     "Awaited",
     "Chain",

@@ -40,6 +40,7 @@ from workflow_engine.errors import (
 )
 from workflow_engine.store.commands import (
     Answer,
+    AppendValue,
     Chain,
     FinishInstance,
     FinishStep,
@@ -52,7 +53,7 @@ from workflow_engine.store.db import constraint_of, is_row_at_fault, refusal, re
 from workflow_engine.store.fragments import held
 from workflow_engine.store.fragments import json_text as _json_text
 from workflow_engine.store.lifecycle import EVENTS_ON, ONE_EVENT, outbox_insert
-from workflow_engine.store.writes import children
+from workflow_engine.store.writes import children, stream_values
 
 # --- lease-guarded writes, batched -------------------------------------------------
 #
@@ -351,6 +352,7 @@ _APPLY: dict[type[Write[Any]], _Apply] = {
     StartStep: _start_steps,
     FinishStep: _finish_steps,
     FinishInstance: _finish_instances,
+    AppendValue: stream_values.append_values,
 }
 
 
@@ -461,6 +463,8 @@ def _what(write: Write[Any]) -> str:
             return f"the checkpoint of the step at position {position}"
         case FinishInstance(status=status):
             return f"the instance's final status ({status})"
+        case AppendValue(stream=stream):
+            return f"a value emitted to stream {stream!r}"
         case _:
             return f"a write ({type(write).__name__})"
 

@@ -29,7 +29,7 @@ from workflow_engine.store.commands import Lease
 from workflow_engine.store.db import retry_on_deadlock
 from workflow_engine.store.fragments import held as lease_held
 from workflow_engine.store.fragments import notify_runnable as _notify
-from workflow_engine.store.writes import children
+from workflow_engine.store.writes import children, stream_values
 
 #: What :func:`apply_requested` answers when this engine no longer holds the instance.
 LOST = "lost"
@@ -182,6 +182,7 @@ def apply_restart(conn: Connection, job_id: str) -> None:
     conn.execute(_FORGET_ATTEMPTS, {"j": job_id})
     conn.execute(_FORGET_STEPS, {"j": job_id})
     conn.execute(_FORGET_CONSUMED_EVENTS, {"j": job_id})
+    stream_values.forget_values(conn, job_id)
     conn.execute(_RESTART, {"j": job_id, "queued": str(InstanceStatus.QUEUED)})
     lifecycle.emit(conn, [(job_id, LifecycleEvent.RESTARTED, None)])
 
