@@ -47,6 +47,7 @@ POINTS: dict[str, str] = {
     "engine.before_rescue": "engine: the rescuer about to re-queue expired leases",
     "engine.before_tick_fire": "engine: a schedule's tick about to be created",
     "engine.before_partition_maintenance": "engine: a retention round about to run",
+    "ingest.before_wait_register": "ingest: a waited-for job acknowledged, no waiter yet",
     "bulk.between_batches": "bulk runner: a batch committed, the next not started (lease held)",
 }
 

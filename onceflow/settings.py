@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     # --- topics ---------------------------------------------------------------------
     jobs_topic: str = "onceflow.jobs"
     dlq_topic: str = "onceflow.jobs.dlq"
+    # The lifecycle events (CloudEvents, keyed by job id; docs/architecture.md, "Lifecycle
+    # events"): published by the outbox relay, read by ingest's start-and-wait.
+    events_topic: str = "onceflow.events"
     topic_partitions: int = Field(default=4, ge=1)
     # "auto": as many replicas as there are brokers, up to 3 (counted when the topics
     # are created), so the same settings fit the one-broker dev Kafka and a cluster.
@@ -87,6 +90,13 @@ class Settings(BaseSettings):
     # Bind the ingest port with SO_REUSEPORT, so that several ingest processes (each
     # with its own metrics port) share it and the kernel spreads connections over them.
     ingest_reuse_port: bool = False
+    # Start and wait (README, "Start and wait"): the longest a request may wait for its
+    # job's outcome (`Prefer: wait=N` and `GET /v1/jobs/{id}/result?wait=N` are capped
+    # to it); 0 turns waiting off (no events consumer, every submission a plain 202).
+    ingest_max_wait_seconds: int = Field(default=60, ge=0)
+    # Requests waiting at once per ingest process; past it a submission is answered 202
+    # at once (counted in onceflow_ingest_wait_outcomes_total{outcome="refused"}).
+    ingest_max_waiters: int = Field(default=10000, ge=1)
 
     # --- streams worker (streams/) ------------------------------------------------
     consumer_group: str = "onceflow-streams"
@@ -178,6 +188,7 @@ def settings_env(s: Settings) -> dict[str, str]:
         "ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS": s.kafka_bootstrap_servers,
         "ONCEFLOW_JOBS_TOPIC": s.jobs_topic,
         "ONCEFLOW_DLQ_TOPIC": s.dlq_topic,
+        "ONCEFLOW_EVENTS_TOPIC": s.events_topic,
         "ONCEFLOW_CONSUMER_GROUP": s.consumer_group,
         "ONCEFLOW_TOPIC_PARTITIONS": str(s.topic_partitions),
         "ONCEFLOW_TOPIC_REPLICATION_FACTOR": str(s.topic_replication_factor),

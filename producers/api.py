@@ -1,6 +1,7 @@
 """The ingest HTTP app: one factory wiring the route modules to what they need.
 
     producers/routes/jobs.py    POST /v1/jobs, GET /v1/jobs/{job_id}
+    producers/routes/results.py  start and wait: Prefer: wait, GET /v1/jobs/{job_id}/result
     producers/routes/admin.py   /v1/instances (inspect and control instances)
     producers/routes/schedules.py  /v1/schedules (create, pause, backfill schedules)
     producers/routes/audit.py   /v1/admin/audit (the operators' audit trail)
@@ -39,7 +40,7 @@ from producers.errors import install_error_handlers
 from producers.kafka import JobProducer, JobSender
 from producers.models import BatchIn, ErrorBody, JobIn
 from producers.responses import error_response
-from producers.routes import admin, audit, health, jobs, schedules
+from producers.routes import admin, audit, health, jobs, results, schedules
 from producers.tracing import TracedSender, TraceRequests
 from workflow_engine.definitions import load_workflow_modules
 from workflow_engine.model import Registry
@@ -91,6 +92,7 @@ def create_app(
         app.include_router(schedules.router)
         app.include_router(audit.router)
         app.include_router(jobs.status_router)
+        app.include_router(results.result_router)
     app.include_router(health.router)
     app.openapi = partial(_openapi, app, ingest.known_types)  # type: ignore[method-assign]
     # Decided once here: with tracing off, no per-request hook.
@@ -122,7 +124,17 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Resumes bulk operations a dead process left running, even before this
         # process is asked to start one.
         ingest.bulk_runner(shared_engine(ingest.settings.database_url)).start()
+    if ingest.settings.ingest_max_wait_seconds > 0:
+        from producers.waiters import Waiters
+        from workflow_engine.store import shared_engine
+
+        ingest.waiters = Waiters(
+            ingest.settings, lambda: shared_engine(ingest.settings.database_url)
+        )
+        ingest.waiters.start()
     yield
+    if ingest.waiters is not None:
+        ingest.waiters.stop()
     if ingest.bulk is not None:
         ingest.bulk.stop()  # the batch in progress commits; the rest resumes elsewhere
     remaining = ingest.producer.close()

@@ -27,6 +27,7 @@ from workflow_engine.store import operations
 from workflow_engine.store.operations import Actor
 
 if TYPE_CHECKING:
+    from producers.waiters import Waiters
     from workflow_engine.store.operations import BulkRunner
 
 
@@ -44,6 +45,10 @@ class Ingest:
     #: The admin API's bulk runner (started by the lifespan, or by the first bulk
     #: operation): it also resumes operations a dead process left running.
     bulk: BulkRunner | None = None
+    #: Plain task names this deployment knows (not waited for: tasks have no events).
+    task_types: frozenset[str] = frozenset()
+    #: Start and wait (``ingest_max_wait_seconds`` > 0): created by the lifespan.
+    waiters: Waiters | None = None
 
     @classmethod
     def from_settings(
@@ -59,6 +64,7 @@ class Ingest:
             ),
             _known_types(registry) if settings.ingest_validate_types else None,
             producer,
+            task_types=frozenset(registry.task_names()),
         )
 
     def bulk_runner(self, db: Engine) -> BulkRunner:

@@ -26,3 +26,14 @@ DEPENDENCY_UP = Gauge(
     " by the admin API only, never part of readiness), else 0",
     ["dependency"],
 )
+WAITING_REQUESTS = Gauge(
+    "onceflow_ingest_waiting_requests",
+    "Requests waiting for their jobs' outcome (Prefer: wait, GET /v1/jobs/{id}/result)",
+)
+WAIT_OUTCOMES = Counter(
+    "onceflow_ingest_wait_outcomes_total",
+    "How waits ended: final (answered 200), timeout (202 after the wait), degraded (202"
+    " at once: events not watched, PostgreSQL down, shutting down), refused (202 at once:"
+    " over ingest_max_waiters)",
+    ["outcome"],
+)

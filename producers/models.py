@@ -116,6 +116,17 @@ def parse_jobs(
     known_types: frozenset[str] | None = None,
 ) -> list[JobIn]:
     """Parse a body holding one job or ``{"jobs": [...]}``; raise RequestError if bad."""
+    return parse_submission(body, max_batch, max_params_bytes, known_types)[0]
+
+
+def parse_submission(
+    body: bytes,
+    max_batch: int,
+    max_params_bytes: int,
+    known_types: frozenset[str] | None = None,
+) -> tuple[list[JobIn], bool]:
+    """:func:`parse_jobs`, and whether the body was a batch (``{"jobs": [...]}``, even
+    of one job): a start-and-wait answer has the batch's shape then."""
     doc, check_params = _json_object(body)
     is_batch = "jobs" in doc
     if is_batch and isinstance(doc["jobs"], list) and len(doc["jobs"]) > max_batch:
@@ -137,7 +148,7 @@ def parse_jobs(
         ) from None
     for i, job in enumerate(jobs):
         _check_job(job, i if is_batch else None, max_params_bytes, known_types, check_params)
-    return jobs
+    return jobs, is_batch
 
 
 def exact_json_object(body: bytes) -> dict[str, Any]:

@@ -1,0 +1,158 @@
+"""Start and wait: ``POST /v1/jobs`` with ``Prefer: wait=N`` and
+``GET /v1/jobs/{job_id}/result?wait=N`` (README, "Start and wait").
+
+A submission is answered as before, after Kafka acknowledged it (nothing here runs
+before the ack, and the per-client in-flight slot is given back first: a waiting
+request holds no submission slot). With a ``wait`` preference (producers/prefer.py,
+capped to ``ingest_max_wait_seconds``, the grant said in ``Preference-Applied``) it
+then waits (producers/waiters.py) for the jobs' instances to finish:
+
+- one job (the body a job object): **200** with the job's outcome (the fields of
+  ``GET /v1/jobs/{job_id}``'s body that say how it ended: ``kind``, ``job_id``,
+  ``workflow``, ``status``, ``result``, ``error``, ``version``, ``finished_at``); an
+  ``errored`` or ``terminated`` end is a 200 too: the answer is the outcome, and it
+  is final. Not final in time: the usual **202**, with ``Location: /v1/jobs/{id}``.
+- a batch (``{"jobs": [...]}``): one deadline for all; **200** when every job is final,
+  else **202**; either way the usual accepted body plus ``results``, the outcome of
+  each job final by then, in the order of ``accepted``.
+
+A request naming a plain task (which has no lifecycle events) is not waited for. A
+wait that cannot be watched (the events consumer not ready, PostgreSQL down, over
+``ingest_max_waiters``) is the plain 202 at once, without ``Preference-Applied``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Response
+from starlette.concurrency import run_in_threadpool
+
+from onceflow.vocabulary import OperatorAction
+from producers.deps import DbDep, Ingest, IngestDep, require
+from producers.errors import error_responses
+from producers.metrics import REQUESTS
+from producers.prefer import wait_preference
+from producers.responses import json_response
+from producers.routes.unknown import not_found
+from producers.waiters import DatabaseUnavailable, Waited, WaitOutcome
+
+log = logging.getLogger(__name__)
+_REQUESTS_200 = REQUESTS.labels("200")
+_REQUESTS_202 = REQUESTS.labels("202")
+
+_UNWAITED = (WaitOutcome.DEGRADED, WaitOutcome.REFUSED)
+
+result_router = APIRouter(
+    prefix="/v1/jobs", tags=["jobs"], responses=error_responses(400, 401, 403, 404, 410, 422, 503)
+)
+
+
+@dataclass(slots=True)
+class Submitted:
+    """A submission Kafka acknowledged in full: its 202 body and what a wait needs."""
+
+    request_id: str
+    body: dict[str, Any]
+    job_ids: list[str]
+    batch: bool
+    #: Some job names a plain task (known to this deployment): not waited for.
+    has_task: bool
+
+    def headers(self, applied: float | None = None) -> dict[str, str]:
+        headers = {"X-Request-Id": self.request_id}
+        if not self.batch:
+            headers["Location"] = f"/v1/jobs/{self.job_ids[0]}"
+        if applied is not None:
+            headers["Preference-Applied"] = f"wait={applied:g}"
+        return headers
+
+    def accepted(self) -> Response:
+        """The plain 202."""
+        _REQUESTS_202.inc()
+        return json_response(self.body, 202, self.headers())
+
+
+async def answer(ingest: Ingest, prefer: str | None, submitted: Submitted) -> Response:
+    """The answer to an acknowledged submission: the plain 202, or, with a ``wait``
+    preference, the jobs' outcomes if they finish in time."""
+    wanted = wait_preference(prefer)
+    waiters = ingest.waiters
+    if not wanted or waiters is None or submitted.has_task:
+        return submitted.accepted()
+    applied = waiters.applied(wanted)
+    waited = await waiters.wait(submitted.job_ids, applied)
+    if waited.how in _UNWAITED:
+        _log_unwaited(submitted, waited)
+        return submitted.accepted()
+    headers = submitted.headers(applied)
+    final = waited.how is WaitOutcome.FINAL
+    (_REQUESTS_200 if final else _REQUESTS_202).inc()
+    if not submitted.batch:
+        outcome = waited.final(submitted.job_ids[0])
+        if outcome is not None:
+            return json_response(outcome.to_dict(), 200, headers)
+        return json_response(submitted.body, 202, headers)
+    results = [o.to_dict() for o in map(waited.final, submitted.job_ids) if o is not None]
+    return json_response({**submitted.body, "results": results}, 200 if final else 202, headers)
+
+
+def _log_unwaited(submitted: Submitted, waited: Waited) -> None:
+    log.info(
+        "answered 202 without waiting (%s)",
+        waited.reason or waited.how,
+        extra={
+            "event": "ingest.wait_skipped",
+            "outcome": str(waited.how),
+            "job_id": submitted.job_ids[0],
+            "request_id": submitted.request_id,
+        },
+    )
+
+
+@result_router.get(
+    "/{job_id}/result",
+    dependencies=[Depends(require("jobs:read", audit_as=OperatorAction.REQUEST))],
+    summary="A job's outcome, waiting up to `wait` seconds for it",
+)
+async def get_result(
+    job_id: str,
+    ingest: IngestDep,
+    db: DbDep,
+    wait: float = Query(0, ge=0, description="seconds to wait (capped to the configured max)"),
+) -> Response:
+    """200 with the job's outcome once final (as ``Prefer: wait`` gives it); 202 with
+    ``Location`` when it is not final after ``wait`` seconds (or at once, when it cannot
+    be watched); 404 / 410 as ``GET /v1/jobs/{job_id}`` when there is no instance or
+    task run with this id; 503 when PostgreSQL cannot say."""
+    waiters = ingest.waiters
+    waited: Waited | None = None
+    if waiters is not None and wait > 0 and waiters.watchable:
+        waited = await waiters.wait([job_id], waiters.applied(wait))
+    if waited is None or (waited.how in _UNWAITED and job_id not in waited.outcomes):
+        waited = await _read_once(ingest, job_id)
+    if job_id not in waited.outcomes:
+        await run_in_threadpool(not_found, ingest, db, job_id)
+    outcome = waited.final(job_id)
+    if outcome is not None:
+        return json_response(outcome.to_dict(), 200)
+    return json_response(waited.outcomes[job_id].to_dict(), 202, {"Location": f"/v1/jobs/{job_id}"})
+
+
+async def _read_once(ingest: Ingest, job_id: str) -> Waited:
+    if ingest.waiters is None:
+        from workflow_engine.store import shared_engine
+        from workflow_engine.store.views import job_outcomes
+
+        db = shared_engine(ingest.settings.database_url)
+        return Waited(WaitOutcome.DEGRADED, await run_in_threadpool(job_outcomes, db, [job_id]))
+    try:
+        return Waited(WaitOutcome.DEGRADED, await ingest.waiters.read([job_id]))
+    except DatabaseUnavailable:
+        raise HTTPException(
+            503,
+            {"error": "database_unavailable", "message": "PostgreSQL cannot be read; retry"},
+            headers={"Retry-After": "2"},
+        ) from None
