@@ -37,7 +37,7 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from onceflow.settings import Settings
-from producers.metrics import DEPENDENCY_UP
+from producers.metrics import DEPENDENCY_UP, EVENTS_CONSUMED
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +193,8 @@ class EventsWatcher:
             return
         messages = consumer.consume(_BATCH, _POLL_SECONDS)
         self._polled_at = time.monotonic()
+        if messages:
+            EVENTS_CONSUMED.inc(len(messages))
         finals: Finals = []
         for message in messages:
             error = message.error()

@@ -37,3 +37,7 @@ WAIT_OUTCOMES = Counter(
     " over ingest_max_waiters)",
     ["outcome"],
 )
+EVENTS_CONSUMED = Counter(
+    "onceflow_ingest_events_consumed_total",
+    "Records the start-and-wait consumer read from the events topic (all kinds, all ids)",
+)

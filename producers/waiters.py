@@ -129,6 +129,10 @@ class Waiters:
         if self.watcher is not None:
             self.watcher.stop()
 
+    def waiting(self, job_id: str) -> int:
+        """How many requests wait for ``job_id`` now."""
+        return len(self._waiting.get(job_id, ()))
+
     @property
     def watchable(self) -> bool:
         return not self._closing and self.watcher is not None and self.watcher.ready
