@@ -227,3 +227,23 @@ def test_get_result_long_polls(wait_settings, db):
     assert not_yet.json()["status"] == "queued"
     assert done.status_code == 200 and done.json()["status"] == "terminated"
     assert unknown.status_code == 404 and unknown.json()["error"] == "not_found"
+
+
+def test_the_python_client_submits_and_waits(wait_settings, db):
+    from producers.client import IngestClient
+
+    with (
+        served(wait_settings) as (url, app),
+        IngestClient(url) as client,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        pending = pool.submit(client.submit_and_wait, _job("c_1"), 10)
+        until(lambda: app.state.ingest.waiters.waiting("c_1") == 1, 10, "the client waiting")
+        create_instance(db, wait_settings, "c_1")
+        finish(db, wait_settings, "c_1", result={"total": 3})
+        done = pending.result(20)
+        not_done = client.submit_and_wait(_job("c_2"), wait=1)
+        again = client.result("c_1", wait=1)
+    assert (done.done, done.status, done.result) == (True, "complete", {"total": 3})
+    assert not not_done.done and not_done.location == "/v1/jobs/c_2"
+    assert again.done and again.result == {"total": 3}
