@@ -51,7 +51,7 @@ def _job(job_id: str) -> dict:
 
 
 def test_a_waiting_request_gets_the_result_of_its_instance(wait_settings, db):
-    with served(wait_settings) as (url, app), ThreadPoolExecutor(2) as pool:
+    with served(wait_settings) as (url, app, _), ThreadPoolExecutor(2) as pool:
         waiters = app.state.ingest.waiters
         pending = pool.submit(_post, url, _job("w_ok"), "wait=30")
         until(lambda: waiters.waiting("w_ok") == 1, 10, "the waiter registered")
@@ -83,7 +83,7 @@ def test_a_waiting_request_gets_the_result_of_its_instance(wait_settings, db):
 
 def test_a_job_not_final_in_time_gets_the_202_after_the_wait(wait_settings, db):
     before = metric("onceflow_ingest_wait_outcomes_total", outcome="timeout")
-    with served(wait_settings) as (url, _):
+    with served(wait_settings) as (url, _, _):
         r, took = _post(url, _job("w_slow"), "wait=1")
         # a batch waits under one deadline, and says which of its jobs finished
         create_instance(db, wait_settings, "w_done", offset=1)
@@ -107,7 +107,7 @@ def test_a_job_not_final_in_time_gets_the_202_after_the_wait(wait_settings, db):
 
 
 def test_a_batch_whose_jobs_all_finish_gets_200_with_every_result(wait_settings, db):
-    with served(wait_settings) as (url, app), ThreadPoolExecutor(1) as pool:
+    with served(wait_settings) as (url, app, _), ThreadPoolExecutor(1) as pool:
         waiters = app.state.ingest.waiters
         jobs = {"jobs": [_job("b_1"), _job("b_2")]}
         pending = pool.submit(
@@ -129,7 +129,7 @@ def test_a_result_final_before_the_waiter_registered_is_not_missed(wait_settings
     """The lost-wakeup window: Kafka acknowledged the job, the waiter is not registered
     yet. The instance finishes and its event is published *and consumed* right there;
     the waiter, registered after, must still answer 200 (from its one status read)."""
-    with served(wait_settings) as (url, _), ThreadPoolExecutor(1) as pool:
+    with served(wait_settings) as (url, _, _), ThreadPoolExecutor(1) as pool:
         paused = failpoints.arm("ingest.before_wait_register", "pause", job_id="w_race")
         try:
             pending = pool.submit(_post, url, _job("w_race"), "wait=5")
@@ -151,7 +151,7 @@ def test_a_result_final_before_the_waiter_registered_is_not_missed(wait_settings
 
 
 def test_a_second_submission_of_the_same_id_waits_on_the_same_instance(wait_settings, db):
-    with served(wait_settings) as (url, app), ThreadPoolExecutor(2) as pool:
+    with served(wait_settings) as (url, app, _), ThreadPoolExecutor(2) as pool:
         waiters = app.state.ingest.waiters
         first = pool.submit(_post, url, _job("w_dup"))
         second = pool.submit(_post, url, {**_job("w_dup"), "params": {"other": True}})
@@ -169,7 +169,7 @@ def test_a_second_submission_of_the_same_id_waits_on_the_same_instance(wait_sett
 def test_past_the_bound_a_submission_is_answered_202_at_once(wait_settings, db):
     bounded = wait_settings.model_copy(update={"ingest_max_waiters": 1})
     refused = metric("onceflow_ingest_wait_outcomes_total", outcome="refused")
-    with served(bounded) as (url, app), ThreadPoolExecutor(1) as pool:
+    with served(bounded) as (url, app, _), ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(_post, url, _job("w_first"))
         until(lambda: app.state.ingest.waiters.waiting("w_first") == 1, 10, "first waiting")
         r, took = _post(url, _job("w_over"))
@@ -185,7 +185,7 @@ def test_postgresql_unreachable_answers_the_plain_202_and_keeps_the_job(wait_set
     closed = f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere"
     down = wait_settings.model_copy(update={"database_url": closed, "admin_api_enabled": False})
     degraded = metric("onceflow_ingest_wait_outcomes_total", outcome="degraded")
-    with served(down) as (url, _):
+    with served(down) as (url, _, _):
         r, took = _post(url, _job("w_nodb"), "wait=5")
     assert r.status_code == 202, r.text
     assert took < 4 and "preference-applied" not in r.headers
@@ -200,7 +200,7 @@ def test_a_missing_events_topic_answers_the_plain_202(settings):
         update={"events_topic": settings.jobs_topic + ".no-events", "ingest_max_wait_seconds": 10}
     )
     degraded = metric("onceflow_ingest_wait_outcomes_total", outcome="degraded")
-    with served(missing, watchable=False) as (url, app):
+    with served(missing, watchable=False) as (url, app, _):
         time.sleep(1.5)  # the consumer has looked for the topic (every second) and not found it
         assert not app.state.ingest.waiters.watchable
         r, took = _post(url, _job("w_notopic"), "wait=5")
@@ -211,7 +211,7 @@ def test_a_missing_events_topic_answers_the_plain_202(settings):
 
 def test_get_result_long_polls(wait_settings, db):
     create_instance(db, wait_settings, "r_1")
-    with served(wait_settings) as (url, app), ThreadPoolExecutor(1) as pool:
+    with served(wait_settings) as (url, app, _), ThreadPoolExecutor(1) as pool:
         started = time.monotonic()
         not_yet = httpx.get(f"{url}/v1/jobs/r_1/result", params={"wait": 1}, timeout=10)
         took = time.monotonic() - started
@@ -233,7 +233,7 @@ def test_the_python_client_submits_and_waits(wait_settings, db):
     from producers.client import IngestClient
 
     with (
-        served(wait_settings) as (url, app),
+        served(wait_settings) as (url, app, _),
         IngestClient(url) as client,
         ThreadPoolExecutor(1) as pool,
     ):
@@ -247,3 +247,13 @@ def test_the_python_client_submits_and_waits(wait_settings, db):
     assert (done.done, done.status, done.result) == (True, "complete", {"total": 3})
     assert not not_done.done and not_done.location == "/v1/jobs/c_2"
     assert again.done and again.result == {"total": 3}
+
+
+def test_a_stopping_ingest_lets_its_waiters_go_with_their_202(wait_settings):
+    with served(wait_settings) as (url, app, server), ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(_post, url, _job("w_stop"), "wait=10")
+        until(lambda: app.state.ingest.waiters.waiting("w_stop") == 1, 10, "waiting")
+        server.should_exit = True  # what SIGTERM does
+        r, took = pending.result(20)
+    assert r.status_code == 202 and took < 5
+    assert r.headers["location"] == "/v1/jobs/w_stop"

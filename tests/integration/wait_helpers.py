@@ -24,6 +24,7 @@ from onceflow.envelope import HEADER_JOB_ID, JobEnvelope
 from onceflow.settings import Settings
 from onceflow_tools.processes import free_port
 from producers.api import IngestFront, create_app
+from producers.server import IngestServer
 from workflow_engine.model import Delivery
 from workflow_engine.store.writes import create_instances
 
@@ -36,20 +37,22 @@ def create_events_topic(settings: Settings) -> None:
 
 
 @contextmanager
-def served(settings: Settings, *, watchable: bool = True) -> Iterator[tuple[str, IngestFront]]:
+def served(
+    settings: Settings, *, watchable: bool = True
+) -> Iterator[tuple[str, IngestFront, IngestServer]]:
     """The ingest app (its real Kafka producer) on a loopback port; with ``watchable``,
     returned once its events consumer is assigned (its waits can be answered)."""
     app = create_app(settings)
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
-    server = uvicorn.Server(config)
+    server = IngestServer(config, app)
     thread = threading.Thread(target=server.run, name="ingest", daemon=True)
     thread.start()
     try:
         until(lambda: server.started, 20, "ingest started", alive=thread)
         if watchable:
             until(lambda: app.state.ingest.waiters.watchable, 20, "events consumer assigned")
-        yield f"http://127.0.0.1:{port}", app
+        yield f"http://127.0.0.1:{port}", app, server
     finally:
         server.should_exit = True
         thread.join(20)
