@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 import uvicorn
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client import REGISTRY
 
@@ -30,10 +30,15 @@ from workflow_engine.store.writes import create_instances
 
 
 def create_events_topic(settings: Settings) -> None:
+    """The events topic (if missing: the topic setup may have made it already)."""
     admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
     futures = admin.create_topics([NewTopic(settings.events_topic, settings.topic_partitions, 1)])
     for future in futures.values():
-        future.result(30)
+        try:
+            future.result(30)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
 
 
 @contextmanager

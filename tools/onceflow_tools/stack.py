@@ -98,6 +98,7 @@ class Stack:
                 "database_url": url,
                 "jobs_topic": f"onceflow.{self.run_id}.jobs",
                 "dlq_topic": f"onceflow.{self.run_id}.jobs.dlq",
+                "events_topic": f"onceflow.{self.run_id}.events",
                 "consumer_group": f"onceflow-{self.run_id}",
                 "topic_partitions": self.partitions,
                 "state_dir": self.log_dir / "state",
