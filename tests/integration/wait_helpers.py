@@ -138,6 +138,26 @@ def publish(
     extra: dict[str, Any] | None = None,
 ) -> None:
     """One lifecycle event, exactly as the contract writes it."""
+    record = event_record(settings, job_id, kind, sequence, workflow, version, status, when, extra)
+    publish_records(settings, [record])
+
+
+Record = tuple[bytes, bytes, list[tuple[str, bytes]]]
+
+
+def event_record(
+    settings: Settings,
+    job_id: str,
+    kind: str,
+    sequence: int,
+    workflow: str,
+    version: str | None,
+    status: str,
+    when: datetime | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Record:
+    """(key, value, headers) of a lifecycle event: CloudEvents 1.0 binary mode, key the
+    job id, value the event's data (the contract's fields)."""
     when = when or datetime.now(UTC)
     time_text = when.astimezone(UTC).isoformat().replace("+00:00", "Z")
     data = {
@@ -164,6 +184,10 @@ def publish(
         ("ce_sequence", str(sequence).encode()),
         (HEADER_JOB_ID, job_id.encode()),
     ]
+    return job_id.encode(), orjson.dumps(data), headers
+
+
+def publish_records(settings: Settings, records: list[Record]) -> None:
     producer = Producer(
         {
             "bootstrap.servers": settings.kafka_bootstrap_servers,
@@ -172,7 +196,7 @@ def publish(
             "acks": "all",
         }
     )
-    producer.produce(
-        settings.events_topic, key=job_id.encode(), value=orjson.dumps(data), headers=headers
-    )
+    for key, value, headers in records:
+        producer.produce(settings.events_topic, key=key, value=value, headers=headers)
+        producer.poll(0)
     assert producer.flush(30) == 0
