@@ -30,6 +30,7 @@ app.kubernetes.io/component: {{ .component }}
 ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS: {{ .Values.kafka.bootstrapServers | quote }}
 ONCEFLOW_JOBS_TOPIC: {{ .Values.kafka.jobsTopic | quote }}
 ONCEFLOW_DLQ_TOPIC: {{ .Values.kafka.dlqTopic | quote }}
+ONCEFLOW_EVENTS_TOPIC: {{ .Values.kafka.eventsTopic | quote }}
 ONCEFLOW_TOPIC_PARTITIONS: {{ .Values.kafka.partitions | quote }}
 ONCEFLOW_TOPIC_REPLICATION_FACTOR: {{ .Values.kafka.replicationFactor | quote }}
 ONCEFLOW_CONSUMER_GROUP: {{ .Values.kafka.consumerGroup | quote }}
