@@ -54,6 +54,9 @@ STALE_SECONDS = 5.0
 #: How often the partitions are looked up again (a topic grown, or one that was missing).
 REFRESH_SECONDS = 10.0
 _POLL_SECONDS = 0.2
+#: A metadata or offsets request's longest wait (a broker down blocks the thread, and
+#: the process's stop, that long).
+_METADATA_SECONDS = 2.0
 _BATCH = 500
 _LOST = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
@@ -114,7 +117,9 @@ class EventsWatcher:
         self._thread = threading.Thread(target=self._run, name="ingest-events", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = 0.5) -> None:
+        """Stop the thread; one blocked on a broker that does not answer finishes its
+        request (at most ``_METADATA_SECONDS``) and closes the consumer by itself."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -149,7 +154,7 @@ class EventsWatcher:
         their beginning when they appeared later. A missing topic leaves the watcher
         unready (it is looked up again within a second)."""
         try:
-            topic = consumer.list_topics(self.topic, timeout=5).topics[self.topic]
+            topic = consumer.list_topics(self.topic, timeout=_METADATA_SECONDS).topics[self.topic]
             if topic.error is not None:
                 raise KafkaException(topic.error)
             new = sorted(set(topic.partitions) - self._partitions)
@@ -182,7 +187,7 @@ class EventsWatcher:
             # A partition added after the watcher started: everything in it is new.
             return TopicPartition(self.topic, partition, 0)
         _, high = consumer.get_watermark_offsets(
-            TopicPartition(self.topic, partition), timeout=5, cached=False
+            TopicPartition(self.topic, partition), timeout=_METADATA_SECONDS, cached=False
         )
         return TopicPartition(self.topic, partition, high)
 

@@ -27,6 +27,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import sqlalchemy as sa
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -142,15 +143,16 @@ async def get_result(
 
 
 async def _read_once(ingest: Ingest, job_id: str) -> Waited:
-    if ingest.waiters is None:
+    """The job's status, read once (no wait): 503 when PostgreSQL does not answer."""
+    try:
+        if ingest.waiters is not None:
+            return Waited(WaitOutcome.DEGRADED, await ingest.waiters.read([job_id]))
         from workflow_engine.store import shared_engine
         from workflow_engine.store.views import job_outcomes
 
         db = shared_engine(ingest.settings.database_url)
         return Waited(WaitOutcome.DEGRADED, await run_in_threadpool(job_outcomes, db, [job_id]))
-    try:
-        return Waited(WaitOutcome.DEGRADED, await ingest.waiters.read([job_id]))
-    except DatabaseUnavailable:
+    except (DatabaseUnavailable, sa.exc.DBAPIError):
         raise HTTPException(
             503,
             {"error": "database_unavailable", "message": "PostgreSQL cannot be read; retry"},
