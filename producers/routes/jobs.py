@@ -232,14 +232,7 @@ async def _accept(
     if len(accepted) < len(acks):
         return _kafka_refused(ingest.settings, acks, accepted, request_id)
     body = {"request_id": request_id, "accepted": accepted, "duplicates_in_request": duplicates}
-    tasks = ingest.task_types
-    return results.Submitted(
-        request_id,
-        body,
-        [e.job_id for e in envelopes],
-        batch,
-        bool(tasks) and any(e.workflow in tasks for e in envelopes),
-    )
+    return results.Submitted(request_id, body, envelopes, batch)
 
 
 def _envelopes(jobs: list[JobIn], request_id: str) -> tuple[list[JobEnvelope], int]:

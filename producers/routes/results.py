@@ -31,6 +31,7 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 from starlette.concurrency import run_in_threadpool
 
+from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import OperatorAction
 from producers.deps import DbDep, Ingest, IngestDep, require
 from producers.errors import error_responses
@@ -57,15 +58,21 @@ class Submitted:
 
     request_id: str
     body: dict[str, Any]
-    job_ids: list[str]
+    envelopes: list[JobEnvelope]
     batch: bool
-    #: Some job names a plain task (known to this deployment): not waited for.
-    has_task: bool
+
+    @property
+    def job_ids(self) -> list[str]:
+        return [e.job_id for e in self.envelopes]
+
+    def names_a_task(self, tasks: frozenset[str]) -> bool:
+        """Some job names a plain task (known to this deployment): not waited for."""
+        return bool(tasks) and any(e.workflow in tasks for e in self.envelopes)
 
     def headers(self, applied: float | None = None) -> dict[str, str]:
         headers = {"X-Request-Id": self.request_id}
         if not self.batch:
-            headers["Location"] = f"/v1/jobs/{self.job_ids[0]}"
+            headers["Location"] = f"/v1/jobs/{self.envelopes[0].job_id}"
         if applied is not None:
             headers["Preference-Applied"] = f"wait={applied:g}"
         return headers
@@ -79,12 +86,15 @@ class Submitted:
 async def answer(ingest: Ingest, prefer: str | None, submitted: Submitted) -> Response:
     """The answer to an acknowledged submission: the plain 202, or, with a ``wait``
     preference, the jobs' outcomes if they finish in time."""
+    if prefer is None:
+        return submitted.accepted()
     wanted = wait_preference(prefer)
     waiters = ingest.waiters
-    if not wanted or waiters is None or submitted.has_task:
+    if not wanted or waiters is None or submitted.names_a_task(ingest.task_types):
         return submitted.accepted()
     applied = waiters.applied(wanted)
-    waited = await waiters.wait(submitted.job_ids, applied)
+    job_ids = submitted.job_ids
+    waited = await waiters.wait(job_ids, applied)
     if waited.how in _UNWAITED:
         _log_unwaited(submitted, waited)
         return submitted.accepted()
@@ -92,11 +102,11 @@ async def answer(ingest: Ingest, prefer: str | None, submitted: Submitted) -> Re
     final = waited.how is WaitOutcome.FINAL
     (_REQUESTS_200 if final else _REQUESTS_202).inc()
     if not submitted.batch:
-        outcome = waited.final(submitted.job_ids[0])
+        outcome = waited.final(job_ids[0])
         if outcome is not None:
             return json_response(outcome.to_dict(), 200, headers)
         return json_response(submitted.body, 202, headers)
-    results = [o.to_dict() for o in map(waited.final, submitted.job_ids) if o is not None]
+    results = [o.to_dict() for o in map(waited.final, job_ids) if o is not None]
     return json_response({**submitted.body, "results": results}, 200 if final else 202, headers)
 
 
