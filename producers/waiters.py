@@ -175,7 +175,6 @@ class Waiters:
     async def _wait_registered(
         self, futures: dict[str, asyncio.Future[Any]], deadline: float
     ) -> Waited:
-        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout_at(deadline):
                 outcomes = await self.read(list(futures))
@@ -184,7 +183,24 @@ class Waiters:
         if any(o.kind is JobKind.TASK and not o.final for o in outcomes.values()):
             # plain tasks have no lifecycle events: nothing would wake this request
             return Waited(WaitOutcome.DEGRADED, outcomes, "a task is not finished")
+        # Restarted before the read: a final event of an earlier run may still be
+        # delivered (the relay publishes at least once, and this consumer may be behind),
+        # so such an id's final events are checked against its status, not taken as they
+        # are. (With the outbox's per-instance sequence in the read, "the event's
+        # sequence is above the one read" says it at no cost.)
+        checked = {j for j, o in outcomes.items() if o.restarts > 0}
         pending = {j: f for j, f in futures.items() if j not in outcomes or not outcomes[j].final}
+        return await self._until_final(futures, pending, outcomes, checked, deadline)
+
+    async def _until_final(
+        self,
+        futures: dict[str, asyncio.Future[Any]],
+        pending: dict[str, asyncio.Future[Any]],
+        outcomes: dict[str, JobOutcome],
+        checked: set[str],
+        deadline: float,
+    ) -> Waited:
+        loop = asyncio.get_running_loop()
         while pending:
             done, _ = await asyncio.wait(pending.values(), timeout=deadline - loop.time())
             if not done:
@@ -193,20 +209,36 @@ class Waiters:
                 got = pending.pop(job_id).result()
                 if got is _CLOSING:
                     return Waited(WaitOutcome.DEGRADED, outcomes, "shutting down")
-                if got is _REREAD:
-                    got = await self._reread(job_id, deadline)
-                    if got is None:
+                if got is _REREAD or job_id in checked:
+                    read, got = await self._check(job_id, futures, deadline)
+                    if not read:
                         return Waited(WaitOutcome.TIMEOUT, outcomes)
+                    if got is not None and got.restarts > 0:
+                        checked.add(job_id)
+                    if got is None or not got.final:
+                        # not final after all: wait on, on the future registered anew
+                        if got is not None:
+                            outcomes[job_id] = got
+                        pending[job_id] = futures[job_id]
+                        continue
                 outcomes[job_id] = got
         return Waited(WaitOutcome.FINAL, outcomes)
 
-    async def _reread(self, job_id: str, deadline: float) -> JobOutcome | None:
-        """A final event whose data was not the contract's: the status, read once."""
+    async def _check(
+        self, job_id: str, futures: dict[str, asyncio.Future[Any]], deadline: float
+    ) -> tuple[bool, JobOutcome | None]:
+        """A final event not to be taken as it is (its data not the contract's, or maybe
+        an earlier run's): the status, read once, and whether the read answered. The
+        job is registered anew *before* the read (the order :meth:`wait` keeps), so a
+        final change after the read is not missed if this one was not final."""
+        old = futures[job_id]
+        futures[job_id] = self._register(job_id, asyncio.get_running_loop())
+        self._unregister(job_id, old)
         try:
             async with asyncio.timeout_at(deadline):
-                return (await self.read([job_id])).get(job_id)
+                return True, (await self.read([job_id])).get(job_id)
         except (DatabaseUnavailable, TimeoutError):
-            return None
+            return False, None
 
     async def _read_batches(self) -> None:
         while self._reads:

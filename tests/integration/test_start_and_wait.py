@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import httpx
 import pytest
@@ -20,6 +21,7 @@ from tests.integration.wait_helpers import (
     create_instance,
     finish,
     metric,
+    publish,
     served,
     until,
 )
@@ -257,3 +259,47 @@ def test_a_stopping_ingest_lets_its_waiters_go_with_their_202(wait_settings):
         r, took = pending.result(20)
     assert r.status_code == 202 and took < 5
     assert r.headers["location"] == "/v1/jobs/w_stop"
+
+
+def test_a_restarted_instance_is_not_answered_with_its_earlier_run(wait_settings, db):
+    """An operator restarted a complete instance; the relay (at least once) publishes
+    the earlier run's ``instance.complete`` again after a caller started waiting for the
+    new run. That event must not answer the caller: only the new run's end does."""
+    from workflow_engine.store.operations import control
+
+    create_instance(db, wait_settings, "w_again")
+    finish(db, wait_settings, "w_again", result="first run")
+    control.restart(db, "order-workflow", "w_again")
+    with served(wait_settings) as (url, app, _), ThreadPoolExecutor(1) as pool:
+        waiters = app.state.ingest.waiters
+        pending = pool.submit(
+            httpx.get, f"{url}/v1/jobs/w_again/result", params={"wait": 10}, timeout=20
+        )
+        until(lambda: waiters.waiting("w_again") == 1, 10, "the poll waiting")
+        consumed = metric("onceflow_ingest_events_consumed_total")
+        outcomes = metric("onceflow_ingest_wait_outcomes_total", outcome="final")
+        publish(
+            wait_settings,
+            "w_again",
+            "instance.complete",
+            3,
+            "order-workflow",
+            None,
+            "complete",
+            extra={"result": "first run"},
+        )
+        until(
+            lambda: metric("onceflow_ingest_events_consumed_total") > consumed,
+            10,
+            "the republished event consumed by ingest",
+        )
+        # the stale event is checked against the status, and the poll waits on: given a
+        # second, it is not answered (without the check it was, at once, "first run")
+        with pytest.raises(FutureTimeout):
+            pending.result(1.0)
+        assert waiters.waiting("w_again") == 1
+        assert metric("onceflow_ingest_wait_outcomes_total", outcome="final") == outcomes
+        finish(db, wait_settings, "w_again", result="second run", sequence=6)
+        done = pending.result(20)
+    assert done.status_code == 200, done.text
+    assert done.json()["result"] == "second run"

@@ -35,6 +35,11 @@ class JobOutcome:
     error: str | None = None
     version: str | None = None
     finished_at: datetime | str | None = None
+    #: ``onceflow_instances.restart_count`` (0 for a task run or an outcome read from an
+    #: event): above 0, a final event of an earlier run may still be delivered (the
+    #: relay publishes at least once), so a waiter checks a final event against the
+    #: status instead of taking its data (producers/waiters.py). Not part of the body.
+    restarts: int = 0
 
     @property
     def final(self) -> bool:
@@ -64,10 +69,10 @@ class JobOutcome:
 _OUTCOMES = sa.text(
     """
 SELECT i.job_id, 'workflow' AS kind, i.workflow, i.status, i.result, i.error, i.version,
-       i.finished_at
+       i.finished_at, i.restart_count
 FROM onceflow_instances i WHERE i.job_id = ANY(:ids)
 UNION ALL
-SELECT t.job_id, 'task', t.task, t.status, NULL, t.error, NULL, t.finished_at
+SELECT t.job_id, 'task', t.task, t.status, NULL, t.error, NULL, t.finished_at, 0
 FROM onceflow_task_runs t WHERE t.job_id = ANY(:ids)
 """
 )
@@ -91,6 +96,7 @@ def job_outcomes(db: Engine, job_ids: Sequence[str]) -> dict[str, JobOutcome]:
             r.error,
             r.version,
             r.finished_at,
+            r.restart_count,
         )
         for r in rows
     }
