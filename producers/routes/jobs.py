@@ -145,7 +145,7 @@ async def _submit(request: Submission, ingest: Ingest, client: str) -> Response:
     if isinstance(accepted, Response):
         return accepted
     # After the in-flight slot: a request waiting for its outcome holds none.
-    return await results.answer(ingest, request.headers.get("prefer"), accepted)
+    return await results.answer(ingest, request.headers, accepted)
 
 
 class SubmitApp:

@@ -16,7 +16,8 @@ then waits (producers/waiters.py) for the jobs' instances to finish:
   else **202**; either way the usual accepted body plus ``results``, the outcome of
   each job final by then, in the order of ``accepted``.
 
-A request naming a plain task (which has no lifecycle events) is not waited for. A
+A request naming a plain task (which has no lifecycle events), or made with a key
+without ``jobs:read`` (an outcome is what that scope guards), is not waited for. A
 wait that cannot be watched (the events consumer not ready, PostgreSQL down, over
 ``ingest_max_waiters``) is the plain 202 at once, without ``Preference-Applied``.
 """
@@ -24,6 +25,7 @@ wait that cannot be watched (the events consumer not ready, PostgreSQL down, ove
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,14 +85,19 @@ class Submitted:
         return json_response(self.body, 202, self.headers())
 
 
-async def answer(ingest: Ingest, prefer: str | None, submitted: Submitted) -> Response:
+async def answer(ingest: Ingest, headers: Mapping[str, str], submitted: Submitted) -> Response:
     """The answer to an acknowledged submission: the plain 202, or, with a ``wait``
-    preference, the jobs' outcomes if they finish in time."""
+    preference, the jobs' outcomes if they finish in time. An outcome is what
+    ``jobs:read`` guards (``GET /v1/jobs/{id}``): a key that may only submit is not
+    waited for (else resubmitting any known id would read its result)."""
+    prefer = headers.get("prefer")
     if prefer is None:
         return submitted.accepted()
     wanted = wait_preference(prefer)
     waiters = ingest.waiters
     if not wanted or waiters is None or submitted.names_a_task(ingest.task_types):
+        return submitted.accepted()
+    if not ingest.auth.holds(headers, "jobs:read"):
         return submitted.accepted()
     applied = waiters.applied(wanted)
     job_ids = submitted.job_ids

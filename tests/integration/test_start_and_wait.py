@@ -303,3 +303,32 @@ def test_a_restarted_instance_is_not_answered_with_its_earlier_run(wait_settings
         done = pending.result(20)
     assert done.status_code == 200, done.text
     assert done.json()["result"] == "second run"
+
+
+def test_a_key_without_jobs_read_is_not_answered_an_outcome(wait_settings, db):
+    """A job's outcome is what ``jobs:read`` guards (``GET /v1/jobs/{id}``): a key that
+    may only submit must not read another caller's result by resubmitting its id."""
+    from onceflow.keys import hash_key
+    from onceflow.settings import ApiKey
+
+    keys = [
+        ApiKey(name="submitter", sha256=hash_key("submit-only"), scopes=["jobs:submit"]),
+        ApiKey(name="both", sha256=hash_key("submit-read"), scopes=["jobs:submit", "jobs:read"]),
+    ]
+    guarded = wait_settings.model_copy(update={"auth_disabled": False, "api_keys": keys})
+    create_instance(db, guarded, "w_secret")
+    finish(db, guarded, "w_secret", result={"card": "4242"})
+    answers = {}
+    with served(guarded) as (url, _, _):
+        for key in ("submit-only", "submit-read"):
+            answers[key] = httpx.post(
+                f"{url}/v1/jobs",
+                json=_job("w_secret"),
+                headers={"Prefer": "wait=5", "X-Api-Key": key},
+                timeout=30,
+            )
+    submit_only, both = answers["submit-only"], answers["submit-read"]
+    assert submit_only.status_code == 202, submit_only.text
+    assert "result" not in submit_only.json() and "preference-applied" not in submit_only.headers
+    assert submit_only.headers["location"] == "/v1/jobs/w_secret"
+    assert both.status_code == 200 and both.json()["result"] == {"card": "4242"}
