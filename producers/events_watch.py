@@ -14,7 +14,10 @@ its high watermark, read from the broker *before* the watcher reports itself rea
 every record written after that read has a higher offset and will be consumed. So a
 waiter registered while the watcher is ready sees every event published after its
 registration (producers/waiters.py explains why that is all it needs). Partitions
-added later are assigned from their beginning.
+added later are assigned from their beginning. Partitions lost (the topic missing, a
+metadata request unanswered) are assigned again at their high watermark: what was
+published while they were not assigned is skipped, so the waiters registered then are
+told (``on_gap``) to read their jobs' status again, after the new watermarks were read.
 
 The filter runs in the consumer's thread and is cheap for the events nobody waits for:
 the record key (the job id) is looked up first, and only a record whose id has a waiter
@@ -36,6 +39,7 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from onceflow import failpoints
 from onceflow.settings import Settings
 from producers.metrics import DEPENDENCY_UP, EVENTS_CONSUMED
 
@@ -70,7 +74,9 @@ Finals = list[tuple[str, dict[str, Any] | None]]
 class EventsWatcher:
     """The consumer thread. ``wanted`` says which job ids have a waiter (read from the
     thread: a dict's membership test); ``on_final`` is called on ``loop`` with the final
-    events of those ids, one call per consumed batch."""
+    events of those ids, one call per consumed batch; ``on_gap`` once the partitions
+    are assigned again after they were lost (what was published meanwhile below the
+    new start is never read: the waiters registered before must read the status)."""
 
     def __init__(
         self,
@@ -78,10 +84,12 @@ class EventsWatcher:
         wanted: Container[str],
         on_final: Callable[[Finals], None],
         loop: asyncio.AbstractEventLoop,
+        on_gap: Callable[[], None] = lambda: None,
     ) -> None:
         self.topic = settings.events_topic
         self._wanted = wanted
         self._on_final = on_final
+        self._on_gap = on_gap
         self._loop = loop
         self._config = {
             "bootstrap.servers": settings.kafka_bootstrap_servers,
@@ -98,6 +106,7 @@ class EventsWatcher:
             "error_cb": self._on_error,
         }
         self._partitions: set[int] = set()
+        self._assigned_before = False
         self._polled_at = 0.0
         self._brokers_down = False
         self._stop = threading.Event()
@@ -159,6 +168,8 @@ class EventsWatcher:
                 raise KafkaException(topic.error)
             new = sorted(set(topic.partitions) - self._partitions)
             first = not self._partitions
+            if first and new and self._assigned_before:
+                failpoints.hit("ingest.events_before_reassign")
             starts = [self._start_offset(consumer, p, first) for p in new]
         except KafkaException as exc:
             if self._partitions or not self._brokers_down:
@@ -174,7 +185,12 @@ class EventsWatcher:
         self._brokers_down = False
         if new:
             consumer.incremental_assign(starts)
+            if first and self._assigned_before:
+                # After the watermarks were read: a final change whose event is below
+                # them committed before, so the waiters' status reads will see it.
+                self._loop.call_soon_threadsafe(self._on_gap)
             self._partitions |= set(new)
+            self._assigned_before = True
             log.info(
                 "watching %d partitions of %s",
                 len(self._partitions),

@@ -113,7 +113,9 @@ class Waiters:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self.watcher = EventsWatcher(self._settings, self._waiting, self._resolve, loop)
+        self.watcher = EventsWatcher(
+            self._settings, self._waiting, self._resolve, loop, self._reread_all
+        )
         self.watcher.start()
 
     def close(self) -> None:
@@ -280,6 +282,14 @@ class Waiters:
             for future in self._waiting.get(job_id, ()):
                 if not future.done():
                     future.set_result(outcome if outcome is not None else _REREAD)
+
+    def _reread_all(self) -> None:
+        """On the loop: the watcher skipped what was published while it had lost its
+        partitions; every waiting request reads its job's status again."""
+        for futures in list(self._waiting.values()):
+            for future in futures:
+                if not future.done():
+                    future.set_result(_REREAD)
 
     @staticmethod
     def _count(waited: Waited) -> Waited:

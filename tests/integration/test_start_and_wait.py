@@ -332,3 +332,55 @@ def test_a_key_without_jobs_read_is_not_answered_an_outcome(wait_settings, db):
     assert "result" not in submit_only.json() and "preference-applied" not in submit_only.headers
     assert submit_only.headers["location"] == "/v1/jobs/w_secret"
     assert both.status_code == 200 and both.json()["result"] == {"card": "4242"}
+
+
+def _delete_events_topic(settings) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
+    admin.delete_topics([settings.events_topic])[settings.events_topic].result(30)
+
+
+def _create_events_topic_again(settings) -> None:
+    """Create the deleted events topic once Kafka lets it (the deletion may lag)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            create_events_topic(settings)
+            return
+        except Exception:
+            assert time.monotonic() < deadline, "the events topic could not be created again"
+            time.sleep(0.2)
+
+
+def test_a_waiter_is_not_lost_when_the_consumer_assigns_its_partitions_again(
+    wait_settings, db, monkeypatch
+):
+    """The consumer lost its partitions (here: the topic deleted, seen missing, then
+    created again; a broker that does not answer a metadata request does the same) and
+    assigns them again at their high watermark. An event published before that
+    watermark was read, while the consumer was not assigned, is never consumed; the
+    request already waiting must still get its outcome (it re-reads the status)."""
+    from producers import events_watch
+
+    monkeypatch.setattr(events_watch, "REFRESH_SECONDS", 0.5)  # the topic looked up often
+    create_instance(db, wait_settings, "w_gap")
+    with served(wait_settings) as (url, app, _), ThreadPoolExecutor(1) as pool:
+        waiters = app.state.ingest.waiters
+        pending = pool.submit(
+            httpx.get, f"{url}/v1/jobs/w_gap/result", params={"wait": 10}, timeout=20
+        )
+        until(lambda: waiters.waiting("w_gap") == 1, 10, "the poll waiting")
+        _delete_events_topic(wait_settings)
+        until(lambda: not waiters.watchable, 10, "the consumer sees the topic missing")
+        paused = failpoints.arm("ingest.events_before_reassign", "pause")
+        try:
+            _create_events_topic_again(wait_settings)
+            paused.wait_reached(20)
+            # the consumer found the topic again and has not read its watermarks yet
+            finish(db, wait_settings, "w_gap", result="in the gap")
+        finally:
+            failpoints.disarm_all()
+        done = pending.result(20)
+    assert done.status_code == 200, done.text
+    assert done.json()["result"] == "in the gap"
