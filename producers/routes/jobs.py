@@ -97,13 +97,13 @@ class Submission:
     Starlette's ``Request`` per-lookup header scans and body stream were ~10% of a
     single-job request's CPU (BENCHMARKS.md, "Single-job requests")."""
 
-    __slots__ = ("_receive", "headers", "host")
+    __slots__ = ("headers", "host", "receive")
 
     def __init__(self, scope: Scope, receive: Receive) -> None:
         self.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"][::-1]}
         client = scope.get("client")
         self.host: str | None = client[0] if client else None
-        self._receive = receive
+        self.receive = receive
 
     async def body(self, limit: int) -> bytes | None:
         """The body, or None as soon as it is known to exceed ``limit`` bytes; raises
@@ -113,7 +113,7 @@ class Submission:
             return None
         chunks, size, more = [], 0, True
         while more:
-            message = await self._receive()
+            message = await self.receive()
             if message["type"] == "http.disconnect":
                 raise ClientDisconnect()
             chunk = message.get("body", b"")
@@ -145,7 +145,7 @@ async def _submit(request: Submission, ingest: Ingest, client: str) -> Response:
     if isinstance(accepted, Response):
         return accepted
     # After the in-flight slot: a request waiting for its outcome holds none.
-    return await results.answer(ingest, request.headers, accepted)
+    return await results.answer(ingest, request.headers, accepted, request.receive)
 
 
 class SubmitApp:

@@ -24,14 +24,16 @@ wait that cannot be watched (the events consumer not ready, PostgreSQL down, ove
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Depends, HTTPException, Query, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive
 
 from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import OperatorAction
@@ -85,11 +87,14 @@ class Submitted:
         return json_response(self.body, 202, self.headers())
 
 
-async def answer(ingest: Ingest, headers: Mapping[str, str], submitted: Submitted) -> Response:
+async def answer(
+    ingest: Ingest, headers: Mapping[str, str], submitted: Submitted, receive: Receive
+) -> Response:
     """The answer to an acknowledged submission: the plain 202, or, with a ``wait``
-    preference, the jobs' outcomes if they finish in time. An outcome is what
-    ``jobs:read`` guards (``GET /v1/jobs/{id}``): a key that may only submit is not
-    waited for (else resubmitting any known id would read its result)."""
+    preference, the jobs' outcomes if they finish in time (or the client hangs up:
+    ``receive`` says so). An outcome is what ``jobs:read`` guards
+    (``GET /v1/jobs/{id}``): a key that may only submit is not waited for (else
+    resubmitting any known id would read its result)."""
     prefer = headers.get("prefer")
     if prefer is None:
         return submitted.accepted()
@@ -101,7 +106,9 @@ async def answer(ingest: Ingest, headers: Mapping[str, str], submitted: Submitte
         return submitted.accepted()
     applied = waiters.applied(wanted)
     job_ids = submitted.job_ids
-    waited = await waiters.wait(job_ids, applied)
+    waited = await unless_hung_up(waiters.wait(job_ids, applied), receive)
+    if waited is None:
+        return submitted.accepted()  # to nobody: the client is gone
     if waited.how in _UNWAITED:
         _log_unwaited(submitted, waited)
         return submitted.accepted()
@@ -115,6 +122,27 @@ async def answer(ingest: Ingest, headers: Mapping[str, str], submitted: Submitte
         return json_response(submitted.body, 202, headers)
     results = [o.to_dict() for o in map(waited.final, job_ids) if o is not None]
     return json_response({**submitted.body, "results": results}, 200 if final else 202, headers)
+
+
+async def unless_hung_up(waiting: Coroutine[Any, Any, Waited], receive: Receive) -> Waited | None:
+    """``waiting``'s outcome, or None as soon as the client closes its connection (the
+    wait is cancelled then: its waiters leave the map and its place under
+    ``ingest_max_waiters`` is free at once, not when the wait runs out). The body was
+    read already, so the ASGI server's next message is ``http.disconnect``."""
+    wait = asyncio.ensure_future(waiting)
+    gone = asyncio.ensure_future(_hang_up(receive))
+    try:
+        await asyncio.wait((wait, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not wait.done():
+            wait.cancel()
+    return wait.result() if wait.done() and not wait.cancelled() else None
+
+
+async def _hang_up(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def _log_unwaited(submitted: Submitted, waited: Waited) -> None:
@@ -137,6 +165,7 @@ def _log_unwaited(submitted: Submitted, waited: Waited) -> None:
 )
 async def get_result(
     job_id: str,
+    request: Request,
     ingest: IngestDep,
     db: DbDep,
     wait: float = Query(0, ge=0, description="seconds to wait (capped to the configured max)"),
@@ -148,7 +177,11 @@ async def get_result(
     waiters = ingest.waiters
     waited: Waited | None = None
     if waiters is not None and wait > 0 and waiters.watchable:
-        waited = await waiters.wait([job_id], waiters.applied(wait))
+        waited = await unless_hung_up(
+            waiters.wait([job_id], waiters.applied(wait)), request.receive
+        )
+        if waited is None:  # the client is gone
+            return Response(status_code=202, headers={"Location": f"/v1/jobs/{job_id}"})
     if waited is None or (waited.how in _UNWAITED and job_id not in waited.outcomes):
         waited = await _read_once(ingest, job_id)
     if job_id not in waited.outcomes:

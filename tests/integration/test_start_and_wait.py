@@ -384,3 +384,29 @@ def test_a_waiter_is_not_lost_when_the_consumer_assigns_its_partitions_again(
         done = pending.result(20)
     assert done.status_code == 200, done.text
     assert done.json()["result"] == "in the gap"
+
+
+def test_a_caller_that_hangs_up_stops_waiting(wait_settings, db):
+    """A client gone (its connection closed) is waited for no more: its waiter leaves
+    the map and its place under ``ingest_max_waiters`` is free at once, not when the
+    wait it asked for runs out."""
+    create_instance(db, wait_settings, "w_gone_get")
+    with served(wait_settings) as (url, app, _):
+        waiters = app.state.ingest.waiters
+        before = metric("onceflow_ingest_waiting_requests")
+        for job_id, call in (
+            ("w_gone_post", lambda: _post_briefly(url, _job("w_gone_post"))),
+            ("w_gone_get", lambda: _get_briefly(url, "w_gone_get")),
+        ):
+            with pytest.raises(httpx.ReadTimeout):
+                call()  # the client gives up after 0.5 s and closes its connection
+            until(lambda j=job_id: waiters.waiting(j) == 0, 3, f"{job_id} unregistered")
+            until(lambda: metric("onceflow_ingest_waiting_requests") == before, 3, "slot freed")
+
+
+def _post_briefly(url: str, job: dict) -> None:
+    httpx.post(f"{url}/v1/jobs", json=job, headers={"Prefer": "wait=10"}, timeout=0.5)
+
+
+def _get_briefly(url: str, job_id: str) -> None:
+    httpx.get(f"{url}/v1/jobs/{job_id}/result", params={"wait": 10}, timeout=0.5)
