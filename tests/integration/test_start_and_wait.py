@@ -85,8 +85,9 @@ def test_a_waiting_request_gets_the_result_of_its_instance(wait_settings, db):
 
 def test_a_job_not_final_in_time_gets_the_202_after_the_wait(wait_settings, db):
     before = metric("onceflow_ingest_wait_outcomes_total", outcome="timeout")
-    with served(wait_settings) as (url, _, _):
+    with served(wait_settings) as (url, app, _):
         r, took = _post(url, _job("w_slow"), "wait=1")
+        assert app.state.ingest.waiters.waiting("w_slow") == 0  # left the map on its timeout
         # a batch waits under one deadline, and says which of its jobs finished
         create_instance(db, wait_settings, "w_done", offset=1)
         finish(db, wait_settings, "w_done", result=1)
@@ -178,6 +179,9 @@ def test_past_the_bound_a_submission_is_answered_202_at_once(wait_settings, db):
         create_instance(db, bounded, "w_first")
         finish(db, bounded, "w_first", result=1)
         assert waiting.result(20)[0].status_code == 200
+        # the place is free again: the next request is waited for (answered from its read)
+        again, _ = _post(url, _job("w_first"))
+        assert again.status_code == 200 and again.headers["preference-applied"] == "wait=10"
     assert r.status_code == 202 and took < 2
     assert "preference-applied" not in r.headers
     assert metric("onceflow_ingest_wait_outcomes_total", outcome="refused") == refused + 1
