@@ -94,8 +94,9 @@ class Settings(BaseSettings):
     # job's outcome (`Prefer: wait=N` and `GET /v1/jobs/{id}/result?wait=N` are capped
     # to it); 0 turns waiting off (no events consumer, every submission a plain 202).
     ingest_max_wait_seconds: int = Field(default=60, ge=0)
-    # Requests waiting at once per ingest process; past it a submission is answered 202
-    # at once (counted in onceflow_ingest_wait_outcomes_total{outcome="refused"}).
+    # Jobs waited for at once per ingest process (a batch counts each of its jobs);
+    # a request that would go past it is answered 202 at once (counted in
+    # onceflow_ingest_wait_outcomes_total{outcome="refused"}).
     ingest_max_waiters: int = Field(default=10000, ge=1)
 
     # --- streams worker (streams/) ------------------------------------------------

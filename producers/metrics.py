@@ -34,7 +34,7 @@ WAIT_OUTCOMES = Counter(
     "onceflow_ingest_wait_outcomes_total",
     "How waits ended: final (answered 200), timeout (202 after the wait), degraded (202"
     " at once: events not watched, PostgreSQL down, shutting down), refused (202 at once:"
-    " over ingest_max_waiters)",
+    " the jobs waited for over ingest_max_waiters)",
     ["outcome"],
 )
 EVENTS_CONSUMED = Counter(

@@ -23,8 +23,9 @@ There is no third case, so a final status is never missed in the window between
 ``ingest.before_wait_register`` sits in that window for the test that proves it). What
 cannot be watched is not waited for: the watcher not ready (topic missing, broker
 down, not yet assigned), the process shutting down, or the status read failing
-(PostgreSQL down) is answered with the plain 202 at once ("degraded"); past
-``ingest_max_waiters`` requests waiting, with a 202 at once too ("refused").
+(PostgreSQL down) is answered with the plain 202 at once ("degraded"); a request
+that would take the jobs waited for past ``ingest_max_waiters`` (a batch counts each of
+its jobs: the map holds a future per job), with a 202 at once too ("refused").
 
 Reads are batched: the status reads of every request that registered while the
 previous read ran go in the next statement, so a burst of waiting requests costs a few
@@ -66,7 +67,7 @@ class WaitOutcome(StrEnum):
     #: The outcome cannot be watched (events consumer not ready, PostgreSQL down,
     #: shutting down): 202 at once.
     DEGRADED = "degraded"
-    #: Over ``ingest_max_waiters`` requests waiting already: 202 at once.
+    #: The jobs waited for would be over ``ingest_max_waiters``: 202 at once.
     REFUSED = "refused"
 
 
@@ -105,7 +106,8 @@ class Waiters:
         self._settings = settings
         self._db = db
         self._waiting: dict[str, list[asyncio.Future[Any]]] = {}
-        self._requests = 0
+        #: Jobs waited for now, over every waiting request (what ``max_waiting`` bounds).
+        self._jobs = 0
         self._closing = False
         self._reads: list[tuple[list[str], asyncio.Future[dict[str, JobOutcome]]]] = []
         self._reader: asyncio.Task[None] | None = None
@@ -147,11 +149,11 @@ class Waiters:
         """Wait up to ``seconds`` for every one of ``job_ids`` to be final."""
         if not self.watchable:
             return self._count(Waited(WaitOutcome.DEGRADED, reason="events not watched"))
-        if self._requests >= self.max_waiting:
+        if self._jobs + len(job_ids) > self.max_waiting:
             return self._count(Waited(WaitOutcome.REFUSED))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
-        self._requests += 1
+        self._jobs += len(job_ids)
         WAITING_REQUESTS.inc()
         futures: dict[str, asyncio.Future[Any]] = {}
         try:
@@ -160,7 +162,7 @@ class Waiters:
             futures = {job_id: self._register(job_id, loop) for job_id in job_ids}
             return self._count(await self._wait_registered(futures, deadline))
         finally:
-            self._requests -= 1
+            self._jobs -= len(job_ids)
             WAITING_REQUESTS.dec()
             for job_id, future in futures.items():
                 self._unregister(job_id, future)

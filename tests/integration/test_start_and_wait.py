@@ -182,9 +182,20 @@ def test_past_the_bound_a_submission_is_answered_202_at_once(wait_settings, db):
         # the place is free again: the next request is waited for (answered from its read)
         again, _ = _post(url, _job("w_first"))
         assert again.status_code == 200 and again.headers["preference-applied"] == "wait=10"
+        # the bound counts the jobs waited for, not requests: a batch of two is over it
+        started = time.monotonic()
+        batch = httpx.post(
+            f"{url}/v1/jobs",
+            json={"jobs": [_job("w_b1"), _job("w_b2")]},
+            headers={"Prefer": "wait=10"},
+            timeout=30,
+        )
+        batch_took = time.monotonic() - started
     assert r.status_code == 202 and took < 2
     assert "preference-applied" not in r.headers
-    assert metric("onceflow_ingest_wait_outcomes_total", outcome="refused") == refused + 1
+    assert batch.status_code == 202 and batch_took < 2
+    assert "preference-applied" not in batch.headers
+    assert metric("onceflow_ingest_wait_outcomes_total", outcome="refused") == refused + 2
 
 
 def test_postgresql_unreachable_answers_the_plain_202_and_keeps_the_job(wait_settings):
