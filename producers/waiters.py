@@ -302,8 +302,9 @@ class Waiters:
 def outcome_of_event(job_id: str, data: dict[str, Any] | None) -> JobOutcome | None:
     """A final event's data (the contract: ``status``, ``workflow``, ``version``,
     ``time``, and ``result`` or ``error``) as the job's outcome; None when it is not
-    the contract's (the waiter then reads the status)."""
-    if data is None:
+    the contract's, or tells of another job than the record's key (the waiter then
+    reads the status)."""
+    if data is None or data.get("job_id") != job_id:
         return None
     try:
         status, workflow, when = data["status"], data["workflow"], data.get("time")

@@ -62,3 +62,5 @@ def test_a_final_event_becomes_the_outcome_and_a_foreign_one_none():
     assert outcome_of_event("j", None) is None
     assert outcome_of_event("j", {"job_id": "j", "status": "complete"}) is None
     assert outcome_of_event("j", {**data, "time": "yesterday"}) is None
+    # the record's key said "j", its data tells of another job: not taken as j's outcome
+    assert outcome_of_event("j", {**data, "job_id": "k"}) is None
