@@ -47,6 +47,9 @@ POINTS: dict[str, str] = {
     "engine.before_rescue": "engine: the rescuer about to re-queue expired leases",
     "engine.before_tick_fire": "engine: a schedule's tick about to be created",
     "engine.before_partition_maintenance": "engine: a retention round about to run",
+    "ingest.before_wait_register": "ingest: a waited-for job acknowledged, no waiter yet",
+    "ingest.events_before_reassign": "ingest: the events consumer, its partitions lost,"
+    " about to read their watermarks and assign them again",
     "bulk.between_batches": "bulk runner: a batch committed, the next not started (lease held)",
     "relay.after_publish": "relay: a round's events acknowledged by Kafka, not yet deleted",
     "webhooks.before_commit": "webhook dispatcher: a batch's deliveries committed, offsets not yet",

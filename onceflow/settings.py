@@ -98,6 +98,14 @@ class Settings(BaseSettings):
     ingest_stream_max_readers: int = Field(default=1000, ge=1)
     ingest_stream_poll_seconds: float = Field(default=1.0, gt=0)
     ingest_stream_wait_seconds: float = Field(default=60.0, ge=0)
+    # Start and wait (README, "Start and wait"): the longest a request may wait for its
+    # job's outcome (`Prefer: wait=N` and `GET /v1/jobs/{id}/result?wait=N` are capped
+    # to it); 0 turns waiting off (no events consumer, every submission a plain 202).
+    ingest_max_wait_seconds: int = Field(default=60, ge=0)
+    # Jobs waited for at once per ingest process (a batch counts each of its jobs);
+    # a request that would go past it is answered 202 at once (counted in
+    # onceflow_ingest_wait_outcomes_total{outcome="refused"}).
+    ingest_max_waiters: int = Field(default=10000, ge=1)
 
     # --- streams worker (streams/) ------------------------------------------------
     consumer_group: str = "onceflow-streams"
@@ -161,7 +169,8 @@ class Settings(BaseSettings):
     # change's transaction (off: no outbox row is written; every process reads it).
     lifecycle_events: bool = True
     # The topic the relay publishes the events to (keyed by job id, CloudEvents binary
-    # mode), created by the topic setup with topic_partitions partitions.
+    # mode), created by the topic setup with topic_partitions partitions; read by
+    # ingest's start-and-wait and the webhook dispatcher.
     events_topic: str = "onceflow.events"
     # Run the relay inside each engine process (one active across engines, by an
     # advisory lock). Off: events are still written; run `onceflow relay`, or let

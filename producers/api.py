@@ -2,6 +2,7 @@
 
     producers/routes/jobs.py    POST /v1/jobs, GET /v1/jobs/{job_id}
     producers/routes/job_streams.py  GET /v1/jobs/{job_id}/stream (Server-Sent Events)
+    producers/routes/results.py  start and wait: Prefer: wait, GET /v1/jobs/{job_id}/result
     producers/routes/admin.py   /v1/instances (inspect and control instances)
     producers/routes/schedules.py  /v1/schedules (create, pause, backfill schedules)
     producers/routes/audit.py   /v1/admin/audit (the operators' audit trail)
@@ -40,7 +41,7 @@ from producers.errors import install_error_handlers
 from producers.kafka import JobProducer, JobSender
 from producers.models import BatchIn, ErrorBody, JobIn
 from producers.responses import error_response
-from producers.routes import admin, audit, health, job_streams, jobs, schedules
+from producers.routes import admin, audit, health, job_streams, jobs, results, schedules
 from producers.tracing import TracedSender, TraceRequests
 from workflow_engine.definitions import load_workflow_modules
 from workflow_engine.model import Registry
@@ -93,6 +94,7 @@ def create_app(
         app.include_router(audit.router)
         app.include_router(jobs.status_router)
         app.include_router(job_streams.router)
+        app.include_router(results.result_router)
     app.include_router(health.router)
     app.openapi = partial(_openapi, app, ingest.known_types)  # type: ignore[method-assign]
     # Decided once here: with tracing off, no per-request hook.
@@ -126,7 +128,17 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         ingest.bulk_runner(
             shared_engine(ingest.settings.database_url, ingest.settings.lifecycle_events)
         ).start()
+    if ingest.settings.ingest_max_wait_seconds > 0:
+        from producers.waiters import Waiters
+
+        ingest.waiters = Waiters(
+            ingest.settings,
+            lambda: shared_engine(ingest.settings.database_url, ingest.settings.lifecycle_events),
+        )
+        ingest.waiters.start()
     yield
+    if ingest.waiters is not None:
+        ingest.waiters.stop()
     if ingest.streams is not None:
         await ingest.streams.stop()
     if ingest.bulk is not None:

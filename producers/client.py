@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -23,6 +24,32 @@ class SubmitError(OnceflowError):
         super().__init__(f"ingest answered {status} {self.error}: {message}".replace(" :", ":"))
         self.status = status
         self.body = body
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What :meth:`IngestClient.submit_and_wait` learnt: ``done`` with the instance's
+    ``status`` (``complete``, ``errored``, ``terminated``), ``result`` and ``error``;
+    or not ``done`` within the wait, and then ``location`` to ask again
+    (:meth:`IngestClient.result`). ``body`` is the answer as ingest gave it."""
+
+    job_id: str
+    done: bool
+    status: str | None = None
+    result: Any = None
+    error: str | None = None
+    location: str | None = None
+    body: Any = None
+
+    @classmethod
+    def of(cls, job_id: str, response: httpx.Response) -> JobResult:
+        body = response.json()
+        if response.status_code == 200:
+            return cls(
+                job_id, True, body["status"], body.get("result"), body.get("error"), None, body
+            )
+        location = response.headers.get("Location", f"/v1/jobs/{job_id}")
+        return cls(job_id, False, body.get("status"), location=location, body=body)
 
 
 class IngestClient:
@@ -53,6 +80,45 @@ class IngestClient:
                 continue
             raise SubmitError(response.status_code, _json_or_text(response))
         raise AssertionError("unreachable")
+
+    def submit_and_wait(self, job: dict[str, Any], wait: int = 30) -> JobResult:
+        """Submit one job and wait up to ``wait`` seconds (``Prefer: wait``; the server
+        caps it to its ``ONCEFLOW_INGEST_MAX_WAIT_SECONDS``) for its instance to finish.
+        A job not finished by then is not lost: it is in Kafka (the server answered
+        202), and :meth:`result` asks again. Retries a 503 like :meth:`submit`."""
+        from onceflow.ids import new_job_id
+
+        job = {**job, "job_id": job.get("job_id") or new_job_id()}
+        headers = {"Prefer": f"wait={int(wait)}"}
+        for attempt in range(self.retries + 1):
+            response = self._http.post(
+                "/v1/jobs", json=job, headers=headers, timeout=self._timeout_for(wait)
+            )
+            if response.status_code in (200, 202):
+                return JobResult.of(job["job_id"], response)
+            if response.status_code == 503 and attempt < self.retries:
+                time.sleep(float(response.headers.get("Retry-After", "1")))
+                continue
+            raise SubmitError(response.status_code, _json_or_text(response))
+        raise AssertionError("unreachable")
+
+    def result(self, job_id: str, wait: float = 30) -> JobResult:
+        """The job's outcome, waiting up to ``wait`` seconds for it
+        (``GET /v1/jobs/{job_id}/result``); SubmitError on 404 (no instance yet, or an
+        unknown id) and the other refusals."""
+        response = self._http.get(
+            f"/v1/jobs/{job_id}/result", params={"wait": wait}, timeout=self._timeout_for(wait)
+        )
+        if response.status_code in (200, 202):
+            return JobResult.of(job_id, response)
+        raise SubmitError(response.status_code, _json_or_text(response))
+
+    def _timeout_for(self, wait: float) -> httpx.Timeout:
+        """The client's timeout, with reading the answer allowed the wait on top."""
+        base = self._http.timeout
+        return httpx.Timeout(
+            base.connect, read=(base.read or 0) + wait, write=base.write, pool=base.pool
+        )
 
     def close(self) -> None:
         self._http.close()

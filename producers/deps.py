@@ -28,6 +28,7 @@ from workflow_engine.store.operations import Actor
 
 if TYPE_CHECKING:
     from producers.stream_hub import StreamHub
+    from producers.waiters import Waiters
     from workflow_engine.store.operations import BulkRunner
 
 
@@ -49,6 +50,10 @@ class Ingest:
     known_callbacks: frozenset[str] | None = None
     #: What the open output-stream readers share (created by the first one).
     streams: StreamHub | None = None
+    #: Plain task names this deployment knows (not waited for: tasks have no events).
+    task_types: frozenset[str] = frozenset()
+    #: Start and wait (``ingest_max_wait_seconds`` > 0): created by the lifespan.
+    waiters: Waiters | None = None
 
     @classmethod
     def from_settings(
@@ -67,6 +72,7 @@ class Ingest:
             known_callbacks=(
                 frozenset(settings.webhook_endpoints) if settings.ingest_validate_types else None
             ),
+            task_types=frozenset(registry.task_names()),
         )
 
     def bulk_runner(self, db: Engine) -> BulkRunner:

@@ -38,3 +38,18 @@ STREAM_LISTENING = Gauge(
     "onceflow_ingest_stream_listening",
     "1 while the stream readers' LISTEN connection is up, else 0",
 )
+WAITING_REQUESTS = Gauge(
+    "onceflow_ingest_waiting_requests",
+    "Requests waiting for their jobs' outcome (Prefer: wait, GET /v1/jobs/{id}/result)",
+)
+WAIT_OUTCOMES = Counter(
+    "onceflow_ingest_wait_outcomes_total",
+    "How waits ended: final (answered 200), timeout (202 after the wait), degraded (202"
+    " at once: events not watched, PostgreSQL down, shutting down), refused (202 at once:"
+    " the jobs waited for over ingest_max_waiters)",
+    ["outcome"],
+)
+EVENTS_CONSUMED = Counter(
+    "onceflow_ingest_events_consumed_total",
+    "Records the start-and-wait consumer read from the events topic (all kinds, all ids)",
+)

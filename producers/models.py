@@ -151,6 +151,18 @@ def parse_jobs(
 
     ``known_types`` / ``known_callbacks``: the workflow and task names, and the webhook
     endpoint names, a job may name (None: not checked here; the worker dead-letters)."""
+    return parse_submission(body, max_batch, max_params_bytes, known_types, known_callbacks)[0]
+
+
+def parse_submission(
+    body: bytes,
+    max_batch: int,
+    max_params_bytes: int,
+    known_types: frozenset[str] | None = None,
+    known_callbacks: frozenset[str] | None = None,
+) -> tuple[list[JobIn], bool]:
+    """:func:`parse_jobs`, and whether the body was a batch (``{"jobs": [...]}``, even
+    of one job): a start-and-wait answer has the batch's shape then."""
     doc, check_params = _json_object(body)
     is_batch = "jobs" in doc
     if is_batch and isinstance(doc["jobs"], list) and len(doc["jobs"]) > max_batch:
@@ -174,7 +186,7 @@ def parse_jobs(
         _check_job(job, i if is_batch else None, max_params_bytes, known_types, check_params)
         if job.callback is not None and known_callbacks is not None:
             _check_callback(job.callback, i if is_batch else None, known_callbacks)
-    return jobs
+    return jobs, is_batch
 
 
 def _check_callback(callback: str, index: int | None, known: frozenset[str]) -> None:

@@ -53,13 +53,29 @@ def serve(settings: Settings) -> None:
         timeout_graceful_shutdown=30,
     )
     _front_first(config, app)
-    server = uvicorn.Server(config)
+    server = IngestServer(config, app)
     if settings.ingest_reuse_port:
         server.run(sockets=[reuse_port_socket(settings.ingest_host, settings.ingest_port)])
     else:
         server.run()
     if not server.started:  # as uvicorn.run: it could not start (e.g. port in use)
         sys.exit(3)
+
+
+class IngestServer(uvicorn.Server):
+    """uvicorn's server, which on SIGTERM first lets every request waiting for its jobs'
+    outcome (``Prefer: wait``) go with its 202 (the jobs are in Kafka): uvicorn's drain
+    waits for open requests, and a wait may be longer than its grace."""
+
+    def __init__(self, config: uvicorn.Config, app: IngestFront) -> None:
+        super().__init__(config)
+        self.front = app
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        waiters = self.front.state.ingest.waiters
+        if waiters is not None:
+            waiters.close()
+        await super().shutdown(sockets)
 
 
 def _front_first(config: uvicorn.Config, app: IngestFront) -> None:

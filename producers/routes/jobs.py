@@ -3,7 +3,8 @@
 202 means every job in the answer is durably in Kafka (delivery report received,
 acks=all). If Kafka does not acknowledge them all, the answer is 503 with
 ``Retry-After``, listing which jobs *were* acknowledged and which were not; resubmitting
-the whole request is safe, since duplicates collapse downstream.
+the whole request is safe, since duplicates collapse downstream. With ``Prefer: wait=N``
+the acknowledged request may then wait for its outcome (producers/routes/results.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Response
+from fastapi import APIRouter, Depends, Response
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
@@ -27,7 +28,7 @@ from producers.broker_link import KafkaUnreachable
 from producers.deps import DbDep, Ingest, IngestDep, require
 from producers.errors import error_responses, internal_error
 from producers.kafka import Ack
-from producers.metrics import JOBS_ACCEPTED, JOBS_REJECTED, REQUESTS
+from producers.metrics import JOBS_ACCEPTED, JOBS_REJECTED
 from producers.models import (
     Accepted,
     ErrorBody,
@@ -36,14 +37,15 @@ from producers.models import (
     JobRejected,
     RequestError,
     job_start,
-    parse_jobs,
+    parse_submission,
 )
-from producers.responses import error_response, json_response
-from workflow_engine.store.views import DeadLetterView, dead_letters_for, job_status
+from producers.responses import error_response
+from producers.routes import results
+from producers.routes.unknown import not_found
+from workflow_engine.store.views import job_status
 
 log = logging.getLogger(__name__)
 _ACCEPTED_LOG = EventLog(log, "job.accepted", "job accepted")
-_REQUESTS_202 = REQUESTS.labels("202")  # looked up once, not per request
 _REQUEST_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 
 # The body is parsed by hand (one job and a batch share one endpoint, with precise
@@ -96,13 +98,13 @@ class Submission:
     Starlette's ``Request`` per-lookup header scans and body stream were ~10% of a
     single-job request's CPU (BENCHMARKS.md, "Single-job requests")."""
 
-    __slots__ = ("_receive", "headers", "host")
+    __slots__ = ("headers", "host", "receive")
 
     def __init__(self, scope: Scope, receive: Receive) -> None:
         self.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"][::-1]}
         client = scope.get("client")
         self.host: str | None = client[0] if client else None
-        self._receive = receive
+        self.receive = receive
 
     async def body(self, limit: int) -> bytes | None:
         """The body, or None as soon as it is known to exceed ``limit`` bytes; raises
@@ -112,7 +114,7 @@ class Submission:
             return None
         chunks, size, more = [], 0, True
         while more:
-            message = await self._receive()
+            message = await self.receive()
             if message["type"] == "http.disconnect":
                 raise ClientDisconnect()
             chunk = message.get("body", b"")
@@ -136,10 +138,15 @@ async def _submit(request: Submission, ingest: Ingest, client: str) -> Response:
                     " flight for this client",
                     headers={"Retry-After": "1"},
                 )
-            return await _accept(request, ingest, await _read_jobs(request, ingest))
+            jobs, batch = await _read_jobs(request, ingest)
+            accepted = await _accept(request, ingest, jobs, batch)
     except RequestError as exc:
         JOBS_REJECTED.labels(exc.body.error).inc()
         return error_response(exc.status, exc.body, exc.headers)
+    if isinstance(accepted, Response):
+        return accepted
+    # After the in-flight slot: a request waiting for its outcome holds none.
+    return await results.answer(ingest, request.headers, accepted, request.receive)
 
 
 class SubmitApp:
@@ -182,8 +189,9 @@ def _check_rate(ingest: Ingest, client: str) -> None:
         )
 
 
-async def _read_jobs(request: Submission, ingest: Ingest) -> list[JobIn]:
-    """The request's jobs, or RequestError (415, 413, 400, 422) saying what is wrong."""
+async def _read_jobs(request: Submission, ingest: Ingest) -> tuple[list[JobIn], bool]:
+    """The request's jobs and whether it was a batch, or RequestError (415, 413, 400,
+    422) saying what is wrong."""
     settings = ingest.settings
     content_type = request.headers.get("content-type", "")
     if content_type.split(";")[0].strip().lower() != "application/json":
@@ -195,7 +203,7 @@ async def _read_jobs(request: Submission, ingest: Ingest) -> list[JobIn]:
             "body_too_large",
             f"the body is over {settings.ingest_max_body_bytes} bytes; send fewer jobs per request",
         )
-    return parse_jobs(
+    return parse_submission(
         body,
         settings.ingest_max_batch,
         settings.ingest_max_params_bytes,
@@ -204,7 +212,10 @@ async def _read_jobs(request: Submission, ingest: Ingest) -> list[JobIn]:
     )
 
 
-async def _accept(request: Submission, ingest: Ingest, jobs: list[JobIn]) -> Response:
+async def _accept(
+    request: Submission, ingest: Ingest, jobs: list[JobIn], batch: bool
+) -> Response | results.Submitted:
+    """The 503 when Kafka did not acknowledge every job, else what the answer needs."""
     # A caller's own request id is kept (it ties their logs to ours) if it is sane.
     given = request.headers.get("x-request-id", "")
     request_id = given if _REQUEST_ID_RE.fullmatch(given) else new_request_id()
@@ -225,9 +236,8 @@ async def _accept(request: Submission, ingest: Ingest, jobs: list[JobIn]) -> Res
     _log_accepted(accepted, request_id)
     if len(accepted) < len(acks):
         return _kafka_refused(ingest.settings, acks, accepted, request_id)
-    _REQUESTS_202.inc()
     body = {"request_id": request_id, "accepted": accepted, "duplicates_in_request": duplicates}
-    return json_response(body, 202, {"X-Request-Id": request_id})
+    return results.Submitted(request_id, body, envelopes, batch)
 
 
 def _envelopes(jobs: list[JobIn], request_id: str) -> tuple[list[JobEnvelope], int]:
@@ -326,50 +336,4 @@ def get_job(job_id: str, ingest: IngestDep, db: DbDep) -> Any:
     found = job_status(db, job_id)
     if found is not None:
         return found
-    dead = dead_letters_for(db, job_id)
-    if dead:
-        raise HTTPException(410, _dead_lettered(job_id, dead))
-    try:
-        lag: dict[str, Any] = queue_lag(ingest.settings, job_id)
-    except Exception as exc:  # Kafka down: still answer the question we can
-        lag = {"error": str(exc)}
-    raise HTTPException(
-        404,
-        {
-            "error": "not_found",
-            "job_id": job_id,
-            "message": "no instance or task run with this job id (yet): if it was accepted,"
-            " it is still in the queue behind consumer_lag records; retry later",
-            "consumer_lag": lag,
-        },
-    )
-
-
-def _dead_lettered(job_id: str, dead: list[DeadLetterView]) -> dict[str, Any]:
-    """The 410 body: the same shape as the 404's, with every dead letter of the id
-    (reason code, detail, source position, dead-letter topic position)."""
-    last = dead[-1]
-    return {
-        "error": "dead_lettered",
-        "job_id": job_id,
-        "message": f"the record of this job id was dead-lettered ({last.reason}:"
-        f" {last.detail}) from {last.source} to {last.dlq}; it has no instance and will"
-        " not get one from that record: fix it and resubmit",
-        "dead_letters": [d.to_dict() for d in dead],
-    }
-
-
-def queue_lag(settings: Settings, job_id: str) -> dict[str, Any]:
-    """The streams workers' lag in total and on the partition this job id lands on."""
-    from onceflow.lag import consumer_lag
-    from onceflow.partitioning import partition_for
-
-    lags = consumer_lag(
-        settings.kafka_bootstrap_servers, settings.consumer_group, settings.jobs_topic, timeout=5.0
-    )
-    partition = partition_for(job_id, len(lags)) if lags else None
-    return {
-        "total": sum(p.lag for p in lags),
-        "partition": partition,
-        "partition_lag": next((p.lag for p in lags if p.partition == partition), None),
-    }
+    not_found(ingest, db, job_id)

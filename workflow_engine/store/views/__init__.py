@@ -1,4 +1,5 @@
-"""What is read: one instance described, the one list API, a job's trace and status,
+"""What is read: one instance described, the one list API, a job's trace, status and
+outcome (what a start-and-wait caller is answered),
 counts for the console and the audit, schedules, dead letters, live engines, the operator
 audit trail.
 """
@@ -51,6 +52,7 @@ from workflow_engine.store.views.listing import (
     overview,
     where_clause,
 )
+from workflow_engine.store.views.outcomes import JobOutcome, job_outcomes
 from workflow_engine.store.views.schedules import (
     TickView,
     get_schedule,
@@ -96,6 +98,7 @@ __all__ = [
     "InstanceView",
     "InvalidAuditFilter",
     "InvalidFilter",
+    "JobOutcome",
     "LiveEngine",
     "Overview",
     "Page",
@@ -121,6 +124,7 @@ __all__ = [
     "explain_list",
     "get_schedule",
     "instances_without_engine",
+    "job_outcomes",
     "job_status",
     "job_trace",
     "list_actions",
