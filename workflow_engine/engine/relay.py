@@ -77,7 +77,8 @@ class RelayConfig:
     bootstrap_servers: str
     topic: str
     batch: int = 2000
-    #: The sleep when the outbox is empty: the floor of an event's delay.
+    #: The wait after a round that caught up (fewer than ``batch`` events): the floor of an
+    #: event's delay, and what a round gathers under load.
     interval_seconds: float = 0.02
     #: How often a relay without the lock tries to take it (the take-over time).
     lock_retry_seconds: float = 1.0
