@@ -4,10 +4,14 @@ interleaved pairs, and the event delay from the change's transaction to the topi
 ``python -m onceflow_tools.events_bench --jobs 10000 --pairs 4 --out r.json``: each run
 is ``bench._engine_run``'s setup (a fresh database and topics, ``jobs`` pre-filled
 three-step no-op workflows, one engine at ``--concurrency``), with
-``ONCEFLOW_LIFECYCLE_EVENTS`` on (the engine runs the relay) or off, alternating on/off,
-off/on so that a noisy neighbour hits both. Per run: workflows/s (first start to last
-finish, the database's clock), the engine process's CPU seconds per 1,000 workflows
-(``/proc``), the load average; with events on, the delay from each event's time (its
+``ONCEFLOW_LIFECYCLE_EVENTS`` on (the engine runs the relay, or ``--relay process``:
+``onceflow relay`` beside it) or off, strictly alternating (on, off, on, off ...; the
+``--workflow`` modes, threaded and inline steps by default, interleaved too) so that a
+noisy neighbour hits both; the summary gives each pair's on/off ratio. Per run:
+workflows/s (first start to last finish, the database's clock), the engine process's CPU
+per workflow (``/proc``, with the relay process's when it runs), the CPU of the
+PostgreSQL backends of the run's database per workflow (:class:`DatabaseCpu`), the
+load average; with events on, the delay from each event's time (its
 transaction's ``now()``) to its record's timestamp on the topic (the producer's create
 time, set when the relay sends it), p50 and p99."""
 
@@ -159,13 +163,14 @@ def engine_run(
         database = stack.settings.database_url.rsplit("/", 1)[1].split("?")[0]
         with DatabaseCpu(database) as pg:
             stack.start_engine("engine")
-            pids = [proc.pid for proc in stack.group.procs.values()]
-            cpu0 = sum(_cpu_seconds(pid) for pid in pids)
+            pids = {name: proc.pid for name, proc in stack.group.procs.items()}
+            cpu0 = {name: _cpu_seconds(pid) for name, pid in pids.items()}
             _wait_complete(stack, jobs, 600)
             if events and relay:
                 while stack.scalar("SELECT count(*) FROM onceflow_outbox") > 0:
                     time.sleep(0.05)
-            cpu = sum(_cpu_seconds(pid) for pid in pids) - cpu0
+            used = {name: _cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
+            cpu = sum(used.values())
         assert stack.db is not None
         span = max(run_span_seconds(stack.db), 1e-3)
         row: dict[str, Any] = {
@@ -177,6 +182,8 @@ def engine_run(
             "workflows_per_second": jobs / span,
             "engine_cpu_ms_per_workflow": 1000 * cpu / jobs,
             "postgres_cpu_ms_per_workflow": 1000 * pg.seconds() / jobs,
+            # the "relay" process's share of engine_cpu (0 with the relay in the engine)
+            "relay_process_cpu_ms_per_workflow": 1000 * used.get("relay", 0.0) / jobs,
             "load_average": os.getloadavg()[0],
         }
         if events and relay:
@@ -226,8 +233,22 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     default=("noop-workflow", "noop-inline-workflow"),
     help="Workflows to run (threaded and inline steps by default), interleaved.",
 )
+@click.option(
+    "--relay",
+    "relay_mode",
+    type=click.Choice(["engine", "process"]),
+    default="engine",
+    help="Events on: the relay in the engine (the default) or as its own process.",
+)
 @click.option("--out", type=click.Path(path_type=Path), default=Path("events-bench.json"))
-def main(jobs: int, pairs: int, concurrency: int, workflows: tuple[str, ...], out: Path) -> None:
+def main(
+    jobs: int,
+    pairs: int,
+    concurrency: int,
+    workflows: tuple[str, ...],
+    relay_mode: str,
+    out: Path,
+) -> None:
     base = get_settings()
     log_dir = (base.state_dir / "bench" / f"events-{int(time.time())}").resolve()
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -235,7 +256,15 @@ def main(jobs: int, pairs: int, concurrency: int, workflows: tuple[str, ...], ou
     for _ in range(pairs):
         for workflow in workflows:
             for events in (True, False):
-                row = engine_run(base, jobs, log_dir, events, concurrency, workflow=workflow)
+                row = engine_run(
+                    base,
+                    jobs,
+                    log_dir,
+                    events,
+                    concurrency,
+                    relay_process=events and relay_mode == "process",
+                    workflow=workflow,
+                )
                 click.echo(orjson.dumps(row).decode())
                 runs.append(row)
     summary = {w: _summary([r for r in runs if r["workflow"] == w]) for w in workflows}
