@@ -30,13 +30,12 @@ from onceflow.settings import get_settings
 from onceflow.vocabulary import AttemptOutcome, InstanceStatus
 from onceflow_tools.stack import drop_database, recreate_database
 from workflow_engine.model import Delivery
-from workflow_engine.store import make_engine, migrate
+from workflow_engine.store import make_engine, migrate, writes
 from workflow_engine.store.writes import (
     Chain,
     FinishInstance,
     FinishStep,
     StartStep,
-    claim,
     create_instances,
     delete_published,
     due_events,
@@ -60,7 +59,7 @@ def _steps(db: sa.Engine, pid: int, owner: str, batch: int, cpu: dict[str, int])
         cpu[name] += now - t
         t = now
 
-    runs = claim(db, owner, batch, 60.0)
+    runs = writes.claim(db, owner, batch, 60.0)
     lap("claim")
     if not runs:
         return 0
