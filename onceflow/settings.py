@@ -178,7 +178,8 @@ class Settings(BaseSettings):
     events_relay: bool = True
     # Events per relay round (read, publish, await the acknowledgements, delete).
     events_relay_batch: int = Field(default=2000, ge=1)
-    # How long the relay sleeps when the outbox is empty (the floor of the event delay).
+    # How long the relay waits after a round that caught up (fewer events than a batch,
+    # or none): the floor of the event delay, and what a round gathers under load.
     events_relay_interval_seconds: float = Field(default=0.02, gt=0)
     # Backpressure: past this many events waiting in the outbox, engines stop claiming
     # new work until it is back under 90% of it (0: never). Nothing is dropped.

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import sqlalchemy as sa
@@ -71,8 +71,9 @@ from workflow_engine.store.writes import children, stream_values
 # instance per batch (tests/integration/test_engine_plans.py).
 _LEASE_OF_INPUT = f"""
 lease AS (
-    SELECT l.job_id, l.requested_action FROM input CROSS JOIN LATERAL (
-        SELECT i.job_id, i.requested_action FROM onceflow_instances i
+    SELECT l.* FROM input CROSS JOIN LATERAL (
+        SELECT i.job_id, i.requested_action, i.workflow, i.version, i.event_seq, i.status
+        FROM onceflow_instances i
         WHERE i.job_id = input.job_id AND {held("i", "input.claim")}
         FOR SHARE OF i
     ) l
@@ -85,14 +86,29 @@ lease AS (
 # locks the row, an operator, a finishing child, send_event, the worker's duplicate
 # flags, takes FOR UPDATE, which the share lock already conflicted with). With events
 # off, the bump selects nothing and no row is updated.
+#
+# A checkpoint whose instance finishes in the same transaction (a Chain ending in
+# FinishInstance, ``deferred``) takes its number without the UPDATE: the row read under
+# the lease's share lock, which no other transaction's bump can pass until this one
+# commits, and the finish, next in this transaction, bumps the counter past both events
+# (``pending``): one row version for the two instead of two (``write_batch`` rolls the
+# batch back if that finish did not apply).
 _BUMP_STEPPED = f"""
     UPDATE onceflow_instances i SET event_seq = i.event_seq + 1
-    FROM step WHERE i.job_id = step.job_id AND {EVENTS_ON}
+    FROM step JOIN input USING (job_id)
+    WHERE i.job_id = step.job_id AND NOT input.deferred AND {EVENTS_ON}
     RETURNING i.job_id, i.workflow, i.version, i.event_seq AS seq, i.status"""
+
+_NUMBERED_STEPS = f"""
+    SELECT * FROM bumped
+    UNION ALL
+    SELECT lease.job_id, lease.workflow, lease.version, lease.event_seq + 1, lease.status
+    FROM step JOIN input USING (job_id) JOIN lease USING (job_id)
+    WHERE input.deferred AND {EVENTS_ON}"""
 
 _STEP_EVENTS = outbox_insert(
     "(SELECT b.*, step.position, step.name, input.attempt, input.outcome, input.error"
-    " FROM bumped b JOIN step USING (job_id) JOIN input USING (job_id))",
+    " FROM numbered b JOIN step USING (job_id) JOIN input USING (job_id))",
     f"CASE e.outcome WHEN '{AttemptOutcome.COMPLETE}' THEN '{LifecycleEvent.STEP_COMPLETED}'"
     f" WHEN '{AttemptOutcome.RETRY}' THEN '{LifecycleEvent.STEP_RETRYING}'"
     f" ELSE '{LifecycleEvent.STEP_FAILED}' END",
@@ -155,8 +171,9 @@ WITH input AS (
                          CAST(:positions AS int[]), CAST(:attempts AS int[]),
                          CAST(:started AS timestamptz[]), CAST(:statuses AS text[]),
                          CAST(:outcomes AS text[]), CAST(:results AS text[]),
-                         CAST(:errors AS text[]))
-        AS t(job_id, claim, position, attempt, started_at, status, outcome, result, error)
+                         CAST(:errors AS text[]), CAST(:deferred AS boolean[]))
+        AS t(job_id, claim, position, attempt, started_at, status, outcome, result, error,
+             deferred)
 ),
 {_LEASE_OF_INPUT},
 step AS (
@@ -181,6 +198,8 @@ attempt AS (
 ),
 bumped AS ({_BUMP_STEPPED}
 ),
+numbered AS ({_NUMBERED_STEPS}
+),
 step_events AS ({_STEP_EVENTS}
 )
 SELECT job_id FROM step
@@ -192,8 +211,9 @@ _FINISH_INSTANCES = sa.text(
 WITH input AS (
     SELECT * FROM unnest(CAST(:job_ids AS text[]), CAST(:claims AS int[]),
                          CAST(:statuses AS text[]), CAST(:results AS text[]),
-                         CAST(:errors AS text[]), CAST(:failed_positions AS int[]))
-        AS t(job_id, claim, status, result, error, failed_position)
+                         CAST(:errors AS text[]), CAST(:failed_positions AS int[]),
+                         CAST(:pending AS int[]))
+        AS t(job_id, claim, status, result, error, failed_position, pending)
 ),
 done AS (
     UPDATE onceflow_instances i
@@ -202,7 +222,9 @@ done AS (
         finished_at = now(), updated_at = now(), lease_owner = NULL, lease_expires_at = NULL,
         -- a request that reached the run after its last step is void: the work is done,
         -- and a finished instance carries no request (it would never be applied)
-        requested_action = NULL, event_seq = i.event_seq + {ONE_EVENT}
+        requested_action = NULL,
+        -- pending: the deferred step event of this transaction (_BUMP_STEPPED)
+        event_seq = i.event_seq + ({ONE_EVENT}) * (1 + input.pending)
     FROM input
     WHERE i.job_id = input.job_id AND {held("i", "input.claim")}
     RETURNING i.job_id, i.parent_job_id, i.workflow, i.version, i.event_seq AS seq, i.status,
@@ -283,8 +305,13 @@ def _guarded(
     ]
 
 
-def _finish_steps(conn: sa.Connection, owner: str, writes: list[FinishStep]) -> list[Answer]:
+def _finish_steps(
+    conn: sa.Connection, owner: str, writes: list[FinishStep], deferred: Sequence[bool] = ()
+) -> list[Answer]:
+    """``deferred``: per write, whether its instance's finish follows in this transaction
+    and bumps the event counter for both (``_BUMP_STEPPED``)."""
     params = {
+        "deferred": list(deferred) or [False] * len(writes),
         "owner": owner,
         "claims": [w.claim for w in writes],
         "positions": [w.position for w in writes],
@@ -300,9 +327,12 @@ def _finish_steps(conn: sa.Connection, owner: str, writes: list[FinishStep]) -> 
 
 
 def _finish_instances(
-    conn: sa.Connection, owner: str, writes: list[FinishInstance]
+    conn: sa.Connection, owner: str, writes: list[FinishInstance], pending: Sequence[int] = ()
 ) -> list[Answer]:
+    """``pending``: per write, the events its checkpoint wrote in this transaction without
+    bumping the counter (0 or 1, ``_BUMP_STEPPED``)."""
     params = {
+        "pending": list(pending) or [0] * len(writes),
         "owner": owner,
         "claims": [w.claim for w in writes],
         "statuses": [w.status.value for w in writes],
@@ -383,7 +413,8 @@ def write_batch(db: Engine, owner: str, writes: Sequence[Write[Any]]) -> list[An
             if isinstance(w, Chain | FinishStep)
         ]
         if heads:
-            applied = _finish_steps(conn, owner, [w for _, w in heads])
+            deferred = [_finishes(writes[i]) for i, _ in heads]
+            applied = _finish_steps(conn, owner, [w for _, w in heads], deferred)
             for (index, _), answer in zip(heads, applied, strict=True):
                 answers[index] = answer
         rest: dict[type[Write[Any]], list[tuple[int, Write[Any]]]] = {}
@@ -393,10 +424,35 @@ def write_batch(db: Engine, owner: str, writes: Sequence[Write[Any]]) -> list[An
             elif not isinstance(write, Chain | FinishStep):
                 rest.setdefault(type(write), []).append((index, write))
         for cls, items in rest.items():
-            applied = _APPLY[cls](conn, owner, [w for _, w in items])
+            if cls is FinishInstance:
+                applied = _finish_chained(conn, owner, writes, items)
+            else:
+                applied = _APPLY[cls](conn, owner, [w for _, w in items])
             for (index, _), answer in zip(items, applied, strict=True):
                 answers[index] = answer
     return answers
+
+
+def _finishes(write: Write[Any]) -> bool:
+    """A chain whose checkpoint's event is numbered by its instance's finish."""
+    return isinstance(write, Chain) and isinstance(write.then, FinishInstance)
+
+
+def _finish_chained(
+    conn: sa.Connection,
+    owner: str,
+    writes: Sequence[Write[Any]],
+    items: list[tuple[int, Write[Any]]],
+) -> list[Answer]:
+    """The finishes of a batch, those after their checkpoint bumping the counter for its
+    event too. A finish that did not apply after a checkpoint that did (it cannot: the
+    checkpoint's statement holds the row under the same lease) would leave that event's
+    number unreserved: the batch is rolled back instead, and applied one by one."""
+    pending = [1 if _finishes(writes[i]) else 0 for i, _ in items]
+    applied = _finish_instances(conn, owner, [cast(FinishInstance, w) for _, w in items], pending)
+    if any(n and a is not None for n, a in zip(pending, applied, strict=True)):
+        raise RuntimeError("an instance's finish did not apply after its checkpoint")
+    return applied
 
 
 def write_each(db: Engine, owner: str, writes: Sequence[Write[Any]]) -> list[Answer]:
