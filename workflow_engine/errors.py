@@ -1,5 +1,7 @@
 """Exceptions of the workflow engine."""
 
+from typing import Protocol
+
 from onceflow.errors import OnceflowError
 
 
@@ -7,33 +9,69 @@ class WorkflowError(OnceflowError):
     """Base class of engine errors."""
 
 
-#: The attribute that marks a step's failure with its history position (``at_step``).
+#: The attributes that mark a step's failure with its history position (``at_step``),
+#: and with the cursor it was raised on and that cursor's next index then.
 _POSITION = "onceflow_step_position"
+_MARK = "onceflow_step_mark"
 
 
-def at_step(error: BaseException, position: int) -> BaseException:
+class _Cursor(Protocol):
+    """What a failure's mark reads of a history cursor (``engine.branches.Cursor``)."""
+
+    next: int
+
+
+def at_step(error: BaseException, position: int, cursor: _Cursor | None = None) -> BaseException:
     """Mark ``error`` (a step's ``StepFailed`` or ``NonRetryableError``, raised live or
     again on replay) as the failure of the step at history ``position``: if it ends the
     run, the instance records that position (``onceflow_instances.failed_position``),
-    the step ``onceflow instances retry`` runs again."""
+    the step ``onceflow instances retry`` runs again. ``cursor``: the cursor the step
+    took its position from; if it (or, once the failure has left a gather, the cursor
+    that gathered: :func:`rebase_step_failure`) takes another position before the run
+    ends, the workflow handled the failure (:func:`failed_step_position`)."""
     setattr(error, _POSITION, position)
+    setattr(error, _MARK, None if cursor is None else (cursor, cursor.next))
     return error
+
+
+def rebase_step_failure(error: BaseException, cursor: _Cursor) -> None:
+    """A step failure that left a gather's branch goes on on ``cursor``, the gather's:
+    what counts as handling it from there is a durable call on that cursor."""
+    marked = _marked(error)
+    if marked is not None and getattr(marked, _MARK, None) is not None:
+        setattr(marked, _MARK, (cursor, cursor.next))
+
+
+def _marked(error: BaseException) -> BaseException | None:
+    """``error`` itself, or the step failure it was raised from or while handling."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(getattr(current, _POSITION, None), int):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def failed_step_position(error: BaseException) -> int | None:
     """The position of the step failure that ended a run: ``error`` itself, or the
     failure it was raised from or while handling (``raise Refund() from exc``, a
     ``raise`` in an ``except StepFailed``); None when no step failure is in the chain
-    (the workflow's own code failed)."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        position = getattr(current, _POSITION, None)
-        if isinstance(position, int):
-            return position
-        current = current.__cause__ or current.__context__
-    return None
+    (the workflow's own code failed), and None when the workflow made a durable call
+    after the failure on its path (a compensation, an alert step): those entries
+    were recorded because the step failed, so running the step again (a retry) would
+    repeat its side effect under a history that says its failure was handled, and the
+    replay would take the other branch into those entries (found in review). A retry
+    of such an instance replays it as recorded."""
+    marked = _marked(error)
+    if marked is None:
+        return None
+    mark = getattr(marked, _MARK, None)
+    if mark is not None and mark[0].next != mark[1]:
+        return None
+    position: int = getattr(marked, _POSITION)
+    return position
 
 
 class NonRetryableError(WorkflowError):

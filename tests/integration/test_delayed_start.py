@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import orjson
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 import onceflow_examples  # noqa: F401  (registers noop-workflow for the engine)
@@ -106,3 +107,29 @@ def test_a_delayed_job_starts_at_its_time_and_bad_start_times_are_refused(settin
     assert -1.0 <= float(late) <= 1.0, late
     assert float(past_wait) < 2.0  # a past run_at runs now
     assert scalar(db, "SELECT count(*) FROM onceflow_instances WHERE job_id = 'ds_later'") == 1
+
+
+def test_pausing_and_resuming_a_delayed_job_keeps_its_start_time(settings, db):
+    """A job scheduled an hour ahead, paused and resumed before its time, still starts
+    at its time: the pause and the resume used to set run_after to now, and the job
+    started at once (found in review). The claim takes an instance only once its
+    run_after has passed, so the row's run_after is what says when it starts."""
+    from onceflow.envelope import JobEnvelope
+    from workflow_engine.model import Delivery
+    from workflow_engine.store.operations import pause, resume
+    from workflow_engine.store.writes import create_instances
+
+    at = datetime.now(UTC) + timedelta(hours=1)
+    env = JobEnvelope("ds_paused", WORKFLOW, {}, run_at=at)
+    create_instances(db, [Delivery(env, "t", 0, 0)])
+    assert pause(db, WORKFLOW, "ds_paused").status == "paused"
+    assert resume(db, WORKFLOW, "ds_paused").status == "queued"
+    due = scalar(db, "SELECT run_after FROM onceflow_instances WHERE job_id = 'ds_paused'")
+    assert abs((due - at).total_seconds()) < 0.001, due
+    # One that has run (here: was claimed) resumes at once, as before.
+    with db.begin() as conn:
+        conn.execute(sa.text("UPDATE onceflow_instances SET started_at = now() - interval '1 s'"))
+    pause(db, WORKFLOW, "ds_paused")
+    resume(db, WORKFLOW, "ds_paused")
+    due = scalar(db, "SELECT run_after FROM onceflow_instances WHERE job_id = 'ds_paused'")
+    assert due < datetime.now(UTC), due

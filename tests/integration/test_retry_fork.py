@@ -18,7 +18,7 @@ from onceflow import failpoints
 from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import BulkAction
 from tests.integration.interleavings import EngineHarness, check_history, rows, status, wait_for
-from workflow_engine import RetryPolicy, workflow
+from workflow_engine import RetryPolicy, StepFailed, workflow
 from workflow_engine.model import Delivery
 from workflow_engine.store.operations import (
     ControlError,
@@ -356,3 +356,44 @@ def test_retry_and_fork_from_the_admin_api_the_cli_and_the_console(settings, cou
         ("retry", "refused", "cli"),
         ("fork", "ok", "console"),
     ]
+
+
+CAUGHT = "test-retry-caught"
+
+
+@workflow(CAUGHT)
+async def caught(ctx, params):
+    """A saga step: "charge" fails once; the workflow catches it, records "alert" (its
+    handling of the failure), and raises it again. "ship" runs only after a charge."""
+    try:
+        await ctx.step(
+            "charge", _run, ctx.job_id, "charge", 1, retries=RetryPolicy(limit=0, delay=0)
+        )
+    except StepFailed:
+        await ctx.step("alert", _run, ctx.job_id, "alert", 0)
+        raise
+    return await ctx.step("ship", _run, ctx.job_id, "ship", 0)
+
+
+def test_retry_does_not_rerun_a_failure_the_workflow_already_handled(settings, counted):
+    """The run ended with "charge"'s failure, but only after the workflow had handled it
+    ("alert" recorded at the next position). Running "charge" again would execute its
+    side effect a second time under a history that says its failure was handled: the
+    charge succeeds, the workflow takes the other branch, meets "alert" where it asks for
+    "ship", and errors with a nondeterminism (found in review). Such a run records no
+    failed position: a retry replays it as recorded and the charge is not run again."""
+    db = counted
+    create_instances(db, [Delivery(JobEnvelope("rt_caught", CAUGHT, {}), "t", 0, 0)])
+    with EngineHarness(settings, db):
+        wait_for(lambda: _final(db, "rt_caught"), "the first run's end")
+        errored = describe_instance(db, "rt_caught")
+        assert errored is not None and errored.status == "errored"
+        assert errored.failed_position is None, errored.failed_position
+        done = retry(db, CAUGHT, "rt_caught")
+        assert "no failed step to run again" in done.describe()
+        wait_for(lambda: _final(db, "rt_caught"), "the retried run's end")
+    view = describe_instance(db, "rt_caught")
+    assert view is not None and view.status == "errored"
+    assert "but the history has" not in (view.error or ""), view.error
+    assert _executions(db, "rt_caught") == {"charge": 1, "alert": 1}
+    assert check_history(db) == []

@@ -78,6 +78,7 @@ from workflow_engine.errors import (
     StreamLimitReached,
     Suspend,
     at_step,
+    rebase_step_failure,
 )
 from workflow_engine.model import RecordedStep
 from workflow_engine.steps import StepInfo, _current_step, _step_output, idempotency_key
@@ -344,7 +345,8 @@ class WorkflowContext:
             return recorded.result
         if recorded is not None and recorded.status == StepStatus.FAILED:
             # The workflow caught this failure before: the same error, not a second run.
-            raise at_step(replay.replayed_failure(self.job_id, recorded), position)
+            failure = replay.replayed_failure(self.job_id, recorded)
+            raise at_step(failure, position, self._cursor())
         if self.spans and _cut_off(recorded):
             assert recorded is not None
             self.spans.cut_off(name, position, recorded.attempts)
@@ -382,7 +384,7 @@ class WorkflowContext:
             encoded = writes.encode_result(value, self._rt.max_result_bytes)
         except NonRetryableError as exc:
             await self._failed_for_good(position, attempt, started_at, span, exc)
-            at_step(exc, position)
+            at_step(exc, position, self._cursor())
             raise
         except Exception as exc:  # step code may raise anything: that is a failed attempt
             job_spans.end(span, exc)
@@ -467,7 +469,7 @@ class WorkflowContext:
             },
         )
         if failed is not None:
-            raise at_step(failed, position) from exc
+            raise at_step(failed, position, self._cursor()) from exc
         if delay > 0:
             raise Suspend(InstanceStatus.SLEEPING, None, delay=delay) from None
 
@@ -704,7 +706,11 @@ class WorkflowContext:
             *(branches.run_branch(self, c, a) for c, a in zip(cursors, awaitables, strict=True))
         )
         cursor.join(cursors)
-        return branches.settle(outcomes, self._rt.clock.db_now() or datetime.now(UTC))
+        try:
+            return branches.settle(outcomes, self._rt.clock.db_now() or datetime.now(UTC))
+        except Exception as exc:  # a branch's failure goes on on this cursor
+            rebase_step_failure(exc, cursor)
+            raise
 
     async def _invoke(
         self,

@@ -56,8 +56,11 @@ class Transition:
     note: str | None = None  # what it did, where the status does not say (a retry)
 
 
+# An instance that never started keeps its delayed start (run_at, start_after: migration
+# 0021), which a pause keeps too; one that ran resumes now (replay re-suspends a sleep).
 _RESUME = sa.text(
-    "UPDATE onceflow_instances SET status = :queued, run_after = now(),"
+    "UPDATE onceflow_instances SET status = :queued,"
+    " run_after = CASE WHEN started_at IS NULL THEN GREATEST(run_after, now()) ELSE now() END,"
     " updated_at = now() WHERE job_id = :j"
 )
 
@@ -235,7 +238,8 @@ def apply_retry(conn: Connection, job_id: str) -> str:
 
 _PAUSE = sa.text(
     "UPDATE onceflow_instances SET status = :paused, lease_owner = NULL,"
-    " lease_expires_at = NULL, requested_action = NULL, run_after = now(),"
+    " lease_expires_at = NULL, requested_action = NULL,"
+    " run_after = CASE WHEN started_at IS NULL THEN run_after ELSE now() END,"
     " updated_at = now() WHERE job_id = :j"
 )
 
