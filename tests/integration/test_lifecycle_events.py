@@ -225,7 +225,10 @@ def test_a_rolled_back_change_leaves_no_event(settings, db):
 @pytest.mark.timeout(90)
 def test_kafka_unreachable_the_engine_goes_on_then_backpressure_then_drains(settings, db):
     closed = f"127.0.0.1:{free_port()}"  # nothing listens there
-    n, bound = 60, 100  # 6 events per job: the bound is reached after ~16 jobs
+    # 6 events per job: the bound is reached after ~16 jobs; the depth is sampled every
+    # 0.5 s, so there are enough jobs left that a fast engine cannot finish them all
+    # before the sample that closes the claims (60 were finished in time on a busy box)
+    n, bound = 300, 100
     _deliver(db, [(f"kd-{i:03d}", "ev-three-steps", {"n": i}) for i in range(n)])
     runner = _engine(
         settings, db, events_relay=False, events_outbox_max_depth=bound, engine_concurrency=4
