@@ -82,27 +82,16 @@ _DUPLICATES = "onceflow_duplicate_deliveries"
 
 
 def add_later_columns(db: Engine) -> None:
-    """At schema 0011: the columns today's store code reads that came later, the
-    duplicates' partition key (unindexed, filled like 0012 fills it) and the instances'
-    duplicate flags (migration 0015, unfilled: the bench's duplicates are not what its
-    queries time)."""
+    """At schema 0011: the duplicates' partition key (migration 0012's column, which
+    today's store code reads; unindexed, filled like 0012 fills it)."""
     with db.begin() as conn:
         conn.execute(sa.text(f"ALTER TABLE {_DUPLICATES} ADD job_received_at timestamptz"))
-        conn.execute(
-            sa.text(
-                "ALTER TABLE onceflow_instances ADD duplicated boolean NOT NULL DEFAULT false,"
-                " ADD mismatched boolean NOT NULL DEFAULT false"
-            )
-        )
 
 
 def drop_later_columns(db: Engine) -> None:
-    """Undo :func:`add_later_columns`, so that migrations 0012 and 0015 add them."""
+    """Undo :func:`add_later_columns`, so that migration 0012 adds it."""
     with db.begin() as conn:
         conn.execute(sa.text(f"ALTER TABLE {_DUPLICATES} DROP COLUMN job_received_at"))
-        conn.execute(
-            sa.text("ALTER TABLE onceflow_instances DROP COLUMN duplicated, DROP COLUMN mismatched")
-        )
 
 
 def fill_history(db: Engine, rows: int, start: datetime, queued: int) -> dict[str, int]:

@@ -285,8 +285,8 @@ ROWS = {
     "Kafka lag": _kafka_lag,
     "Streams worker": _streams_worker,
     "Workflow engine": _workflow_engine,
-    "Lifecycle events": _lifecycle_events,
     "PostgreSQL": _postgresql,
+    "Lifecycle events": _lifecycle_events,
     "Webhooks": _webhooks,
 }
 
