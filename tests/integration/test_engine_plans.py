@@ -75,6 +75,7 @@ def test_the_lease_checks_probe_job_ids_when_the_statistics_predate_a_burst(db):
                 "outcomes": ["complete"] * BATCH,
                 "results": ["1"] * BATCH,
                 "errors": [None] * BATCH,
+                "deferred": [False] * BATCH,  # each checkpoint bumps its own event counter
             },
         )
         # The heartbeat reads its ids with = ANY: on a table of a few hundred rows a
