@@ -264,7 +264,11 @@ def test_bulk_retry_by_filter(settings, counted):
         op = start_bulk(db, BulkAction.RETRY, InstanceFilter(job_id_prefix="rb_"))
         finished = run_bulk(db, op.id)
         assert (finished.done, finished.skipped) == (3, 1)  # the complete one is skipped
-        wait_for(lambda: all(status(db, f"rb_{i}") == "complete" for i in range(3)), "retries")
+        # three instances, each retrying step two with its backoff: more than the default
+        # 20 s on a loaded box (seen once beside a CI run)
+        wait_for(
+            lambda: all(status(db, f"rb_{i}") == "complete" for i in range(3)), "retries", 60.0
+        )
     for i in range(3):
         assert _executions(db, f"rb_{i}") == {"one": 1, "two": 3, "three": 1}
     assert check_history(db) == []
