@@ -225,6 +225,8 @@ def test_a_rolled_back_change_leaves_no_event(settings, db):
 @pytest.mark.timeout(90)
 def test_kafka_unreachable_the_engine_goes_on_then_backpressure_then_drains(settings, db):
     closed = f"127.0.0.1:{free_port()}"  # nothing listens there
+    # The gauge is the process's: an earlier test's engine may have left it at 1.
+    BACKPRESSURE.set(0)
     # 6 events per job: the bound is reached after ~16 jobs; the depth is sampled every
     # 0.5 s, so there are enough jobs left that a fast engine cannot finish them all
     # before the sample that closes the claims (60 were finished in time on a busy box)
@@ -251,7 +253,7 @@ def test_kafka_unreachable_the_engine_goes_on_then_backpressure_then_drains(sett
     def watch():
         if not relay.active and not held:
             assert stuck.active or _depth(db) == 0
-        if BACKPRESSURE._value.get() == 1 and not held:
+        if BACKPRESSURE._value.get() == 1 and not held and _depth(db) >= bound:
             held.append((complete(), _depth(db)))
             time.sleep(1.0)  # held back: nothing more is claimed meanwhile
             held.append((complete(), _depth(db)))
