@@ -179,9 +179,6 @@ class EngineRunner:
             for service in services:
                 await service.stop()
             writer.cancel()
-            # Idle threads exit; a step thread that still runs (it cannot be stopped)
-            # finishes on its own.
-            self.step_executor.shutdown(wait=False)
             log.info("engine stopped", extra={"event": "engine.stopped", "engine_id": self.owner})
 
     def _services(self) -> list[Service]:
