@@ -172,7 +172,7 @@ def workflow(
     job was submitted, unless the job gives its own (README, "Delayed start").
     """
     check_name("workflow name", name)
-    subscriptions = tuple(w if isinstance(w, WebhookSubscription) else _sub(w) for w in webhooks)
+    subscriptions = _subscriptions(webhooks)
     delay = _start_delay(name, start_after)
     declared = _declared_schedule(name, schedule, timezone)
     flow = flow_control(
@@ -189,8 +189,13 @@ def workflow(
     return register
 
 
-def _sub(endpoint: str) -> WebhookSubscription:
-    return WebhookSubscription(endpoint)
+def _subscriptions(
+    webhooks: Sequence[str | WebhookSubscription],
+) -> tuple[WebhookSubscription, ...]:
+    """``@workflow(webhooks=...)``: an endpoint's name is a subscription to its kinds."""
+    return tuple(
+        w if isinstance(w, WebhookSubscription) else WebhookSubscription(w) for w in webhooks
+    )
 
 
 def _start_delay(workflow: str, start_after: float | timedelta | None) -> float | None:
