@@ -95,15 +95,18 @@ def _engine(settings, db, **update):
     )
 
 
-def _run(runner, until, timeout=30.0, during=None):
-    """Run ``runner`` until ``until()`` holds (``during()`` called each turn)."""
+def _run(runner, until, timeout=30.0, during=None, state=None):
+    """Run ``runner`` until ``until()`` holds (``during()`` called each turn; ``state()``
+    says what was reached when the time is up)."""
 
     async def main():
         task = asyncio.create_task(runner.run())
         deadline = time.monotonic() + timeout
         try:
             while not await asyncio.to_thread(until):
-                assert time.monotonic() < deadline, "not reached in time"
+                assert time.monotonic() < deadline, (
+                    f"not reached in time: {state() if state else ''}"
+                )
                 assert not task.done(), task.result()
                 if during is not None:
                     await asyncio.to_thread(during)
@@ -262,7 +265,18 @@ def test_kafka_unreachable_the_engine_goes_on_then_backpressure_then_drains(sett
             threads[0].join(10)
 
     try:
-        _run(runner, lambda: complete() == n and _depth(db) == 0, timeout=60, during=watch)
+        _run(
+            runner,
+            lambda: complete() == n and _depth(db) == 0,
+            timeout=60,
+            during=watch,
+            state=lambda: (
+                f"complete {complete()}/{n}, depth {_depth(db)}, held {held},"
+                f" claims open {runner.backpressure.open}, gauge {BACKPRESSURE._value.get()},"
+                f" stuck active {stuck.active} alive {threads[0].is_alive()},"
+                f" relay active {relay.active} alive {threads[1].is_alive()}"
+            ),
+        )
     finally:
         for r, t in zip((stuck, relay), threads, strict=True):
             r.stop()
@@ -412,3 +426,4 @@ def test_operators_actions_write_their_events_and_a_session_with_events_off_none
     ]
     fork(db, flow, "op-1", from_position=0)
     assert _outbox(db, "op-1~fork1") == [(1, "instance.created", "queued")]
+
