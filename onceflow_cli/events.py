@@ -15,10 +15,10 @@ from typing import Any
 
 import click
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 
-from onceflow.errors import OnceflowError, ServiceUnavailable
-from onceflow.partitioning import partition_for
+from onceflow.errors import ServiceUnavailable
+from onceflow.event_reader import event_partitions
 from onceflow.settings import get_settings
 from onceflow.vocabulary import EVENT_TYPE_PREFIX
 
@@ -52,7 +52,7 @@ def tail(
         }
     )
     try:
-        partitions = _partitions(consumer, settings.events_topic, job_id)
+        partitions = event_partitions(consumer, settings.events_topic, job_id)
         start = OFFSET_BEGINNING if from_beginning else OFFSET_END
         consumer.assign([TopicPartition(settings.events_topic, p, start) for p in partitions])
         printed = 0
@@ -71,23 +71,6 @@ def tail(
         pass
     finally:
         consumer.close()
-
-
-def _partitions(consumer: Consumer, topic: str, job_id: str | None) -> list[int]:
-    """The topic's partitions, or the one ``job_id`` lands on; one clear error if Kafka
-    or the topic is not there."""
-    try:
-        metadata = consumer.list_topics(topic, timeout=10)
-    except KafkaException as exc:
-        raise ServiceUnavailable(f"Kafka unreachable: {exc.args[0]}") from None
-    found = metadata.topics.get(topic)
-    if found is None or found.error is not None or not found.partitions:
-        raise OnceflowError(
-            f"no events topic {topic!r}"
-            " (run `onceflow topics create`, or set ONCEFLOW_EVENTS_TOPIC)"
-        )
-    count = len(found.partitions)
-    return [partition_for(job_id, count)] if job_id else sorted(found.partitions)
 
 
 def _headers(msg: Any) -> dict[str, bytes]:

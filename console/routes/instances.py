@@ -9,6 +9,8 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
 
 from console.deps import ConsoleDep, reader, render
+from onceflow.errors import OnceflowError
+from onceflow.event_reader import read_job_events
 from onceflow.vocabulary import TERMINAL_STATUSES, InstanceStatus
 from workflow_engine.store.views import (
     SORTS,
@@ -20,6 +22,7 @@ from workflow_engine.store.views import (
     job_trace,
     list_actions,
     list_page,
+    pending_events,
     step_results,
 )
 
@@ -79,3 +82,29 @@ def instance_page(request: Request, job_id: str, c: ConsoleDep, done: str = "") 
         "done": done,
     }
     return render(request, "instance.html", context)
+
+
+EVENTS_SHOWN = 500  # an instance's lifecycle events read back from the topic, at most
+
+
+@router.get("/instances/{job_id}/events")
+def instance_events(request: Request, job_id: str, c: ConsoleDep) -> Response:
+    """The instance's lifecycle events: those published (read back from the events
+    topic, bounded) and those still in the outbox (not yet published). Loaded after the
+    page (htmx), so a slow or absent Kafka never slows the instance page."""
+    view = describe_instance(c.db, job_id)
+    if view is None:
+        raise HTTPException(404, f"no instance with job id {job_id!r}")
+    context: dict[str, Any] = {"job_id": job_id, "read": None, "error": None}
+    try:
+        context["read"] = read_job_events(
+            c.settings.kafka_bootstrap_servers,
+            c.settings.events_topic,
+            job_id,
+            since=view.created_at,
+            limit=EVENTS_SHOWN,
+        )
+    except OnceflowError as exc:
+        context["error"] = str(exc)
+    context["pending"] = pending_events(c.db, job_id)
+    return render(request, "_events.html", context)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -427,3 +428,44 @@ def test_operators_actions_write_their_events_and_a_session_with_events_off_none
     fork(db, flow, "op-1", from_position=0)
     assert _outbox(db, "op-1~fork1") == [(1, "instance.created", "queued")]
 
+
+@pytest.mark.timeout(90)
+def test_the_console_shows_an_instances_events_published_and_pending(settings, db):
+    from fastapi.testclient import TestClient
+
+    from console import create_app
+
+    _deliver(db, [("cv-1", "ev-three-steps", {"n": 1})])
+    _run(_engine(settings, db), lambda: _depth(db) == 0 and _status(db, "cv-1") == "complete")
+    _deliver(db, [("cv-2", "ev-three-steps", {"n": 2})], offset=5)  # no relay: stays pending
+    client = TestClient(create_app(settings, db), base_url="http://testserver")
+
+    page = client.get("/instances/cv-1")
+    assert page.status_code == 200
+    assert 'hx-get="/instances/cv-1/events"' in page.text  # loaded after the page
+    published = client.get("/instances/cv-1/events")
+    assert published.status_code == 200
+    rows = re.findall(
+        r'<tr><td class="num">(\d+)</td><td>[^<]*</td><td class="event">([a-z._]+)', published.text
+    )
+    assert rows == [
+        ("1", "instance.created"),
+        ("2", "instance.started"),
+        ("3", "step.completed"),
+        ("4", "step.completed"),
+        ("5", "step.completed"),
+        ("6", "instance.complete"),
+    ]
+    assert "Not yet published" not in published.text
+
+    pending = client.get("/instances/cv-2/events")
+    assert 'id="events-none"' in pending.text  # nothing on the topic for it yet
+    assert "Not yet published (1)" in pending.text and "instance.created" in pending.text
+
+    # Kafka away: one line says so, the outbox's part is still shown, no 500
+    away = settings.model_copy(update={"kafka_bootstrap_servers": f"127.0.0.1:{free_port()}"})
+    blind = TestClient(create_app(away, db), base_url="http://testserver")
+    answer = blind.get("/instances/cv-2/events")
+    assert answer.status_code == 200
+    assert 'id="events-error"' in answer.text and "Not yet published (1)" in answer.text
+    assert client.get("/instances/nope/events").status_code == 404

@@ -72,6 +72,7 @@ from workflow_engine.store.views.trace import (
     TraceEvent,
     job_trace,
 )
+from workflow_engine.store.views.unpublished import PendingEvent, pending_events
 from workflow_engine.store.views.webhooks import (
     DeliveryView,
     deliveries_of,
@@ -102,6 +103,7 @@ __all__ = [
     "LiveEngine",
     "Overview",
     "Page",
+    "PendingEvent",
     "ScheduleNotFound",
     "ScheduleView",
     "StepView",
@@ -133,6 +135,7 @@ __all__ = [
     "live_engines",
     "next_fire_times",
     "overview",
+    "pending_events",
     "read_values",
     "step_results",
     "stored_job_ids",
