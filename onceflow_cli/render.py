@@ -47,7 +47,8 @@ def render_instance(view: InstanceView) -> str:
         f" {view.workflow_mismatches} naming another workflow)",
     ]
     if view.attributes:
-        shown = ", ".join(f"{k}={orjson.dumps(v).decode()}" for k, v in view.attributes.items())
+        pairs = sorted(view.attributes.items())
+        shown = ", ".join(f"{k}={orjson.dumps(v).decode()}" for k, v in pairs)
         lines.append(f"attributes: {shown}")
     if view.scheduled_start:
         lines.append(f"scheduled to start at: {view.scheduled_start.isoformat()}")

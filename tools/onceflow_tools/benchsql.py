@@ -25,10 +25,14 @@ from sqlalchemy.engine import Engine
 from onceflow.vocabulary import TERMINAL_STATUSES, InstanceStatus
 
 
-def seed_for_bench(db: Engine, n: int, workflow_count: int = 4, prefix: str = "bench_") -> int:
+def seed_for_bench(
+    db: Engine, n: int, workflow_count: int = 4, prefix: str = "bench_", tenants: int = 0
+) -> int:
     """Insert ``n`` instances (and their job rows) in two statements with
     ``generate_series``, spread over the last 30 days and over every status, then
-    ANALYZE: the data of ``onceflow bench console-list``. Never for a real database."""
+    ANALYZE: the data of ``onceflow bench console-list``. Never for a real database.
+    ``tenants``: when set, each instance has searchable attributes ``{"tenant":
+    "t<g % tenants>", "tier": gold|silver|bronze}`` (g: its number)."""
     statuses = [str(s) for s in InstanceStatus if s != InstanceStatus.RUNNING]
     params = {
         "n": n,
@@ -36,6 +40,7 @@ def seed_for_bench(db: Engine, n: int, workflow_count: int = 4, prefix: str = "b
         "p": prefix,
         "st": statuses,
         "final": sorted(TERMINAL_STATUSES),
+        "tenants": tenants,
     }
     with db.begin() as conn:
         conn.execute(
@@ -50,12 +55,16 @@ def seed_for_bench(db: Engine, n: int, workflow_count: int = 4, prefix: str = "b
         conn.execute(
             sa.text(
                 "INSERT INTO onceflow_instances (job_id, workflow, params, status, created_at,"
-                " updated_at, finished_at, error)"
+                " updated_at, finished_at, error, attributes)"
                 " SELECT job_id, type_name, '{}'::jsonb, st, at, at + interval '1 second',"
                 " CASE WHEN st = ANY(CAST(:final AS text[]))"
                 "      THEN at + interval '1 second' END,"
                 f" CASE WHEN st = '{InstanceStatus.ERRORED}'"
-                "      THEN 'boom ' || (source_offset % 97) END"
+                "      THEN 'boom ' || (source_offset % 97) END,"
+                " CASE WHEN :tenants > 0 THEN jsonb_build_object("
+                "   'tenant', 't' || (source_offset % greatest(:tenants, 1)),"
+                "   'tier', (ARRAY['gold', 'silver', 'bronze'])[1 + source_offset % 3])"
+                "   ELSE '{}'::jsonb END"
                 " FROM (SELECT job_id, type_name, source_offset,"
                 "   (:st)[1 + (source_offset % cardinality(CAST(:st AS text[])))] AS st,"
                 "   now() - (source_offset * interval '30 days' / :n) AS at"
