@@ -29,7 +29,7 @@ from tests.integration.test_interleavings import expire_and_rescue
 from tests.integration.test_streams_worker import start_worker
 from workflow_engine import workflow
 from workflow_engine.model import Delivery
-from workflow_engine.store.operations import run_bulk, start_bulk
+from workflow_engine.store.operations import fork, run_bulk, start_bulk
 from workflow_engine.store.views import (
     InstanceFilter,
     count_matching,
@@ -201,6 +201,11 @@ def test_set_attributes_survives_a_killed_engine_and_is_applied_once(settings, d
         "charged": True,
         "finished": 1,
     }
+    # A fork copies the recorded updates before its position: it starts with the
+    # origin's attributes, as its replay will not apply those entries again.
+    forked = fork(db, REPLAYED, "at_replay", from_step="two")
+    assert forked.copied == 3  # step one and the two updates before step two
+    assert _attributes(db, forked.job_id) == view.attributes
 
 
 def test_set_attributes_past_the_bounds_is_a_clear_error_and_writes_nothing(settings, db):
@@ -337,3 +342,33 @@ def test_the_attribute_filter_is_planned_on_the_gin_index(db):
             ).scalars()
         )
     assert "onceflow_instances_attributes_idx" in counted, counted
+
+
+def test_the_console_filters_shows_and_bulk_acts_by_attributes(settings, db):
+    import re
+
+    from tests.integration.test_console import client_for, csrf_of
+
+    _seed(db)
+    client = client_for(settings, db)
+    page = client.get("/instances", params={"attributes": "tenant=acme, tier=gold"})
+    assert page.status_code == 200
+    assert re.findall(r">(af_\d)</a>", page.text) == ["af_1"]
+    assert "<code>attr.tenant=acme,attr.tier=gold</code>" in page.text
+    assert 'value="tenant=acme, tier=gold"' in page.text  # the field keeps what was typed
+    by_url = client.get("/instances?attr.tier=2")
+    assert sorted(re.findall(r">(af_\d)</a>", by_url.text)) == ["af_3", "af_5"]
+    bad = client.get("/instances", params={"attributes": "Tenant=acme"})
+    assert bad.status_code == 400 and "does not match" in bad.text
+    shown = client.get("/instances/af_3")
+    assert 'id="attributes"' in shown.text and "tier=2" in shown.text
+    assert 'href="/instances?attr.tier=2"' in shown.text
+    # the bulk form carries the filter's attr. terms: only the matching one is touched
+    token = csrf_of(client, "/instances")
+    form = {"csrf_token": token, "action": "terminate", "attr.tenant": "globex"}
+    ask = client.post("/bulk", data=form)
+    assert re.search(r'id="confirm-count">1<', ask.text), ask.text
+    started = client.post("/bulk", data={**form, "confirm": "yes"}, follow_redirects=False)
+    assert started.status_code == 303
+    wait_for(lambda: status(db, "af_4") == "terminated", "the console's bulk terminate")
+    assert {status(db, j) for j in _SEEDED if j != "af_4"} == {"queued"}

@@ -77,6 +77,22 @@ def seed_for_bench(
     return n
 
 
+def add_rare_old_tenant(db: Engine, n: int = 5, tenant: str = "rare") -> None:
+    """Give the ``n`` oldest instances the attributes ``{"tenant": tenant}`` and ANALYZE:
+    the worst case of an attribute filter's page (few matches, all at the far end of
+    the created-at index). Never for a real database."""
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE onceflow_instances SET attributes = jsonb_build_object('tenant', :t)"
+                " WHERE job_id IN (SELECT job_id FROM onceflow_instances"
+                " ORDER BY created_at LIMIT :n)"
+            ),
+            {"t": tenant, "n": n},
+        )
+        conn.execute(sa.text("ANALYZE onceflow_instances"))
+
+
 # ---- history at scale (onceflow_tools.history_bench) ----
 
 #: The tables the history fills and measures.

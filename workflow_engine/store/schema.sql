@@ -572,6 +572,7 @@ CREATE TABLE public.onceflow_instances (
     CONSTRAINT onceflow_instances_requested_action_check CHECK ((requested_action = ANY (ARRAY['pause'::text, 'terminate'::text, 'restart'::text]))),
     CONSTRAINT onceflow_instances_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'sleeping'::text, 'waiting'::text, 'paused'::text, 'complete'::text, 'errored'::text, 'terminated'::text])))
 );
+ALTER TABLE ONLY public.onceflow_instances ALTER COLUMN attributes SET STATISTICS 1000;
 
 COMMENT ON COLUMN public.onceflow_instances.duplicated IS 'A later delivery of this job id was recorded (onceflow_duplicate_deliveries).';
 

@@ -43,6 +43,14 @@ COMMENT ON COLUMN onceflow_instances.attributes IS
 CREATE INDEX onceflow_instances_attributes_idx
     ON onceflow_instances USING gin (attributes jsonb_path_ops);
 
+-- The planner estimates @> from the column's histogram (matchingsel). At the default
+-- target, 100 entries, a value found in one of them is taken for 1% of the table, and
+-- a page of it reads the created-at index backwards instead of the GIN index (1M
+-- instances, a tenant of 0.1%: 17 to 45 ms a page instead of 6; a rare value whose
+-- instances are all old reads most of that index). 1000 entries give 0.1% resolution;
+-- the price is ANALYZE sampling 300,000 rows of this table (2.9 s at 1M, BENCHMARKS.md).
+ALTER TABLE onceflow_instances ALTER COLUMN attributes SET STATISTICS 1000;
+
 -- 2. ctx.set_attributes's history entries, and the dead letters of bad attributes.
 SELECT pg_temp.onceflow_allow_value('onceflow_steps', 'onceflow_steps_kind_check',
                                     'kind', 'attributes');
