@@ -23,7 +23,14 @@ from onceflow_tools.benchsql import seed_for_bench
 from onceflow_tools.processes import ProcessGroup
 from producers.api import create_app
 from tests.conftest import settings_env
-from tests.integration.interleavings import EngineHarness, rows, scalar, status, wait_for
+from tests.integration.interleavings import (
+    EngineHarness,
+    check_history,
+    rows,
+    scalar,
+    status,
+    wait_for,
+)
 from tests.integration.kafka_helpers import produce
 from tests.integration.test_interleavings import expire_and_rescue
 from tests.integration.test_streams_worker import start_worker
@@ -201,6 +208,7 @@ def test_set_attributes_survives_a_killed_engine_and_is_applied_once(settings, d
         "charged": True,
         "finished": 1,
     }
+    assert check_history(db) == []
     # A fork copies the recorded updates before its position: it starts with the
     # origin's attributes, as its replay will not apply those entries again.
     forked = fork(db, REPLAYED, "at_replay", from_step="two")
@@ -372,3 +380,26 @@ def test_the_console_filters_shows_and_bulk_acts_by_attributes(settings, db):
     assert started.status_code == 303
     wait_for(lambda: status(db, "af_4") == "terminated", "the console's bulk terminate")
     assert {status(db, j) for j in _SEEDED if j != "af_4"} == {"queued"}
+
+
+def test_an_update_from_a_stale_claim_writes_nothing(db):
+    """The update is fenced like every write of a run: an older claim of the instance
+    (a run a rescue cut off), even by the same engine, changes nothing."""
+    from workflow_engine.errors import LeaseLost
+    from workflow_engine.store.writes import Lease, set_attributes
+
+    env = JobEnvelope("at_fenced", WORKFLOW, {}, attributes={"tenant": "acme"})
+    create_instances(db, [Delivery(env, "t", 0, 0)])
+    with db.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE onceflow_instances SET status = 'running', lease_owner = 'e1',"
+            " claim_count = 2, lease_expires_at = now() + interval '1 hour',"
+            " started_at = now() WHERE job_id = 'at_fenced'"
+        )
+    for stale in (Lease("e1", 1), Lease("e2", 2)):
+        with pytest.raises(LeaseLost):
+            set_attributes(db, stale, "at_fenced", 0, "set_attributes#0", {"tenant": "x"})
+    assert _attributes(db, "at_fenced") == {"tenant": "acme"}
+    assert scalar(db, "SELECT count(*) FROM onceflow_steps WHERE job_id = 'at_fenced'") == 0
+    merged = set_attributes(db, Lease("e1", 2), "at_fenced", 0, "set_attributes#0", {"n": 1})
+    assert merged == _attributes(db, "at_fenced") == {"tenant": "acme", "n": 1}
