@@ -299,7 +299,11 @@ def _attribute_value_problem(item: Any) -> str | None:
             return f"integer {item} is beyond ±{MAX_ATTRIBUTE_INT} (2**53 - 1)"
         return None
     if isinstance(item, float):
-        return None if math.isfinite(item) else f"number {item} is not finite"
+        if not math.isfinite(item):
+            return f"number {item} is not finite"
+        if item == 0.0 and math.copysign(1.0, item) < 0:
+            return "negative zero would be stored as 0 (PostgreSQL numbers have no signed zero)"
+        return None
     kind = "null" if item is None else type(item).__name__
     return f"value must be a string, a number or a boolean, not {kind}"
 

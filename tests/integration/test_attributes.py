@@ -403,3 +403,55 @@ def test_an_update_from_a_stale_claim_writes_nothing(db):
     assert scalar(db, "SELECT count(*) FROM onceflow_steps WHERE job_id = 'at_fenced'") == 0
     merged = set_attributes(db, Lease("e1", 2), "at_fenced", 0, "set_attributes#0", {"n": 1})
     assert merged == _attributes(db, "at_fenced") == {"tenant": "acme", "n": 1}
+
+
+def test_a_number_term_matches_exactly_what_it_spells(settings, db):
+    """The number a term spells is compared as written (jsonb numeric), never as the
+    64-bit float a parse makes of it: ``1e-400`` is not 0, 30 digits are not the float
+    nearest them, and a number past the float range is a term that matches no number
+    (a 200 with nothing, not a 500)."""
+    near = 123456789012345678901234567890
+    create_instances(
+        db,
+        [
+            Delivery(JobEnvelope("an_zero", WORKFLOW, {}, attributes={"n": 0}), "t", 0, 0),
+            Delivery(
+                JobEnvelope("an_float", WORKFLOW, {}, attributes={"n": float(near)}), "t", 0, 1
+            ),
+            Delivery(JobEnvelope("an_hundred", WORKFLOW, {}, attributes={"n": 100}), "t", 0, 2),
+        ],
+    )
+    assert _ids(db, "attr.n=0") == ["an_zero"]
+    assert _ids(db, "attr.n=1e-400") == []
+    assert _ids(db, f"attr.n={near}") == []
+    assert _ids(db, f"attr.n={float(near)!r}") == ["an_float"]
+    assert _ids(db, "attr.n=1e2") == ["an_hundred"]  # the same number, another spelling
+    assert _ids(db, "attr.n=1e400") == []
+    assert _ids(db, "attr.n=-1e99999") == []
+
+    from tests.integration.test_admin_http import NoKafka
+
+    with TestClient(create_app(settings, NoKafka())) as client:
+        for text in ("1e400", "1e-400", "9" * 200):
+            listed = client.get("/v1/instances", params={"attr.n": text})
+            assert listed.status_code == 200, listed.text
+            assert listed.json()["instances"] == []
+
+
+def test_an_update_holding_a_negative_zero_is_refused_not_stored_as_zero(db):
+    """PostgreSQL's numeric has no signed zero: ``-0.0`` from workflow code would be read
+    back as 0.0, so it is refused like every value the store would change."""
+    from workflow_engine.errors import InvalidAttributes
+    from workflow_engine.store.writes import Lease, set_attributes
+
+    create_instances(db, [Delivery(JobEnvelope("at_negzero", WORKFLOW, {}), "t", 0, 0)])
+    with db.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE onceflow_instances SET status = 'running', lease_owner = 'e1',"
+            " claim_count = 1, lease_expires_at = now() + interval '1 hour',"
+            " started_at = now() WHERE job_id = 'at_negzero'"
+        )
+    with pytest.raises(InvalidAttributes, match="negative zero"):
+        set_attributes(db, Lease("e1", 1), "at_negzero", 0, "set_attributes#0", {"z": -0.0})
+    assert _attributes(db, "at_negzero") == {}
+    assert scalar(db, "SELECT count(*) FROM onceflow_steps WHERE job_id = 'at_negzero'") == 0

@@ -71,6 +71,8 @@ def test_at_each_limit_is_accepted_unchanged():
         ({"v": MAX_ATTRIBUTE_INT + 1}, "beyond"),
         ({"v": -MAX_ATTRIBUTE_INT - 1}, "beyond"),
         ({"v": float("inf")}, "not finite"),
+        ({"v": float("nan")}, "not finite"),
+        ({"v": -0.0}, "negative zero"),
         ({"v": None}, "not null"),
         ({"v": [1]}, "not list"),
         ({"v": {"a": 1}}, "not dict"),
@@ -193,7 +195,11 @@ def test_bad_cli_terms_are_refused():
 def test_a_term_matches_the_string_and_the_value_it_spells():
     assert attribute_matches("t", "acme") == [b'{"t":"acme"}']
     assert attribute_matches("t", "2") == [b'{"t":"2"}', b'{"t":2}']
-    assert attribute_matches("t", "-1.5e3") == [b'{"t":"-1.5e3"}', b'{"t":-1500.0}']
+    # the number as written (jsonb's numeric compares it exactly), not a float's rounding
+    assert attribute_matches("t", "-1.5e3") == [b'{"t":"-1.5e3"}', b'{"t":-1.5e3}']
+    assert attribute_matches("t", "1e-400") == [b'{"t":"1e-400"}']  # no attribute is that
+    assert attribute_matches("t", "1e400") == [b'{"t":"1e400"}']  # past any float
+    assert attribute_matches("t", "-0.0") == [b'{"t":"-0.0"}', b'{"t":-0.0}']  # 0
     assert attribute_matches("t", "true") == [b'{"t":"true"}', b'{"t":true}']
     assert attribute_matches("t", "01") == [b'{"t":"01"}']  # not a JSON number
     sql, params = where_clause(InstanceFilter.parse("attr.a=x,attr.b=2"))

@@ -28,6 +28,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any, Literal
 
 import orjson
@@ -234,15 +235,26 @@ def _attribute_filter(pairs: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 
 def attribute_matches(key: str, text: str) -> list[bytes]:
     """The ``@>`` documents a filter term matches: the value as a string, and as the
-    number or boolean it spells (``2`` finds 2 and "2"; ``true`` finds true and "true")."""
-    docs: list[Any] = [text]
+    number or boolean it spells (``2`` finds 2 and "2"; ``true`` finds true and "true").
+
+    The number goes into the document as written, so jsonb compares it as the exact
+    ``numeric`` it is (``1e2`` is 100; ``1e-400`` is not 0, as a float parse would make
+    it). One no attribute can hold (beyond a 64-bit float's range: only workflow code's
+    floats and ingest's exact numbers are stored) matches as a string only."""
+    docs = [orjson.dumps({key: text})]
     if text in ("true", "false"):
-        docs.append(text == "true")
-    elif _JSON_NUMBER.fullmatch(text):
-        number = orjson.loads(text) if len(text) < 40 else None
-        if number is not None and math.isfinite(number):
-            docs.append(number)
-    return [orjson.dumps({key: doc}) for doc in docs]
+        docs.append(orjson.dumps({key: text == "true"}))
+    elif _JSON_NUMBER.fullmatch(text) and _storable_number(text):
+        docs.append(b"{" + orjson.dumps(key) + b":" + text.encode() + b"}")
+    return docs
+
+
+def _storable_number(text: str) -> bool:
+    """Whether the JSON number ``text`` is one an attribute could hold: zero, or a
+    finite 64-bit float that is not zero (its exponent within what numeric takes)."""
+    number = Decimal(text)
+    as_float = float(number)
+    return number.is_zero() or (math.isfinite(as_float) and as_float != 0.0)
 
 
 def _split(text: str) -> list[str]:
