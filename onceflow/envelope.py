@@ -33,6 +33,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -57,8 +58,9 @@ MAX_START_DELAY_SECONDS = 365 * 24 * 3600
 
 #: Searchable attributes (issue 26, item 7): at most this many keys, each matching
 #: ATTRIBUTE_KEY_PATTERN, each value a string of at most MAX_ATTRIBUTE_VALUE_CHARS
-#: characters, an integer within +-MAX_ATTRIBUTE_INT, a finite number or a boolean, and
-#: the object at most MAX_ATTRIBUTES_BYTES as compact UTF-8 JSON.
+#: characters, a number (integer or float) within +-MAX_ATTRIBUTE_INT or a boolean, and
+#: the object at most MAX_ATTRIBUTES_BYTES as compact UTF-8 JSON (numbers counted in the
+#: plain decimal jsonb stores them in).
 MAX_ATTRIBUTES = 16
 ATTRIBUTE_KEY_PATTERN = r"[a-z][a-z0-9_.-]{0,63}"
 MAX_ATTRIBUTE_VALUE_CHARS = 256
@@ -260,9 +262,12 @@ def check_attributes(value: Any) -> Attributes:
     """``value`` as searchable attributes, or ValueError saying what does not fit: not
     an object, more than :data:`MAX_ATTRIBUTES` keys, a key not matching
     :data:`ATTRIBUTE_KEY_PATTERN`, a value that is not a string (at most
-    :data:`MAX_ATTRIBUTE_VALUE_CHARS` characters, no NUL), an integer within
-    ±:data:`MAX_ATTRIBUTE_INT`, a finite number or a boolean (null, lists and objects
-    are refused), or more than :data:`MAX_ATTRIBUTES_BYTES` bytes as compact JSON.
+    :data:`MAX_ATTRIBUTE_VALUE_CHARS` characters, no NUL), a number (an integer or a
+    finite float, not a negative zero) within ±:data:`MAX_ATTRIBUTE_INT` or a boolean
+    (null, lists and objects are refused), or more than :data:`MAX_ATTRIBUTES_BYTES`
+    bytes as compact JSON with each number as jsonb stores it (plain decimal: a float
+    past 2**53 would be read back as an integer past the bound, ``1e-300`` costs 302
+    bytes), so what passes fits the column's check and passes again when merged.
     Nothing is trimmed. The one rule of ingest's 422, the worker's dead letter
     (``invalid_attributes``) and ``ctx.set_attributes``."""
     if not isinstance(value, dict):
@@ -277,12 +282,25 @@ def check_attributes(value: Any) -> Attributes:
         problem = _attribute_value_problem(item)
         if problem is not None:
             raise ValueError(f"attribute {key!r}: {problem}")
-    size = len(orjson.dumps(value))
+    size = _stored_size(value)
     if size > MAX_ATTRIBUTES_BYTES:
         raise ValueError(
             f"attributes are {size} bytes as JSON, at most {MAX_ATTRIBUTES_BYTES} allowed"
         )
     return dict(value)
+
+
+def _stored_size(value: dict[str, Any]) -> int:
+    """The bytes of ``value`` as compact JSON, each float counted as jsonb stores and
+    prints it: in plain decimal (``1e-300`` is 302 characters there, not 6)."""
+    try:
+        size = len(orjson.dumps(value))
+    except orjson.JSONEncodeError as exc:  # a lone surrogate in a string from code
+        raise ValueError(f"attributes cannot be written as JSON: {exc}") from None
+    for item in value.values():
+        if isinstance(item, float):
+            size += len(format(Decimal(repr(item)), "f")) - len(orjson.dumps(item))
+    return size
 
 
 def _attribute_value_problem(item: Any) -> str | None:
@@ -301,6 +319,8 @@ def _attribute_value_problem(item: Any) -> str | None:
     if isinstance(item, float):
         if not math.isfinite(item):
             return f"number {item} is not finite"
+        if abs(item) > MAX_ATTRIBUTE_INT:  # jsonb would read it back as a larger integer
+            return f"number {item!r} is beyond ±{MAX_ATTRIBUTE_INT} (2**53 - 1)"
         if item == 0.0 and math.copysign(1.0, item) < 0:
             return "negative zero would be stored as 0 (PostgreSQL numbers have no signed zero)"
         return None

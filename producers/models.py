@@ -70,8 +70,9 @@ class JobIn(BaseModel):
     attributes: dict[str, Any] | None = Field(
         default=None,
         description="Searchable attributes of the instance: at most 16 keys matching"
-        " [a-z][a-z0-9_.-]{0,63}, each a string (at most 256 characters), a number or a"
-        " boolean, at most 2048 bytes as JSON; refused (422), never trimmed, beyond that."
+        " [a-z][a-z0-9_.-]{0,63}, each a string (at most 256 characters), a number within"
+        " ±(2**53 - 1) or a boolean, at most 2048 bytes as JSON (numbers in plain decimal);"
+        " refused (422), never trimmed, beyond that."
         " Filter lists and bulk operations with attr.<key>=<value> (README).",
         examples=[{"tenant": "acme", "tier": "gold"}],
     )

@@ -455,3 +455,38 @@ def test_an_update_holding_a_negative_zero_is_refused_not_stored_as_zero(db):
         set_attributes(db, Lease("e1", 1), "at_negzero", 0, "set_attributes#0", {"z": -0.0})
     assert _attributes(db, "at_negzero") == {}
     assert scalar(db, "SELECT count(*) FROM onceflow_steps WHERE job_id = 'at_negzero'") == 0
+
+
+def _running(db, job_id: str) -> None:
+    create_instances(db, [Delivery(JobEnvelope(job_id, WORKFLOW, {}), "t", 0, 0)])
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE onceflow_instances SET status = 'running', lease_owner = 'e1',"
+                " claim_count = 1, lease_expires_at = now() + interval '1 hour',"
+                " started_at = now() WHERE job_id = :j"
+            ),
+            {"j": job_id},
+        )
+
+
+def test_a_number_the_rule_takes_is_stored_as_it_and_never_blocks_a_later_update(db):
+    """jsonb prints a number in plain decimal (1e16 as 17 digits, read back as the
+    integer 10**16; 1e-300 as 302 characters): the rule bounds a float's magnitude like
+    an integer's and counts a number's stored size, so what it takes fits the column's
+    check and is read back as a value the rule takes again (a later update merges it)."""
+    from workflow_engine.errors import InvalidAttributes
+    from workflow_engine.store.writes import Lease, set_attributes
+
+    lease = Lease("e1", 1)
+    _running(db, "at_numbers")
+    set_attributes(db, lease, "at_numbers", 0, "set_attributes#0", {"f": 9.0e15, "g": 1.5e-5})
+    merged = set_attributes(db, lease, "at_numbers", 1, "set_attributes#1", {"n": 1})
+    assert merged == _attributes(db, "at_numbers") == {"f": 9.0e15, "g": 1.5e-5, "n": 1}
+    with pytest.raises(InvalidAttributes, match="beyond"):
+        set_attributes(db, lease, "at_numbers", 2, "set_attributes#2", {"big": 1e16})
+    tiny = {f"k{i}": 1e-300 for i in range(13)}  # 302 bytes each as stored
+    with pytest.raises(InvalidAttributes, match="bytes"):
+        set_attributes(db, lease, "at_numbers", 2, "set_attributes#2", tiny)
+    assert _attributes(db, "at_numbers") == {"f": 9.0e15, "g": 1.5e-5, "n": 1}
+    assert scalar(db, "SELECT count(*) FROM onceflow_steps WHERE job_id = 'at_numbers'") == 2

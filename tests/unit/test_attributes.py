@@ -51,6 +51,7 @@ def test_at_each_limit_is_accepted_unchanged():
     assert check_attributes({"a.b-c_9": "x" * MAX_ATTRIBUTE_VALUE_CHARS})
     assert check_attributes({"big": MAX_ATTRIBUTE_INT, "small": -MAX_ATTRIBUTE_INT})
     assert check_attributes({"f": 0.5, "t": True, "n": False, "e": ""})
+    assert check_attributes({"f": 9.0e15, "g": -9.0e15, "z": 0.0, "s": 1e-300})
     doc = _sized(MAX_ATTRIBUTES_BYTES)
     assert check_attributes(doc) == doc
     assert check_attributes({}) == {}
@@ -73,6 +74,10 @@ def test_at_each_limit_is_accepted_unchanged():
         ({"v": float("inf")}, "not finite"),
         ({"v": float("nan")}, "not finite"),
         ({"v": -0.0}, "negative zero"),
+        ({"v": float(MAX_ATTRIBUTE_INT + 1)}, "beyond"),  # read back as a larger integer
+        ({"v": -1e300}, "beyond"),
+        ({f"k{i}": 1e-300 for i in range(7)}, "bytes as JSON"),  # 302 bytes each as stored
+        ({"v": "\ud800"}, "cannot be written as JSON"),  # a lone surrogate from code
         ({"v": None}, "not null"),
         ({"v": [1]}, "not list"),
         ({"v": {"a": 1}}, "not dict"),
