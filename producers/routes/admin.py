@@ -176,11 +176,11 @@ def _with_attributes(f: views.InstanceFilter, request: Request) -> views.Instanc
     for a bad key or value, or one key twice)."""
     prefix = views.ATTR_PREFIX
     terms = [
-        f"{name[len(prefix) :]}={value}"
+        (name[len(prefix) :], value)
         for name, value in request.query_params.multi_items()
         if name.startswith(prefix)
     ]
-    return f.with_attributes(terms) if terms else f
+    return f.with_attribute_pairs(terms) if terms else f
 
 
 def _filtered(op: Callable[[], T]) -> T:

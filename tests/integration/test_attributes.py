@@ -293,9 +293,11 @@ def test_the_filter_matches_in_the_list_the_admin_api_and_the_cli(settings, db, 
             client.get("/v1/instances", params={"attr.Tenant": "acme"}),
             client.get("/v1/instances", params=[("attr.tier", "a"), ("attr.tier", "b")]),
             client.get("/v1/instances", params={"attr.tier": "x" * 300}),
+            # the key is the whole parameter name: an "=" in it is not a value's start
+            client.get("/v1/instances", params={"attr.tenant=acme": "x"}),
         ]
-        assert [r.status_code for r in bad] == [400, 400, 400]
-        assert [r.json()["error"] for r in bad] == ["invalid_filter"] * 3
+        assert [r.status_code for r in bad] == [400, 400, 400, 400]
+        assert [r.json()["error"] for r in bad] == ["invalid_filter"] * 4
         assert "does not match" in bad[0].json()["message"]
         assert "given twice" in bad[1].json()["message"]
 

@@ -162,11 +162,19 @@ class InstanceFilter:
 
     def with_attributes(self, terms: list[str]) -> InstanceFilter:
         """This filter narrowed by ``key=value`` terms (the CLI's ``--attr``)."""
-        pairs = {ATTR_PREFIX + k: v for k, v in self.attributes or ()}
+        split = []
         for term in terms:
             name, sep, value = term.partition("=")
             if not sep:
                 raise InvalidFilter(f"attribute term {term!r} is not key=value")
+            split.append((name, value))
+        return self.with_attribute_pairs(split)
+
+    def with_attribute_pairs(self, terms: list[tuple[str, str]]) -> InstanceFilter:
+        """This filter narrowed by ``(key, value)`` terms (the admin API's ``attr.<key>``
+        query parameters, whose key is taken whole: an ``=`` in it is a bad key)."""
+        pairs = {ATTR_PREFIX + k: v for k, v in self.attributes or ()}
+        for name, value in terms:
             key = ATTR_PREFIX + name.strip()
             if key in pairs:
                 raise InvalidFilter(f"filter key {key!r} given twice")
