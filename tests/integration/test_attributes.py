@@ -368,6 +368,16 @@ def test_the_console_filters_shows_and_bulk_acts_by_attributes(settings, db):
     assert 'value="tenant=acme, tier=gold"' in page.text  # the field keeps what was typed
     by_url = client.get("/instances?attr.tier=2")
     assert sorted(re.findall(r">(af_\d)</a>", by_url.text)) == ["af_3", "af_5"]
+    # a value with a comma: the field writes it escaped, so submitting it again finds it
+    create_instances(
+        db,
+        [Delivery(JobEnvelope("af_comma", WORKFLOW, {}, attributes={"note": "a,b\\c"}), "t", 0, 9)],
+    )
+    linked = client.get("/instances", params={"attr.note": "a,b\\c"})
+    assert re.findall(r">(af_\w+)</a>", linked.text) == ["af_comma"]
+    assert 'value="note=a\\,b\\\\c"' in linked.text, linked.text
+    again = client.get("/instances", params={"attributes": "note=a\\,b\\\\c"})
+    assert re.findall(r">(af_\w+)</a>", again.text) == ["af_comma"]
     bad = client.get("/instances", params={"attributes": "Tenant=acme"})
     assert bad.status_code == 400 and "does not match" in bad.text
     shown = client.get("/instances/af_3")
