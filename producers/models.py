@@ -185,12 +185,16 @@ def parse_submission(
     try:
         jobs = BatchIn.model_validate(doc).jobs if is_batch else [JobIn.model_validate(doc)]
     except ValidationError as exc:
+        errors = exc.errors(include_url=False)
         fields = [
-            FieldError(field=field_path(tuple(e["loc"]), ""), reason=e["msg"])
-            for e in exc.errors(include_url=False)
+            FieldError(field=field_path(tuple(e["loc"]), ""), reason=e["msg"]) for e in errors
         ]
+        # attributes that are not an object get the code every other bad attributes get
+        code = (
+            "invalid_attributes" if errors[0]["loc"][-1:] == ("attributes",) else "invalid_request"
+        )
         raise RequestError(
-            422, "invalid_request", f"invalid {fields[0].field}: {fields[0].reason}", fields
+            422, code, f"invalid {fields[0].field}: {fields[0].reason}", fields
         ) from None
     for i, job in enumerate(jobs):
         _check_job(job, i if is_batch else None, max_params_bytes, known_types, check_params)

@@ -158,8 +158,15 @@ def test_ingest_answers_422_naming_the_job_and_field():
     assert caught.value.body.error == "invalid_attributes"
     assert caught.value.body.fields[0].field == "jobs[1].attributes"
     assert "300 characters, at most 256" in caught.value.body.message
-    with pytest.raises(RequestError, match=r"must be a JSON object|valid dictionary"):
-        parse_jobs(orjson.dumps({"workflow": "w", "attributes": ["x"]}), 100, 10_000)
+    # not an object: the same code as every other bad attributes, naming the field
+    for body in (
+        {"workflow": "w", "attributes": ["x"]},
+        {"jobs": [{"workflow": "w"}, {"workflow": "w", "attributes": "tenant=acme"}]},
+    ):
+        with pytest.raises(RequestError, match=r"must be a JSON object|valid dictionary") as bad:
+            parse_jobs(orjson.dumps(body), 100, 10_000)
+        assert (bad.value.status, bad.value.body.error) == (422, "invalid_attributes")
+        assert bad.value.body.fields[0].field in ("attributes", "jobs[1].attributes")
 
 
 def test_filter_terms_round_trip_in_both_forms():
