@@ -151,6 +151,11 @@ async def refused(ctx, params):
     await ctx.set_attributes({f"k{i}": i for i in range(16)})  # 17 with "fine"
 
 
+@workflow("test-attributes-not-a-dict")
+async def not_a_dict(ctx, params):
+    await ctx.set_attributes([("tenant", "globex")])  # pairs: not turned into a dict
+
+
 # Every change of an instance's attributes, in order (a trigger of the test's database):
 # an update applied again on replay shows as states the row went through again. (The end
 # state alone cannot show it: merges replayed in order end where they did.)
@@ -234,6 +239,17 @@ def test_set_attributes_past_the_bounds_is_a_clear_error_and_writes_nothing(sett
         )
         == 1
     )
+
+
+def test_set_attributes_given_pairs_instead_of_a_dict_is_refused(settings, db):
+    env = JobEnvelope("at_pairs", "test-attributes-not-a-dict", {}, attributes={"tenant": "acme"})
+    create_instances(db, [Delivery(env, "t", 0, 0)])
+    with EngineHarness(settings, db):
+        wait_for(lambda: status(db, "at_pairs") in ("errored", "complete"), "the run's end")
+    view = describe_instance(db, "at_pairs")
+    assert view is not None and view.status == "errored", view
+    assert "ctx.set_attributes refused: attributes must be a dict, not list" in (view.error or "")
+    assert view.attributes == {"tenant": "acme"}
 
 
 # -- filters --------------------------------------------------------------------------

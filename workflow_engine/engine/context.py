@@ -321,7 +321,10 @@ class WorkflowContext:
         position, recorded = self._next(name, StepKind.ATTRIBUTES)
         if recorded is not None:
             return  # applied when it was recorded: the instance has it already
-        await self._db(writes.set_attributes, self.lease, self.job_id, position, name, dict(update))
+        # a copy (code may change its dict while the write waits); anything else is
+        # refused by the rule, never turned into a dict (pairs, a mapping of another kind)
+        given = dict(update) if isinstance(update, dict) else update
+        await self._db(writes.set_attributes, self.lease, self.job_id, position, name, given)
 
     async def deprecate_patch(self, patch_id: str) -> None:
         """Retire ``patched(patch_id)`` once no instance without its marker is left:
