@@ -200,6 +200,9 @@ def test_bad_filter_terms_are_refused(text, says):
 def test_bad_cli_terms_are_refused():
     with pytest.raises(InvalidFilter, match="not key=value"):
         InstanceFilter().with_attributes(["tenant"])
+    with pytest.raises(InvalidFilter, match="not valid UTF-8"):  # argv's surrogateescape
+        InstanceFilter().with_attributes([b"tenant=\xff".decode("utf-8", "surrogateescape")])
+    assert InstanceFilter().with_attributes(["tenant=é"]).attributes == (("tenant", "é"),)
     with pytest.raises(InvalidFilter, match="given twice"):
         InstanceFilter.parse("attr.tenant=a").with_attributes(["tenant=b"])
 

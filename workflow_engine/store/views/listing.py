@@ -237,6 +237,11 @@ def _attribute_filter(pairs: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
             raise InvalidFilter(
                 f"{name}: a value of at most {MAX_ATTRIBUTE_VALUE_CHARS} characters, no NUL"
             )
+        if not value.isascii():
+            try:  # a lone surrogate (a command line's undecodable bytes) is no text
+                value.encode()
+            except UnicodeEncodeError:
+                raise InvalidFilter(f"{name}: the value is not valid UTF-8 text") from None
         out.append((key, value))
     return tuple(sorted(out))
 
