@@ -6,7 +6,7 @@ a consumer, a DLQ reader or ``kcat`` can see them without parsing the value.
     {"v": 1, "job_id": "job_01J…", "workflow": "order-workflow", "params": {…},
      "request_id": "req_01J…", "submitted_at": "2026-11-29T16:00:00.123+00:00",
      "traceparent": "00-…-…-01", "priority": 2, "callback": "billing",
-     "run_at": "2026-11-29T18:00:00+00:00"}
+     "run_at": "2026-11-29T18:00:00+00:00", "attributes": {"tenant": "acme", "tier": 2}}
 
 Only ``job_id``, ``workflow`` and ``params`` are required: a producer writing the topic
 directly (kcat, a Java or Go client) may leave out ``v`` (1), ``submitted_at`` (the
@@ -14,7 +14,9 @@ Kafka record's timestamp), ``priority`` (3; 1 is the highest, 5 the lowest) and
 ``callback`` (none: the name of a configured webhook endpoint that gets the job's final
 lifecycle events, never a URL), and may send the record without a key. A delayed start
 is ``run_at`` (an RFC 3339 time with its offset) or ``start_after`` (seconds after
-``submitted_at``), at most a year ahead; ingest always writes ``run_at``. The README's "The
+``submitted_at``), at most a year ahead; ingest always writes ``run_at``. ``attributes``
+are the instance's searchable attributes (:func:`check_attributes` has their bounds),
+refused whole, never trimmed, when they do not fit. The README's "The
 record format" section is the documentation of this module, including the rule for
 evolving ``v``.
 
@@ -26,9 +28,12 @@ None and ``origin`` :attr:`Origin.KAFKA`.
 from __future__ import annotations
 
 import hashlib
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -50,6 +55,20 @@ DEFAULT_PRIORITY = 3
 
 #: The furthest ahead a job may be scheduled to start (``run_at``, ``start_after``).
 MAX_START_DELAY_SECONDS = 365 * 24 * 3600
+
+#: Searchable attributes (issue 26, item 7): at most this many keys, each matching
+#: ATTRIBUTE_KEY_PATTERN, each value a string of at most MAX_ATTRIBUTE_VALUE_CHARS
+#: characters, a number (integer or float) within +-MAX_ATTRIBUTE_INT or a boolean, and
+#: the object at most MAX_ATTRIBUTES_BYTES as compact UTF-8 JSON (numbers counted in the
+#: plain decimal jsonb stores them in).
+MAX_ATTRIBUTES = 16
+ATTRIBUTE_KEY_PATTERN = r"[a-z][a-z0-9_.-]{0,63}"
+MAX_ATTRIBUTE_VALUE_CHARS = 256
+MAX_ATTRIBUTE_INT = 2**53 - 1  # exact in every JSON reader (JavaScript's safe integers)
+MAX_ATTRIBUTES_BYTES = 2048
+_ATTRIBUTE_KEY = re.compile(ATTRIBUTE_KEY_PATTERN)
+AttributeValue = str | int | float | bool
+Attributes = dict[str, AttributeValue]
 
 # Kafka record headers as confluent-kafka takes them.
 KafkaHeaders = list[tuple[str, str | bytes | None]]
@@ -112,6 +131,8 @@ class JobEnvelope:
     callback: str | None = None
     #: Not claimable before this time (a delayed start); None: at once.
     run_at: datetime | None = None
+    #: The instance's searchable attributes (:func:`check_attributes`); {} for none.
+    attributes: Attributes = field(default_factory=dict)
 
     @property
     def origin(self) -> Origin:
@@ -139,6 +160,8 @@ class JobEnvelope:
             doc["callback"] = self.callback
         if self.run_at is not None:
             doc["run_at"] = self.run_at.isoformat(timespec="microseconds")
+        if self.attributes:
+            doc["attributes"] = self.attributes
         return orjson.dumps(doc)
 
     def headers(self) -> KafkaHeaders:
@@ -185,6 +208,7 @@ class JobEnvelope:
         if not isinstance(params, dict):
             raise InvalidEnvelope(DeadLetterReason.INVALID_PARAMS, "params must be a JSON object")
         _check_numbers(value, params)
+        attributes = _attributes(value, doc.get("attributes"))
         submitted_at = _submitted_at(doc.get("submitted_at"), timestamp)
         try:
             run_at = start_time(doc.get("run_at"), doc.get("start_after"), submitted_at)
@@ -200,6 +224,7 @@ class JobEnvelope:
             priority=_priority(doc.get("priority", DEFAULT_PRIORITY)),
             callback=_callback(doc.get("callback")),
             run_at=run_at,
+            attributes=attributes,
         )
 
 
@@ -213,6 +238,110 @@ def _json_object(value: bytes | None) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise InvalidEnvelope(DeadLetterReason.NOT_AN_OBJECT, "value is not a JSON object")
     return doc
+
+
+def _attributes(value: bytes | None, raw: Any) -> Attributes:
+    """The record's attributes under :func:`check_attributes`, or InvalidEnvelope
+    (``invalid_attributes``); a number the parse changed (1e-400 read as 0.0) too."""
+    if raw is None:
+        return {}
+    try:
+        attributes = check_attributes(raw)
+    except ValueError as exc:
+        raise InvalidEnvelope(DeadLetterReason.INVALID_ATTRIBUTES, str(exc)) from None
+    floats, suspect = floats_in(attributes)
+    if value is not None and (suspect or (floats and may_be_inexact(value))):
+        found = first_inexact(exact_loads(value).get("attributes"), "attributes")
+        if found is not None:
+            path, inexact = found
+            raise InvalidEnvelope(DeadLetterReason.INVALID_ATTRIBUTES, f"{path}: {inexact.reason}")
+    return attributes
+
+
+def check_attributes(value: Any) -> Attributes:
+    """``value`` as searchable attributes, or ValueError saying what does not fit: not
+    an object, more than :data:`MAX_ATTRIBUTES` keys, a key not matching
+    :data:`ATTRIBUTE_KEY_PATTERN`, a value that is not a string (at most
+    :data:`MAX_ATTRIBUTE_VALUE_CHARS` characters, no NUL), a number (an integer or a
+    finite float, not a negative zero) within ±:data:`MAX_ATTRIBUTE_INT` or a boolean
+    (null, lists and objects are refused), or more than :data:`MAX_ATTRIBUTES_BYTES`
+    bytes as compact JSON with each number as jsonb stores it (plain decimal: a float
+    past 2**53 would be read back as an integer past the bound, ``1e-300`` costs 302
+    bytes), so what passes fits the column's check and passes again when merged.
+    Nothing is trimmed. The one rule of ingest's 422, the worker's dead letter
+    (``invalid_attributes``) and ``ctx.set_attributes``."""
+    if not isinstance(value, dict):
+        raise ValueError(f"attributes must be a JSON object, not {type(value).__name__}")
+    if len(value) > MAX_ATTRIBUTES:
+        raise ValueError(f"attributes has {len(value)} keys, at most {MAX_ATTRIBUTES} allowed")
+    for key, item in value.items():
+        if not isinstance(key, str) or _ATTRIBUTE_KEY.fullmatch(key) is None:
+            raise ValueError(
+                f"attribute key {str(key)[:80]!r} does not match {ATTRIBUTE_KEY_PATTERN}"
+            )
+        problem = _attribute_value_problem(item)
+        if problem is not None:
+            raise ValueError(f"attribute {key!r}: {problem}")
+    size = _stored_size(value)
+    if size > MAX_ATTRIBUTES_BYTES:
+        raise ValueError(
+            f"attributes are {size} bytes as JSON, at most {MAX_ATTRIBUTES_BYTES} allowed"
+        )
+    return dict(value)
+
+
+def _stored_size(value: dict[str, Any]) -> int:
+    """The bytes of ``value`` as compact JSON, each float counted as jsonb stores and
+    prints it: in plain decimal (``1e-300`` is 302 characters there, not 6)."""
+    try:
+        size = len(orjson.dumps(value))
+    except orjson.JSONEncodeError as exc:  # a lone surrogate in a string from code
+        raise ValueError(f"attributes cannot be written as JSON: {exc}") from None
+    for item in value.values():
+        if isinstance(item, float):
+            size += len(format(Decimal(repr(item)), "f")) - len(orjson.dumps(item))
+    return size
+
+
+def _attribute_value_problem(item: Any) -> str | None:
+    if isinstance(item, str):
+        if len(item) > MAX_ATTRIBUTE_VALUE_CHARS:
+            return f"value is {len(item)} characters, at most {MAX_ATTRIBUTE_VALUE_CHARS}"
+        if "\x00" in item:
+            return "value contains a NUL character (\\u0000), which cannot be stored"
+        return None
+    if isinstance(item, bool):
+        return None
+    if isinstance(item, int):
+        if abs(item) > MAX_ATTRIBUTE_INT:
+            return f"integer {item} is beyond ±{MAX_ATTRIBUTE_INT} (2**53 - 1)"
+        return None
+    if isinstance(item, float):
+        if not math.isfinite(item):
+            return f"number {item} is not finite"
+        if abs(item) > MAX_ATTRIBUTE_INT:  # jsonb would read it back as a larger integer
+            return f"number {item!r} is beyond ±{MAX_ATTRIBUTE_INT} (2**53 - 1)"
+        if item == 0.0 and math.copysign(1.0, item) < 0:
+            return "negative zero would be stored as 0 (PostgreSQL numbers have no signed zero)"
+        return None
+    kind = "null" if item is None else type(item).__name__
+    return f"value must be a string, a number or a boolean, not {kind}"
+
+
+def merge_attributes(current: Attributes, update: Any) -> Attributes:
+    """``current`` with ``update`` merged in (a key set to None is removed), under
+    :func:`check_attributes`: ValueError if the update or the result does not fit."""
+    if not isinstance(update, dict):
+        raise ValueError(f"attributes must be a dict, not {type(update).__name__}")
+    merged = {**current, **{k: v for k, v in update.items() if v is not None}}
+    for key, item in update.items():
+        if item is None:
+            if not isinstance(key, str) or _ATTRIBUTE_KEY.fullmatch(key) is None:
+                raise ValueError(
+                    f"attribute key {str(key)[:80]!r} does not match {ATTRIBUTE_KEY_PATTERN}"
+                )
+            merged.pop(key, None)
+    return check_attributes(merged)
 
 
 def _check_numbers(value: bytes | None, params: dict[str, Any]) -> None:

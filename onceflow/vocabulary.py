@@ -64,6 +64,7 @@ class StepKind(StrEnum):
     EVENT = "event"
     PATCH = "patch"  # a ctx.patched() marker: this instance took the patched code
     CHILD = "child"  # ctx.start_child(): a child workflow started (and, later, its result)
+    ATTRIBUTES = "attributes"  # ctx.set_attributes(): the update applied (its result)
 
 
 class AttemptOutcome(StrEnum):
@@ -131,6 +132,7 @@ class DeadLetterReason(StrEnum):
     DATABASE_REFUSED = "database_refused"
     INVALID_CALLBACK = "invalid_callback"  # a job's callback is not an endpoint name
     UNKNOWN_CALLBACK = "unknown_callback"  # ... or names no configured endpoint
+    INVALID_ATTRIBUTES = "invalid_attributes"  # attributes out of bounds, or on a task
 
 
 class Origin(StrEnum):

@@ -253,6 +253,14 @@ def _db():
 @click.option(
     "--version", "version", default=None, help="Only instances created with this version."
 )
+@click.option(
+    "--attr",
+    "attrs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Only instances whose searchable attribute KEY is VALUE (repeatable: all must"
+    " match; 2 or true also match the number or boolean). With --filter too.",
+)
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10000))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of a table.")
 @click.option(
@@ -262,13 +270,13 @@ def _db():
     help="An instance filter instead of the options above, e.g."
     " 'workflow=order-workflow,status=errored,created_before=2026-11-30T10:00:00Z,prefix=ord_'"
     " (keys: workflow, status, created_from, created_to, job_id, prefix, has_duplicates,"
-    " payload_mismatch, error_contains, version).",
+    " payload_mismatch, error_contains, version, attr.<key>).",
 )
 @click.option(
     "--sort", default="created", type=click.Choice(["created", "updated"]), help="Newest first by."
 )
 def instances_list(
-    workflow, status, created_since, id_prefix, version, limit, as_json, filter_text, sort
+    workflow, status, created_since, id_prefix, version, attrs, limit, as_json, filter_text, sort
 ) -> None:
     """List instances, newest first (with the version each was created with)."""
     from datetime import UTC
@@ -289,6 +297,8 @@ def instances_list(
             version=version,
         )
         keys, line = _BRIEF
+    if attrs:
+        f = f.with_attributes(list(attrs))
     for row in _listed(f, sort, limit):
         if as_json:
             click.echo(orjson.dumps({k: getattr(row, k) for k in keys}, default=str))
@@ -298,7 +308,7 @@ def instances_list(
 
 # What each form of ``instances list`` prints of a row: its JSON keys and its table line.
 _BRIEF: tuple[tuple[str, ...], Callable[[InstanceRow], str]] = (
-    ("job_id", "workflow", "status", "created_at", "finished_at", "version"),
+    ("job_id", "workflow", "status", "created_at", "finished_at", "version", "attributes"),
     lambda row: (
         f"{row.job_id}\t{row.workflow}\t{row.status}\t{row.created_at:%Y-%m-%d %H:%M:%S}"
         f"\t{row.version or '-'}"
@@ -314,6 +324,7 @@ _FILTERED: tuple[tuple[str, ...], Callable[[InstanceRow], str]] = (
         "duplicates",
         "mismatches",
         "error",
+        "attributes",
     ),
     lambda row: (
         f"{row.job_id}\t{row.workflow}\t{row.status}"

@@ -3,6 +3,7 @@ and a job's timeline (``onceflow trace``)."""
 
 from __future__ import annotations
 
+import orjson
 from sqlalchemy.engine import Engine
 
 from onceflow.vocabulary import StepKind, StepStatus
@@ -20,6 +21,7 @@ _STEP_LABELS = {
     StepKind.EVENT: "wait",
     StepKind.PATCH: "patch",
     StepKind.CHILD: "child",
+    StepKind.ATTRIBUTES: "attributes",
 }
 
 
@@ -44,6 +46,10 @@ def render_instance(view: InstanceView) -> str:
         f" ({view.redeliveries} redeliveries, {view.mismatches} with different params,"
         f" {view.workflow_mismatches} naming another workflow)",
     ]
+    if view.attributes:
+        pairs = sorted(view.attributes.items())
+        shown = ", ".join(f"{k}={orjson.dumps(v).decode()}" for k, v in pairs)
+        lines.append(f"attributes: {shown}")
     if view.scheduled_start:
         lines.append(f"scheduled to start at: {view.scheduled_start.isoformat()}")
     if view.waiting_for_engine:

@@ -14,6 +14,7 @@ from onceflow.envelope import (
     MAX_START_DELAY_SECONDS,
     PRIORITY_HIGHEST,
     PRIORITY_LOWEST,
+    check_attributes,
     start_time,
 )
 from onceflow.exact_numbers import Inexact, exact_loads, may_be_inexact, scan
@@ -65,6 +66,15 @@ class JobIn(BaseModel):
         description="Start no earlier than this many seconds after submission (at most a"
         " year). Not with run_at.",
         examples=[90],
+    )
+    attributes: dict[str, Any] | None = Field(
+        default=None,
+        description="Searchable attributes of the instance: at most 16 keys matching"
+        " [a-z][a-z0-9_.-]{0,63}, each a string (at most 256 characters), a number within"
+        " ±(2**53 - 1) or a boolean, at most 2048 bytes as JSON (numbers in plain decimal);"
+        " refused (422), never trimmed, beyond that."
+        " Filter lists and bulk operations with attr.<key>=<value> (README).",
+        examples=[{"tenant": "acme", "tier": "gold"}],
     )
 
 
@@ -175,12 +185,16 @@ def parse_submission(
     try:
         jobs = BatchIn.model_validate(doc).jobs if is_batch else [JobIn.model_validate(doc)]
     except ValidationError as exc:
+        errors = exc.errors(include_url=False)
         fields = [
-            FieldError(field=field_path(tuple(e["loc"]), ""), reason=e["msg"])
-            for e in exc.errors(include_url=False)
+            FieldError(field=field_path(tuple(e["loc"]), ""), reason=e["msg"]) for e in errors
         ]
+        # attributes that are not an object get the code every other bad attributes get
+        code = (
+            "invalid_attributes" if errors[0]["loc"][-1:] == ("attributes",) else "invalid_request"
+        )
         raise RequestError(
-            422, "invalid_request", f"invalid {fields[0].field}: {fields[0].reason}", fields
+            422, code, f"invalid {fields[0].field}: {fields[0].reason}", fields
         ) from None
     for i, job in enumerate(jobs):
         _check_job(job, i if is_batch else None, max_params_bytes, known_types, check_params)
@@ -318,6 +332,8 @@ def _check_job(
     (None: the body is the job)."""
     if job.run_at is not None or job.start_after is not None:
         _check_start(job, index)
+    if job.attributes is not None:
+        _check_attributes(job.attributes, index)
     if known_types is not None and job.workflow not in known_types:
         field = _field(index, "workflow")
         raise RequestError(
@@ -359,6 +375,20 @@ def _check_start(job: JobIn, index: int | None) -> None:
         raise RequestError(
             422,
             "invalid_request",
+            f"invalid {field}: {exc}",
+            [FieldError(field=field, reason=str(exc))],
+        ) from None
+
+
+def _check_attributes(attributes: dict[str, Any], index: int | None) -> None:
+    """The envelope's rule (:func:`onceflow.envelope.check_attributes`) as a 422."""
+    try:
+        check_attributes(attributes)
+    except ValueError as exc:
+        field = _field(index, "attributes")
+        raise RequestError(
+            422,
+            "invalid_attributes",
             f"invalid {field}: {exc}",
             [FieldError(field=field, reason=str(exc))],
         ) from None

@@ -80,15 +80,11 @@ def classify(
             dead.append(DeadLetter.of(rec, DeadLetterReason.UNKNOWN_TYPE, detail, env.job_id))
             continue
         workflow = kind == JobKind.WORKFLOW
-        refused = _callback_refusal(env, workflow, callbacks)
+        refused = _callback_refusal(env, workflow, callbacks) or _task_refusal(env, workflow)
         if refused is not None:
             dead.append(DeadLetter.of(rec, *refused, env.job_id))
             continue
         enqueued = datetime.fromtimestamp(rec.timestamp, UTC) if rec.timestamp else None
-        if env.run_at is not None and not workflow:
-            detail = f"{env.workflow!r} is a task: a delayed start (run_at) is for workflows"
-            dead.append(DeadLetter.of(rec, DeadLetterReason.INVALID_RUN_AT, detail, env.job_id))
-            continue
         version = registry.version(env.workflow) if workflow else None
         lane = registry.lane_path(env.workflow) if workflow else None
         delay = registry.start_after(env.workflow) if workflow else None
@@ -120,6 +116,19 @@ def _callback_refusal(
         return DeadLetterReason.INVALID_CALLBACK, detail
     problem = callback_problem(env.callback, callbacks)
     return None if problem is None else (DeadLetterReason(problem[0]), problem[1])
+
+
+def _task_refusal(env: JobEnvelope, workflow: bool) -> tuple[DeadLetterReason, str] | None:
+    """What a task cannot have: a delayed start, attributes (it has no instance)."""
+    if workflow:
+        return None
+    if env.run_at is not None:
+        detail = f"{env.workflow!r} is a task: a delayed start (run_at) is for workflows"
+        return DeadLetterReason.INVALID_RUN_AT, detail
+    if env.attributes:
+        detail = f"{env.workflow!r} is a task: attributes are for workflow instances"
+        return DeadLetterReason.INVALID_ATTRIBUTES, detail
+    return None
 
 
 def split_by_partition(deliveries: list[Delivery], groups: int) -> list[list[Delivery]]:

@@ -80,6 +80,8 @@ class Context(Protocol):
 
     async def deprecate_patch(self, patch_id: str) -> None: ...
 
+    async def set_attributes(self, update: dict[str, Any]) -> None: ...
+
     async def start_child(
         self,
         workflow: str,

@@ -109,6 +109,12 @@ class StreamValueRefused(NonRetryableError):
         self.code = code
 
 
+class InvalidAttributes(NonRetryableError):
+    """``ctx.set_attributes`` was given an update that, merged into the instance's
+    attributes, the rule refuses (:func:`onceflow.envelope.check_attributes`: a bad key
+    or value, too many keys, too large). Nothing was written."""
+
+
 class StreamLimitReached(NonRetryableError):
     """``emit`` past the instance's bound on its output streams (values or bytes in all,
     ``ONCEFLOW_STREAM_MAX_VALUES`` / ``ONCEFLOW_STREAM_MAX_BYTES``): nothing was written,

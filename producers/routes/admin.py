@@ -128,6 +128,7 @@ def _guarded(op: Callable[[], T]) -> T:
 
 @router.get("", dependencies=_READ)
 def list_instances(
+    request: Request,
     db: DbDep,
     workflow: str | None = None,
     status: InstanceStatus | None = None,
@@ -146,7 +147,8 @@ def list_instances(
     count: bool = False,
 ) -> dict[str, Any]:
     """A page of instances, newest first; ``next_cursor`` fetches the next one, and
-    ``count=true`` adds how many match in all."""
+    ``count=true`` adds how many match in all. ``attr.<key>=<value>`` (repeatable, one
+    per key: all must match) filters on the searchable attributes."""
     f = views.InstanceFilter(
         workflow=workflow or None,
         status=status,
@@ -159,6 +161,7 @@ def list_instances(
         error_contains=error_contains or None,
         version=version or None,
     )
+    f = _filtered(lambda: _with_attributes(f, request))
     limit = max(1, min(limit, views.MAX_LIMIT))
     page = _filtered(lambda: views.list_page(db, f, sort, cursor or None, limit))
     return {
@@ -166,6 +169,18 @@ def list_instances(
         "next_cursor": page.next_cursor,
         "count": views.count_matching(db, f) if count else None,
     }
+
+
+def _with_attributes(f: views.InstanceFilter, request: Request) -> views.InstanceFilter:
+    """``f`` narrowed by the query's ``attr.<key>=<value>`` parameters (InvalidFilter
+    for a bad key or value, or one key twice)."""
+    prefix = views.ATTR_PREFIX
+    terms = [
+        (name[len(prefix) :], value)
+        for name, value in request.query_params.multi_items()
+        if name.startswith(prefix)
+    ]
+    return f.with_attribute_pairs(terms) if terms else f
 
 
 def _filtered(op: Callable[[], T]) -> T:

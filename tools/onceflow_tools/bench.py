@@ -55,7 +55,7 @@ import sqlalchemy as sa
 from onceflow.lag import consumer_lag
 from onceflow.settings import Settings
 from onceflow.vocabulary import InstanceStatus
-from onceflow_tools.benchsql import seed_for_bench
+from onceflow_tools.benchsql import add_rare_old_tenant, seed_for_bench
 from onceflow_tools.figures import (
     consumption,
     count_instances,
@@ -858,7 +858,8 @@ def console_list(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
     try:
         migrate(db)
         started = time.perf_counter()
-        seed_for_bench(db, rows)
+        seed_for_bench(db, rows, tenants=1000)
+        add_rare_old_tenant(db)
         seed_seconds = time.perf_counter() - started
         everything = views.InstanceFilter()
         half = views.list_page(
@@ -866,6 +867,11 @@ def console_list(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
         ).rows
         deep = views.encode_cursor("created", half[0].created_at, half[0].job_id) if half else None
         errored = views.InstanceFilter(workflow="bench-wf-1", status=InstanceStatus.ERRORED)
+        # searchable attributes (migration 0022): one tenant in 1000, and with a tier
+        tenant = views.InstanceFilter.parse("attr.tenant=t7")
+        tenant_tier = views.InstanceFilter.parse("attr.tenant=t7,attr.tier=gold")
+        tier = views.InstanceFilter.parse("attr.tier=gold")  # a third of them
+        rare = views.InstanceFilter.parse("attr.tenant=rare")  # the 5 oldest
         queries: list[tuple[str, Callable[[], object]]] = [
             ("list first page", lambda: views.list_page(db, everything)),
             ("list deep page (middle)", lambda: views.list_page(db, everything, cursor=deep)),
@@ -874,6 +880,12 @@ def console_list(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
             ("count all", lambda: views.count_matching(db, everything)),
             ("count all, cap 10000", lambda: views.count_matching(db, everything, cap=10000)),
             ("count workflow+status", lambda: views.count_matching(db, errored)),
+            ("list attr tenant (1 in 1000) page", lambda: views.list_page(db, tenant)),
+            ("list attr tenant+tier page", lambda: views.list_page(db, tenant_tier)),
+            ("list attr tier (1 in 3) page", lambda: views.list_page(db, tier)),
+            ("list attr rare old tenant (5) page", lambda: views.list_page(db, rare)),
+            ("count attr tenant", lambda: views.count_matching(db, tenant)),
+            ("count attr tier (1 in 3)", lambda: views.count_matching(db, tier)),
         ]
         timings = []
         for label, query in queries:

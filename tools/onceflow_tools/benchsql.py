@@ -25,10 +25,14 @@ from sqlalchemy.engine import Engine
 from onceflow.vocabulary import TERMINAL_STATUSES, InstanceStatus
 
 
-def seed_for_bench(db: Engine, n: int, workflow_count: int = 4, prefix: str = "bench_") -> int:
+def seed_for_bench(
+    db: Engine, n: int, workflow_count: int = 4, prefix: str = "bench_", tenants: int = 0
+) -> int:
     """Insert ``n`` instances (and their job rows) in two statements with
     ``generate_series``, spread over the last 30 days and over every status, then
-    ANALYZE: the data of ``onceflow bench console-list``. Never for a real database."""
+    ANALYZE: the data of ``onceflow bench console-list``. Never for a real database.
+    ``tenants``: when set, each instance has searchable attributes ``{"tenant":
+    "t<g % tenants>", "tier": gold|silver|bronze}`` (g: its number)."""
     statuses = [str(s) for s in InstanceStatus if s != InstanceStatus.RUNNING]
     params = {
         "n": n,
@@ -36,6 +40,7 @@ def seed_for_bench(db: Engine, n: int, workflow_count: int = 4, prefix: str = "b
         "p": prefix,
         "st": statuses,
         "final": sorted(TERMINAL_STATUSES),
+        "tenants": tenants,
     }
     with db.begin() as conn:
         conn.execute(
@@ -50,12 +55,16 @@ def seed_for_bench(db: Engine, n: int, workflow_count: int = 4, prefix: str = "b
         conn.execute(
             sa.text(
                 "INSERT INTO onceflow_instances (job_id, workflow, params, status, created_at,"
-                " updated_at, finished_at, error)"
+                " updated_at, finished_at, error, attributes)"
                 " SELECT job_id, type_name, '{}'::jsonb, st, at, at + interval '1 second',"
                 " CASE WHEN st = ANY(CAST(:final AS text[]))"
                 "      THEN at + interval '1 second' END,"
                 f" CASE WHEN st = '{InstanceStatus.ERRORED}'"
-                "      THEN 'boom ' || (source_offset % 97) END"
+                "      THEN 'boom ' || (source_offset % 97) END,"
+                " CASE WHEN :tenants > 0 THEN jsonb_build_object("
+                "   'tenant', 't' || (source_offset % greatest(:tenants, 1)),"
+                "   'tier', (ARRAY['gold', 'silver', 'bronze'])[1 + source_offset % 3])"
+                "   ELSE '{}'::jsonb END"
                 " FROM (SELECT job_id, type_name, source_offset,"
                 "   (:st)[1 + (source_offset % cardinality(CAST(:st AS text[])))] AS st,"
                 "   now() - (source_offset * interval '30 days' / :n) AS at"
@@ -66,6 +75,22 @@ def seed_for_bench(db: Engine, n: int, workflow_count: int = 4, prefix: str = "b
         conn.execute(sa.text("ANALYZE onceflow_jobs"))
         conn.execute(sa.text("ANALYZE onceflow_instances"))
     return n
+
+
+def add_rare_old_tenant(db: Engine, n: int = 5, tenant: str = "rare") -> None:
+    """Give the ``n`` oldest instances the attributes ``{"tenant": tenant}`` and ANALYZE:
+    the worst case of an attribute filter's page (few matches, all at the far end of
+    the created-at index). Never for a real database."""
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE onceflow_instances SET attributes = jsonb_build_object('tenant', :t)"
+                " WHERE job_id IN (SELECT job_id FROM onceflow_instances"
+                " ORDER BY created_at LIMIT :n)"
+            ),
+            {"t": tenant, "n": n},
+        )
+        conn.execute(sa.text("ANALYZE onceflow_instances"))
 
 
 # ---- history at scale (onceflow_tools.history_bench) ----

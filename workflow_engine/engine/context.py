@@ -310,6 +310,22 @@ class WorkflowContext:
         self._patches[patch_id] = taken
         return taken
 
+    async def set_attributes(self, update: dict[str, Any]) -> None:
+        """Merge ``update`` into the instance's searchable attributes (a key set to None
+        is removed), durably: an ``attributes`` entry of the history, written with the
+        change in one transaction (:mod:`workflow_engine.store.writes.attributes`), so a
+        replay applies each update once and a crash loses none that returned. The merged
+        result must fit the submit rule (:func:`onceflow.envelope.check_attributes`), else
+        :class:`~workflow_engine.errors.InvalidAttributes` and nothing is written."""
+        name = f"set_attributes#{self._cursor().peek()}"
+        position, recorded = self._next(name, StepKind.ATTRIBUTES)
+        if recorded is not None:
+            return  # applied when it was recorded: the instance has it already
+        # a copy (code may change its dict while the write waits); anything else is
+        # refused by the rule, never turned into a dict (pairs, a mapping of another kind)
+        given = dict(update) if isinstance(update, dict) else update
+        await self._db(writes.set_attributes, self.lease, self.job_id, position, name, given)
+
     async def deprecate_patch(self, patch_id: str) -> None:
         """Retire ``patched(patch_id)`` once no instance without its marker is left:
         consumes the marker where the history has one, records nothing otherwise."""

@@ -434,7 +434,7 @@ CREATE TABLE public.onceflow_dead_letters (
     headers jsonb DEFAULT '{}'::jsonb NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT onceflow_dead_letters_dlq_position_check CHECK (((dlq_partition IS NULL) = (dlq_offset IS NULL))),
-    CONSTRAINT onceflow_dead_letters_reason_check CHECK ((reason = ANY (ARRAY['database_refused'::text, 'invalid_callback'::text, 'invalid_job_id'::text, 'invalid_params'::text, 'invalid_priority'::text, 'invalid_submitted_at'::text, 'key_mismatch'::text, 'missing_workflow'::text, 'no_value'::text, 'not_an_object'::text, 'not_json'::text, 'task_failed'::text, 'too_large'::text, 'unknown_callback'::text, 'unknown_type'::text, 'unsupported_version'::text, 'invalid_run_at'::text])))
+    CONSTRAINT onceflow_dead_letters_reason_check CHECK ((reason = ANY (ARRAY['database_refused'::text, 'invalid_callback'::text, 'invalid_job_id'::text, 'invalid_params'::text, 'invalid_priority'::text, 'invalid_run_at'::text, 'invalid_submitted_at'::text, 'key_mismatch'::text, 'missing_workflow'::text, 'no_value'::text, 'not_an_object'::text, 'not_json'::text, 'task_failed'::text, 'too_large'::text, 'unknown_callback'::text, 'unknown_type'::text, 'unsupported_version'::text, 'invalid_attributes'::text])))
 );
 
 ALTER TABLE public.onceflow_dead_letters ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
@@ -559,6 +559,8 @@ CREATE TABLE public.onceflow_instances (
     retry_count integer DEFAULT 0 NOT NULL,
     forked_from text,
     forked_at_position integer,
+    attributes jsonb DEFAULT '{}'::jsonb NOT NULL,
+    CONSTRAINT onceflow_instances_attributes_shape CHECK (((jsonb_typeof(attributes) = 'object'::text) AND (octet_length((attributes)::text) <= 4096))),
     CONSTRAINT onceflow_instances_callback_length CHECK ((char_length(callback) <= 64)),
     CONSTRAINT onceflow_instances_finished_check CHECK (((status = ANY (ARRAY['complete'::text, 'errored'::text, 'terminated'::text])) = (finished_at IS NOT NULL))),
     CONSTRAINT onceflow_instances_forked_check CHECK (((forked_from IS NULL) = (forked_at_position IS NULL))),
@@ -570,6 +572,7 @@ CREATE TABLE public.onceflow_instances (
     CONSTRAINT onceflow_instances_requested_action_check CHECK ((requested_action = ANY (ARRAY['pause'::text, 'terminate'::text, 'restart'::text]))),
     CONSTRAINT onceflow_instances_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'sleeping'::text, 'waiting'::text, 'paused'::text, 'complete'::text, 'errored'::text, 'terminated'::text])))
 );
+ALTER TABLE ONLY public.onceflow_instances ALTER COLUMN attributes SET STATISTICS 1000;
 
 COMMENT ON COLUMN public.onceflow_instances.duplicated IS 'A later delivery of this job id was recorded (onceflow_duplicate_deliveries).';
 
@@ -578,6 +581,8 @@ COMMENT ON COLUMN public.onceflow_instances.mismatched IS 'One of those deliveri
 COMMENT ON COLUMN public.onceflow_instances.event_seq IS 'The sequence of the last lifecycle event written for this instance (0: none yet).';
 
 COMMENT ON COLUMN public.onceflow_instances.callback IS 'The webhook endpoint (a configured name) the job asked its lifecycle events be sent to.';
+
+COMMENT ON COLUMN public.onceflow_instances.attributes IS 'Searchable attributes: set at submit, updated by ctx.set_attributes; filtered with @>.';
 
 CREATE TABLE public.onceflow_jobs (
     job_id text NOT NULL,
@@ -753,7 +758,7 @@ CREATE TABLE public.onceflow_steps (
     CONSTRAINT onceflow_steps_child_check CHECK (((kind = 'child'::text) = (child_job_id IS NOT NULL))),
     CONSTRAINT onceflow_steps_event_type_check CHECK (((kind = 'event'::text) = (event_type IS NOT NULL))),
     CONSTRAINT onceflow_steps_finished_check CHECK (((status = ANY (ARRAY['running'::text, 'sleeping'::text, 'waiting'::text])) = (finished_at IS NULL))),
-    CONSTRAINT onceflow_steps_kind_check CHECK ((kind = ANY (ARRAY['event'::text, 'patch'::text, 'sleep'::text, 'step'::text, 'child'::text]))),
+    CONSTRAINT onceflow_steps_kind_check CHECK ((kind = ANY (ARRAY['child'::text, 'event'::text, 'patch'::text, 'sleep'::text, 'step'::text, 'attributes'::text]))),
     CONSTRAINT onceflow_steps_status_check CHECK ((status = ANY (ARRAY['running'::text, 'sleeping'::text, 'waiting'::text, 'complete'::text, 'failed'::text])))
 );
 
@@ -959,6 +964,8 @@ CREATE INDEX onceflow_duplicate_deliveries_job_idx ON ONLY public.onceflow_dupli
 CREATE INDEX onceflow_duplicate_deliveries_default_job_id_idx ON public.onceflow_duplicate_deliveries_default USING btree (job_id);
 
 CREATE INDEX onceflow_events_pending_idx ON public.onceflow_events USING btree (job_id, type, id) WHERE (consumed_at IS NULL);
+
+CREATE INDEX onceflow_instances_attributes_idx ON public.onceflow_instances USING gin (attributes jsonb_path_ops);
 
 CREATE INDEX onceflow_instances_claim_order_idx ON public.onceflow_instances USING btree (public.onceflow_claim_order(run_after, priority)) WHERE ((status = ANY (ARRAY['queued'::text, 'sleeping'::text, 'waiting'::text])) AND (flow_lane IS NULL));
 

@@ -72,10 +72,14 @@ _INSERT_JOB = sa.text(
     " VALUES (:new, :kind, :workflow, :digest, now(), :origin)"
     " ON CONFLICT ON CONSTRAINT onceflow_jobs_job_id_key DO NOTHING RETURNING job_id"
 )
+# The fork starts with the origin's searchable attributes as they are now (migration
+# 0022): the copied history's ``attributes`` entries are recorded, so its replay does
+# not apply them again, and the job's own (a tenant, say) stay findable on the fork.
 _INSERT_INSTANCE = sa.text(
     "INSERT INTO onceflow_instances (job_id, workflow, params, version, priority, flow_lane,"
-    " forked_from, forked_at_position)"
-    " VALUES (:new, :workflow, CAST(:params AS jsonb), :version, :priority, :lane, :origin, :at)"
+    " forked_from, forked_at_position, attributes)"
+    " VALUES (:new, :workflow, CAST(:params AS jsonb), :version, :priority, :lane, :origin, :at,"
+    " (SELECT o.attributes FROM onceflow_instances o WHERE o.job_id = :origin))"
 )
 _COPY_HISTORY = sa.text(
     f"""

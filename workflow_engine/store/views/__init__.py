@@ -36,6 +36,7 @@ from workflow_engine.store.views.engines import (
     live_engines,
 )
 from workflow_engine.store.views.listing import (
+    ATTR_PREFIX,
     MAX_LIMIT,
     SORTS,
     InstanceFilter,
@@ -86,6 +87,7 @@ from workflow_engine.store.writes.dead_letters import (
 )
 
 __all__ = [
+    "ATTR_PREFIX",
     "ENGINE_STALE_SECONDS",
     "MAX_LIMIT",
     "SORTS",

@@ -85,6 +85,8 @@ class InstanceView:
     scheduled_start: datetime | None = None
     # Values held per output stream (ctx.emit), by stream name.
     streams: dict[str, int] = field(default_factory=dict)
+    # Searchable attributes (migration 0022): set at submit, ctx.set_attributes.
+    attributes: dict[str, Any] = field(default_factory=dict)
 
     @property
     def waiting_for_engine(self) -> str | None:
@@ -138,7 +140,7 @@ SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
        i.failed_position, i.retry_count, i.forked_from, i.forked_at_position,
        ARRAY(SELECT f.job_id FROM onceflow_instances f WHERE f.forked_from = i.job_id
              ORDER BY f.job_id) AS forks,
-       {SCHEDULED_START} AS scheduled_start
+       {SCHEDULED_START} AS scheduled_start, i.attributes
 FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
 -- One pass over the job id's duplicate rows, in its one partition (job_received_at,
 -- migration 0012): planning a partitioned table costs per partition and per reference.

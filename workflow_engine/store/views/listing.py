@@ -6,6 +6,11 @@ status=errored,created_to=2026-11-30T10:00:00+00:00``) shared by the CLI
 (``--filter``), the admin API and the bulk operations (which record it), and one
 query-string form (:meth:`InstanceFilter.as_params`) for URLs.
 
+Searchable attributes (migration 0022) are one term per key, ``attr.<key>=<value>``, in
+both forms (``attr.tenant=acme,attr.tier=gold``: AND); a value matches the attribute's
+string, or its number or boolean when the text is one (``attr.tier=2`` finds 2 and
+"2"). Each becomes ``attributes @> …``, which the GIN index of migration 0022 serves.
+
 Lists are newest first and paged by keyset (the cursor is the last row's sort key and
 job id), never by OFFSET: a deep page costs what the first one does. The indexes of
 migration 0008 (``(created_at, job_id)``, ``(updated_at, job_id)`` and
@@ -18,15 +23,19 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any, Literal
 
 import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from onceflow.envelope import ATTRIBUTE_KEY_PATTERN, MAX_ATTRIBUTE_VALUE_CHARS, MAX_ATTRIBUTES
 from onceflow.errors import OnceflowError
 from onceflow.vocabulary import InstanceStatus
 
@@ -54,6 +63,10 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "version": ("version",),
 }
 _KEY_OF: dict[str, str] = {alias: key for key, names in _ALIASES.items() for alias in names}
+#: A filter term on a searchable attribute: ``attr.<key>=<value>``.
+ATTR_PREFIX = "attr."
+_ATTR_KEY = re.compile(ATTRIBUTE_KEY_PATTERN)
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _TRUE = {"true", "yes", "1", "on"}
 _FALSE = {"false", "no", "0", "off"}
 
@@ -72,6 +85,8 @@ class InstanceFilter:
     payload_mismatch: bool | None = None  # params or workflow mismatch recorded
     error_contains: str | None = None  # case-insensitive substring of the error
     version: str | None = None  # the definition version it was created with
+    # searchable attributes: (key, value text) pairs sorted by key, each must match
+    attributes: tuple[tuple[str, str], ...] | None = None
 
     @classmethod
     def parse(cls, text: str) -> InstanceFilter:
@@ -80,7 +95,8 @@ class InstanceFilter:
         Keys: ``workflow``, ``status``, ``created_from`` (or ``created_after``,
         ``since``), ``created_to`` (or ``created_before``, ``until``), ``job_id``,
         ``job_id_prefix`` (or ``prefix``), ``has_duplicates``, ``payload_mismatch``,
-        ``error_contains`` (or ``error``), ``version``. A comma or backslash inside a value is
+        ``error_contains`` (or ``error``), ``version``, and ``attr.<key>`` for each searchable
+        attribute. A comma or backslash inside a value is
         written ``\\,`` / ``\\\\``. The empty text is the empty filter (everything).
         """
         pairs: dict[str, str] = {}
@@ -103,16 +119,18 @@ class InstanceFilter:
     def as_params(self) -> dict[str, str]:
         """The set fields as query-string parameters (canonical keys, text values)."""
         out: dict[str, str] = {}
-        for field in fields(self):
-            value = getattr(self, field.name)
+        for f in fields(self):
+            value = getattr(self, f.name)
             if value is None:
                 continue
-            if isinstance(value, bool):
-                out[field.name] = "true" if value else "false"
+            if f.name == "attributes":
+                out.update((ATTR_PREFIX + k, v) for k, v in value)
+            elif isinstance(value, bool):
+                out[f.name] = "true" if value else "false"
             elif isinstance(value, datetime):
-                out[field.name] = value.isoformat()
+                out[f.name] = value.isoformat()
             else:
-                out[field.name] = str(value)
+                out[f.name] = str(value)
         return out
 
     @classmethod
@@ -122,22 +140,56 @@ class InstanceFilter:
         count as not given."""
         pairs: dict[str, str] = {}
         for name, value in params.items():
-            key = _KEY_OF.get(name)
-            if key is None or value is None or not str(value).strip():
+            if value is None or not str(value).strip():
                 continue
-            if key in pairs:
-                raise InvalidFilter(f"filter key {key!r} given twice")
-            pairs[key] = str(value).strip()
+            if name == "attributes":  # the console's one field: "tenant=acme, tier=gold"
+                for key, text in _attribute_terms(str(value)):
+                    if key in pairs:
+                        raise InvalidFilter(f"filter key {key!r} given twice")
+                    pairs[key] = text
+                continue
+            canonical = _KEY_OF.get(name) or (name if name.startswith(ATTR_PREFIX) else None)
+            if canonical is None:
+                continue
+            if canonical in pairs:
+                raise InvalidFilter(f"filter key {canonical!r} given twice")
+            pairs[canonical] = str(value).strip()
         return cls._build(pairs)
 
     @property
     def empty(self) -> bool:
         return not self.as_params()
 
+    def with_attributes(self, terms: list[str]) -> InstanceFilter:
+        """This filter narrowed by ``key=value`` terms (the CLI's ``--attr``)."""
+        split = []
+        for term in terms:
+            name, sep, value = term.partition("=")
+            if not sep:
+                raise InvalidFilter(f"attribute term {term!r} is not key=value")
+            split.append((name, value))
+        return self.with_attribute_pairs(split)
+
+    def with_attribute_pairs(self, terms: list[tuple[str, str]]) -> InstanceFilter:
+        """This filter narrowed by ``(key, value)`` terms (the admin API's ``attr.<key>``
+        query parameters, whose key is taken whole: an ``=`` in it is a bad key)."""
+        pairs = {ATTR_PREFIX + k: v for k, v in self.attributes or ()}
+        for name, value in terms:
+            key = ATTR_PREFIX + name.strip()
+            if key in pairs:
+                raise InvalidFilter(f"filter key {key!r} given twice")
+            pairs[key] = value.strip()
+        return replace(self, attributes=_attribute_filter(pairs))
+
     @classmethod
     def _build(cls, pairs: Mapping[str, str]) -> InstanceFilter:
         values: dict[str, Any] = {}
+        attributes = {k: v for k, v in pairs.items() if k.startswith(ATTR_PREFIX)}
+        if attributes:
+            values["attributes"] = _attribute_filter(attributes)
         for key, raw in pairs.items():
+            if key.startswith(ATTR_PREFIX):
+                continue
             if key == "status":
                 values[key] = _status(raw)
             elif key in ("created_from", "created_to"):
@@ -152,6 +204,70 @@ class InstanceFilter:
         if built.created_from and built.created_to and built.created_from >= built.created_to:
             raise InvalidFilter("created_from must be before created_to")
         return built
+
+
+def _attribute_terms(text: str) -> list[tuple[str, str]]:
+    """``tenant=acme, tier=gold`` as ``[("attr.tenant", "acme"), …]``."""
+    terms = []
+    for part in _split(text):
+        if not part.strip():
+            continue
+        name, sep, value = part.partition("=")
+        if not sep:
+            raise InvalidFilter(f"attribute term {part.strip()!r} is not key=value")
+        terms.append((ATTR_PREFIX + name.strip(), value.strip()))
+    return terms
+
+
+def _attribute_filter(pairs: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """``attr.<key>`` terms as the filter's sorted pairs; InvalidFilter for a key no
+    attribute can have, an empty or too long value, or too many terms."""
+    if len(pairs) > MAX_ATTRIBUTES:
+        raise InvalidFilter(f"at most {MAX_ATTRIBUTES} attribute terms (an instance has no more)")
+    out = []
+    for name, value in pairs.items():
+        key = name[len(ATTR_PREFIX) :]
+        if _ATTR_KEY.fullmatch(key) is None:
+            raise InvalidFilter(
+                f"attribute key {key[:80]!r} does not match {ATTRIBUTE_KEY_PATTERN}"
+            )
+        if not value:
+            raise InvalidFilter(f"filter key {name!r} needs a value")
+        if len(value) > MAX_ATTRIBUTE_VALUE_CHARS or "\x00" in value:
+            raise InvalidFilter(
+                f"{name}: a value of at most {MAX_ATTRIBUTE_VALUE_CHARS} characters, no NUL"
+            )
+        if not value.isascii():
+            try:  # a lone surrogate (a command line's undecodable bytes) is no text
+                value.encode()
+            except UnicodeEncodeError:
+                raise InvalidFilter(f"{name}: the value is not valid UTF-8 text") from None
+        out.append((key, value))
+    return tuple(sorted(out))
+
+
+def attribute_matches(key: str, text: str) -> list[bytes]:
+    """The ``@>`` documents a filter term matches: the value as a string, and as the
+    number or boolean it spells (``2`` finds 2 and "2"; ``true`` finds true and "true").
+
+    The number goes into the document as written, so jsonb compares it as the exact
+    ``numeric`` it is (``1e2`` is 100; ``1e-400`` is not 0, as a float parse would make
+    it). One no attribute can hold (beyond a 64-bit float's range: only workflow code's
+    floats and ingest's exact numbers are stored) matches as a string only."""
+    docs = [orjson.dumps({key: text})]
+    if text in ("true", "false"):
+        docs.append(orjson.dumps({key: text == "true"}))
+    elif _JSON_NUMBER.fullmatch(text) and _storable_number(text):
+        docs.append(b"{" + orjson.dumps(key) + b":" + text.encode() + b"}")
+    return docs
+
+
+def _storable_number(text: str) -> bool:
+    """Whether the JSON number ``text`` is one an attribute could hold: zero, or a
+    finite 64-bit float that is not zero (its exponent within what numeric takes)."""
+    number = Decimal(text)
+    as_float = float(number)
+    return number.is_zero() or (math.isfinite(as_float) and as_float != 0.0)
 
 
 def _split(text: str) -> list[str]:
@@ -173,10 +289,14 @@ def _escape(value: str) -> str:
 
 
 def _canonical(name: str) -> str:
+    if name.startswith(ATTR_PREFIX):
+        return name
     key = _KEY_OF.get(name.lower())
     if key is None:
         known = ", ".join(_ALIASES)
-        raise InvalidFilter(f"unknown filter key {name!r} (known: {known})")
+        raise InvalidFilter(
+            f"unknown filter key {name!r} (known: {known}, {ATTR_PREFIX}<attribute key>)"
+        )
     return key
 
 
@@ -272,6 +392,14 @@ def where_clause(f: InstanceFilter) -> tuple[str, dict[str, Any]]:
     if f.version is not None:  # a plain AND: the created/updated index still orders the page
         terms.append("i.version = :f_version")
         params["f_version"] = f.version
+    for n, (key, text) in enumerate(f.attributes or ()):
+        # containment, which the GIN index (jsonb_path_ops, migration 0022) serves; a
+        # number's or boolean's spelling matches either type (a BitmapOr of two scans)
+        matches = []
+        for m, doc in enumerate(attribute_matches(key, text)):
+            matches.append(f"i.attributes @> CAST(:f_attr_{n}_{m} AS jsonb)")
+            params[f"f_attr_{n}_{m}"] = doc.decode()
+        terms.append(matches[0] if len(matches) == 1 else "(" + " OR ".join(matches) + ")")
     return (" AND ".join(terms) or "TRUE"), params
 
 
@@ -289,6 +417,7 @@ class InstanceRow:
     version: str | None  # the definition version it was created with
     # A delayed start not reached yet (run_at / start_after): when it becomes claimable.
     scheduled_start: datetime | None = None
+    attributes: dict[str, Any] = field(default_factory=dict)  # searchable (migration 0022)
 
 
 #: When a queued instance that has never run will become claimable, if that is still
@@ -349,7 +478,7 @@ def _list_sql(
         params["c_at"], params["c_job"] = after
     page = (
         "SELECT i.job_id, i.workflow, i.status, i.created_at, i.updated_at, i.error,"
-        f" i.finished_at, i.version, {SCHEDULED_START} AS scheduled_start"
+        f" i.finished_at, i.version, {SCHEDULED_START} AS scheduled_start, i.attributes"
         f" FROM onceflow_instances i WHERE {where}"
         f" ORDER BY i.{column} DESC, i.job_id DESC LIMIT :limit"
     )
@@ -394,6 +523,7 @@ def list_page(
             finished_at=r.finished_at,
             version=r.version,
             scheduled_start=r.scheduled_start,
+            attributes=r.attributes,
         )
         for r in found[:limit]
     ]

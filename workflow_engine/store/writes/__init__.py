@@ -36,6 +36,7 @@ from workflow_engine.store.partitions import (
     partitions,
     retire_expired,
 )
+from workflow_engine.store.writes.attributes import set_attributes
 from workflow_engine.store.writes.children import (
     Awaited,
     ChildIdTaken,
@@ -210,6 +211,7 @@ __all__ = [
     "retire_expired",
     "seconds_until_next_due",
     "seconds_until_next_fire",
+    "set_attributes",
     "start_children",
     "states",
     "status_counts",
