@@ -55,6 +55,7 @@ def test_parse_reads_the_documented_form_and_its_aliases():
             has_duplicates=True,
             payload_mismatch=False,
             error_contains="timeout, again = bad",
+            scheduled=True,
         ),
     ],
 )
@@ -177,6 +178,37 @@ def test_the_version_filter_and_what_a_row_carries_for_the_cli(db):
     assert {r.version for r in rows.values()} == {"v1"}
     assert rows["v_1"].finished_at is None and rows["v_2"].finished_at is not None
     assert [r.job_id for r in list_page(db, InstanceFilter(version="v2")).rows] == []
+
+
+def test_the_scheduled_filter_finds_delayed_starts_not_yet_due(db):
+    later = datetime.now(UTC) + timedelta(hours=1)
+    past = datetime.now(UTC) - timedelta(hours=1)
+    create_instances(
+        db,
+        [
+            Delivery(JobEnvelope("s_later", "approval-workflow", {}, run_at=later), "t", 0, 0),
+            Delivery(JobEnvelope("s_past", "approval-workflow", {}, run_at=past), "t", 0, 1),
+            Delivery(JobEnvelope("s_now", "approval-workflow", {}), "t", 0, 2),
+        ],
+    )
+    _create(db, ["s_paused"])
+    operations.pause(db, "approval-workflow", "s_paused")
+
+    def ids(text):
+        f = InstanceFilter.parse(text)
+        found = sorted(r.job_id for r in list_page(db, f, limit=100).rows)
+        assert count_matching(db, f) == len(found)
+        return found
+
+    assert ids("scheduled=true") == ["s_later"]
+    assert ids("scheduled=false") == ["s_now", "s_past", "s_paused"]
+    assert ids("scheduled=true,workflow=order-workflow") == []
+    (row,) = list_page(db, InstanceFilter(scheduled=True)).rows
+    assert row.scheduled_start is not None and abs(row.scheduled_start - later) < timedelta(
+        seconds=1
+    )
+    with pytest.raises(InvalidFilter, match="not true or false"):
+        InstanceFilter.parse("scheduled=soon")
 
 
 def test_the_list_query_reads_an_index_not_the_whole_table(db):

@@ -61,6 +61,7 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "payload_mismatch": ("payload_mismatch", "mismatch"),
     "error_contains": ("error_contains", "error"),
     "version": ("version",),
+    "scheduled": ("scheduled",),
 }
 _KEY_OF: dict[str, str] = {alias: key for key, names in _ALIASES.items() for alias in names}
 #: A filter term on a searchable attribute: ``attr.<key>=<value>``.
@@ -85,6 +86,8 @@ class InstanceFilter:
     payload_mismatch: bool | None = None  # params or workflow mismatch recorded
     error_contains: str | None = None  # case-insensitive substring of the error
     version: str | None = None  # the definition version it was created with
+    # a delayed start not reached yet (queued, never started, claimable only later)
+    scheduled: bool | None = None
     # searchable attributes: (key, value text) pairs sorted by key, each must match
     attributes: tuple[tuple[str, str], ...] | None = None
 
@@ -95,8 +98,8 @@ class InstanceFilter:
         Keys: ``workflow``, ``status``, ``created_from`` (or ``created_after``,
         ``since``), ``created_to`` (or ``created_before``, ``until``), ``job_id``,
         ``job_id_prefix`` (or ``prefix``), ``has_duplicates``, ``payload_mismatch``,
-        ``error_contains`` (or ``error``), ``version``, and ``attr.<key>`` for each searchable
-        attribute. A comma or backslash inside a value is
+        ``error_contains`` (or ``error``), ``version``, ``scheduled``, and ``attr.<key>``
+        for each searchable attribute. A comma or backslash inside a value is
         written ``\\,`` / ``\\\\``. The empty text is the empty filter (everything).
         """
         pairs: dict[str, str] = {}
@@ -194,7 +197,7 @@ class InstanceFilter:
                 values[key] = _status(raw)
             elif key in ("created_from", "created_to"):
                 values[key] = _when(key, raw)
-            elif key in ("has_duplicates", "payload_mismatch"):
+            elif key in ("has_duplicates", "payload_mismatch", "scheduled"):
                 values[key] = _flag(key, raw)
             else:
                 if not raw:
@@ -354,6 +357,10 @@ _JOB_RECEIVED = "(SELECT j.received_at FROM onceflow_jobs j WHERE j.job_id = {jo
 # instance took 2.3-2.5 s a page at 1M instances with the duplicated ones all old.)
 _DUPLICATED = {True: "i.duplicated", False: "NOT i.duplicated"}
 _MISMATCHED = {True: "i.duplicated AND i.mismatched", False: "NOT i.mismatched"}
+# What SCHEDULED_START shows as "starts at": a delayed start (run_at / start_after) whose
+# time has not come (the claim takes it then).
+_IS_SCHEDULED = "(i.status = 'queued' AND i.started_at IS NULL AND i.run_after > now())"
+_SCHEDULED = {True: _IS_SCHEDULED, False: f"NOT {_IS_SCHEDULED}"}
 
 
 def where_clause(f: InstanceFilter) -> tuple[str, dict[str, Any]]:
@@ -386,6 +393,8 @@ def where_clause(f: InstanceFilter) -> tuple[str, dict[str, Any]]:
         terms.append(_DUPLICATED[f.has_duplicates])
     if f.payload_mismatch is not None:
         terms.append(_MISMATCHED[f.payload_mismatch])
+    if f.scheduled is not None:
+        terms.append(_SCHEDULED[f.scheduled])
     if f.error_contains is not None:
         terms.append("strpos(lower(i.error), lower(:f_error)) > 0")
         params["f_error"] = f.error_contains
@@ -422,10 +431,7 @@ class InstanceRow:
 
 #: When a queued instance that has never run will become claimable, if that is still
 #: ahead (a delayed start; migration 0021): NULL otherwise. Status stays ``queued``.
-SCHEDULED_START = (
-    "CASE WHEN i.status = 'queued' AND i.started_at IS NULL AND i.run_after > now()"
-    " THEN i.run_after END"
-)
+SCHEDULED_START = f"CASE WHEN {_IS_SCHEDULED} THEN i.run_after END"
 
 
 @dataclass(frozen=True, slots=True)
