@@ -34,6 +34,8 @@ BUILDERS = {
     ("workflow_engine.store.partitions", "_delete_orphans_sql"): "a table and its ranges",
     # a migration set's record table is named by its MigrationSet (code, never input)
     ("workflow_engine.store.schema", "_on_table"): "a migration set's own table",
+    # PREPARE and EXECUTE of a module-level statement, named by its text's digest
+    ("workflow_engine.store.prepared", "execute_prepared"): "a prepared statement's name",
 }
 
 

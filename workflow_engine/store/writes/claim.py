@@ -31,6 +31,7 @@ from workflow_engine.store.fragments import (
 )
 from workflow_engine.store.fragments import NOW as _NOW
 from workflow_engine.store.fragments import RUNNABLE as _RUNNABLE
+from workflow_engine.store.prepared import execute_prepared
 from workflow_engine.store.writes.flow import HAVE_VERSION, claim_flow
 
 
@@ -193,7 +194,7 @@ def claim(
             running = set(inflight)
             skip = [job_id for job_id in plain if job_id in running]
             lease = {**params, "picked": plain, "inflight": skip}
-            rows += conn.execute(_LEASE_PICKED, lease).all()
+            rows += execute_prepared(conn, _LEASE_PICKED, lease).all()
         # The histories of everything claimed, in one query, in this transaction.
         return _with_histories(rows, load_steps(conn, [row[0] for row in rows]))
 

@@ -53,6 +53,7 @@ from workflow_engine.store.db import constraint_of, is_row_at_fault, refusal, re
 from workflow_engine.store.fragments import held
 from workflow_engine.store.fragments import json_text as _json_text
 from workflow_engine.store.lifecycle import EVENTS_ON, ONE_EVENT, outbox_insert
+from workflow_engine.store.prepared import execute_prepared
 from workflow_engine.store.writes import children, stream_values
 
 # --- lease-guarded writes, batched -------------------------------------------------
@@ -257,7 +258,8 @@ _STEP_STATUS = {
 
 
 def _start_steps(conn: sa.Connection, owner: str, writes: list[StartStep]) -> list[Answer]:
-    rows = conn.execute(
+    rows = execute_prepared(
+        conn,
         _START_STEPS,
         {
             "owner": owner,
@@ -299,7 +301,7 @@ def _guarded(
 ) -> list[Answer]:
     """Run a batched guarded write returning the job ids it wrote; a write whose row
     was not written lost its lease (``lost`` says what it could not do)."""
-    written = set(conn.execute(sql, {"job_ids": job_ids, **params}).scalars())
+    written = set(execute_prepared(conn, sql, {"job_ids": job_ids, **params}).scalars())
     return [
         None if job in written else LeaseLost(why) for job, why in zip(job_ids, lost, strict=True)
     ]
@@ -341,7 +343,7 @@ def _finish_instances(
         "failed_positions": [w.failed_position for w in writes],
     }
     job_ids = [w.job_id for w in writes]
-    rows = conn.execute(_FINISH_INSTANCES, {"job_ids": job_ids, **params}).all()
+    rows = execute_prepared(conn, _FINISH_INSTANCES, {"job_ids": job_ids, **params}).all()
     # Children finished here: wake their parents that await them, in this transaction.
     children.wake_parents(conn, [(parent, job) for job, parent in rows if parent is not None])
     written = {job_id for job_id, _ in rows}
@@ -372,7 +374,9 @@ def _heartbeats(conn: sa.Connection, owner: str, writes: list[Heartbeat]) -> lis
             "claims": [claim for _, claim in w.held],
             "lease": w.lease_seconds,
         }
-        answers.append(frozenset((job, claim) for job, claim in conn.execute(_HEARTBEAT, params)))
+        answers.append(
+            frozenset((job, claim) for job, claim in execute_prepared(conn, _HEARTBEAT, params))
+        )
     return answers
 
 
