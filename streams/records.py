@@ -85,13 +85,14 @@ def classify(
             dead.append(DeadLetter.of(rec, *refused, env.job_id))
             continue
         enqueued = datetime.fromtimestamp(rec.timestamp, UTC) if rec.timestamp else None
-        if env.run_at is not None and not workflow:
-            detail = f"{env.workflow!r} is a task: a delayed start (run_at) is for workflows"
-            dead.append(DeadLetter.of(rec, DeadLetterReason.INVALID_RUN_AT, detail, env.job_id))
+        refused = None if workflow else _task_refusal(env)
+        if refused is not None:
+            dead.append(DeadLetter.of(rec, *refused, env.job_id))
             continue
         version = registry.version(env.workflow) if workflow else None
         lane = registry.lane_path(env.workflow) if workflow else None
         delay = registry.start_after(env.workflow) if workflow else None
+        within = registry.start_within(env.workflow) if workflow else None
         deliveries.append(
             Delivery(
                 env,
@@ -103,9 +104,21 @@ def classify(
                 version,
                 lane_path=lane,
                 start_after=delay,
+                start_within=within,
             )
         )
     return deliveries, dead
+
+
+def _task_refusal(env: JobEnvelope) -> tuple[DeadLetterReason, str] | None:
+    """What a plain task cannot take: a delayed start or a start limit (workflows')."""
+    if env.run_at is not None:
+        detail = f"{env.workflow!r} is a task: a delayed start (run_at) is for workflows"
+        return DeadLetterReason.INVALID_RUN_AT, detail
+    if env.start_within is not None:
+        detail = f"{env.workflow!r} is a task: a start limit (start_within) is for workflows"
+        return DeadLetterReason.INVALID_START_WITHIN, detail
+    return None
 
 
 def _callback_refusal(

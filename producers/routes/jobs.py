@@ -261,6 +261,7 @@ def _envelopes(jobs: list[JobIn], request_id: str) -> tuple[list[JobEnvelope], i
                 job.priority,
                 job.callback,
                 job_start(job, now),
+                job.start_within,
             )
         )
     return envelopes, len(jobs) - len(envelopes)

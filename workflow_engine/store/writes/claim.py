@@ -19,6 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from onceflow import failpoints
 from onceflow.vocabulary import InstanceStatus, StepKind, StepStatus
 from workflow_engine.model import FlowControl, RecordedStep
 from workflow_engine.store.fragments import (
@@ -31,6 +32,7 @@ from workflow_engine.store.fragments import (
 )
 from workflow_engine.store.fragments import NOW as _NOW
 from workflow_engine.store.fragments import RUNNABLE as _RUNNABLE
+from workflow_engine.store.writes import time_limits
 from workflow_engine.store.writes.flow import HAVE_VERSION, claim_flow
 
 
@@ -46,6 +48,11 @@ class Claimed:
     #: The job's W3C trace context (``onceflow_jobs.traceparent``): the parent of its spans.
     traceparent: str | None = None
     version: str | None = None  # the definition version it was created with
+    #: The execution deadline (execution_timeout; None: no limit), and whether the
+    #: database's clock is past it at this claim: the run is then errored ``timed_out``
+    #: without running anything (a sleep or wait woken at its deadline, a rescue).
+    deadline: datetime | None = None
+    overdue: bool = False
 
 
 _HAVE_VERSION = HAVE_VERSION
@@ -151,6 +158,8 @@ def claim(
     versions: dict[str, str] | None = None,
     flows: dict[str, FlowControl] | None = None,
     inflight: Collection[str] = (),
+    timeouts: dict[str, float] | None = None,
+    expired: list[tuple[str, str]] | None = None,
 ) -> list[Claimed]:
     """Claim up to ``limit`` runnable instances of the workflow ``versions`` this engine
     has (``{workflow: version}``); instances without a recorded version are claimed by
@@ -165,26 +174,28 @@ def claim(
 
     ``inflight``: the ids this engine still runs; none of them is claimed again, even
     if a rescue re-queued it (``fragments.mark_running``).
+
+    ``timeouts``: the execution timeouts of the workflows that declare one (seconds);
+    the claim that first starts an instance sets its deadline from it. First, in the
+    same transaction, the queued instances past their start limit are errored
+    (:func:`~workflow_engine.store.writes.time_limits.expire_unstarted`), and no claim
+    starts one (``fragments.mark_running`` tests it on the row it locks); their
+    ``(job_id, workflow)`` are appended to ``expired`` if given (the engine counts them).
     """
     controlled = flows or {}
-    any_workflow = versions is None
+    params = _claim_params(owner, lease_seconds, now, versions, inflight, timeouts or {})
     versions = versions or {}
-    params = {
-        "any_workflow": any_workflow,
-        "owner": owner,
-        "lease": lease_seconds,
-        "now": now,
-        "inflight": list(inflight),
-        "have_workflows": list(versions),
-        "have_versions": list(versions.values()),
-    }
     with db.begin() as conn:
+        gone = time_limits.expire_unstarted(conn, limit)
+        if expired is not None:
+            expired += gone
         locked, picked = _pick(conn, params, limit, controlled, versions)
         rows: list[Any] = []
         if locked:
             rows = _claim_flows(conn, controlled, locked, picked, limit, params)
         plain = [job_id for job_id, _ in picked[: limit - len(rows)]]
         if plain:
+            failpoints.hit("claim.before_lease", plain[0])
             # The lease's ``:inflight`` is the in-flight ids among ``plain``: it updates
             # only rows of ``plain``, so it excludes exactly what the whole list would,
             # without the database parsing and testing every id this engine runs on
@@ -196,6 +207,28 @@ def claim(
             rows += conn.execute(_LEASE_PICKED, lease).all()
         # The histories of everything claimed, in one query, in this transaction.
         return _with_histories(rows, load_steps(conn, [row[0] for row in rows]))
+
+
+def _claim_params(
+    owner: str,
+    lease_seconds: float,
+    now: datetime | None,
+    versions: dict[str, str] | None,
+    inflight: Collection[str],
+    timeouts: dict[str, float],
+) -> dict[str, Any]:
+    """The values every statement of a claim reads (the plain and the flow claims)."""
+    return {
+        "any_workflow": versions is None,
+        "owner": owner,
+        "lease": lease_seconds,
+        "now": now,
+        "inflight": list(inflight),
+        "have_workflows": list(versions or {}),
+        "have_versions": list((versions or {}).values()),
+        "timeout_workflows": list(timeouts),
+        "timeout_seconds": list(timeouts.values()),
+    }
 
 
 def _pick(
@@ -237,8 +270,12 @@ def _with_histories(rows: Sequence[Any], history: dict[str, list[RecordedStep]])
             history.get(job_id, []),
             tp,
             version,
+            deadline,
+            bool(due),
         )
-        for job_id, workflow, params, created, submitted, claims, tp, version in rows
+        for job_id, workflow, params, created, submitted, claims, tp, version, deadline, due in (
+            rows
+        )
     ]
 
 

@@ -53,7 +53,8 @@ WITH input AS (
         ord integer, job_id text, kind text, workflow text, params jsonb, params_digest text,
         request_id text, submitted_at timestamptz, traceparent text, origin text,
         topic text, part integer, off bigint, enqueued_at timestamptz, version text,
-        priority smallint, lane_path text[], callback text, run_after timestamptz)
+        priority smallint, lane_path text[], callback text, run_after timestamptz,
+        start_within double precision)
 ),
 firsts AS (
     SELECT DISTINCT ON (job_id) * FROM input ORDER BY job_id, ord
@@ -108,14 +109,16 @@ dups AS (
 ),
 inst AS (
     INSERT INTO onceflow_instances (job_id, workflow, params, version, priority, flow_lane,
-                                    event_seq, callback, run_after)
+                                    event_seq, callback, run_after, start_by)
     SELECT f.job_id, f.workflow, f.params, f.version, f.priority,
            -- bounded (migration 0014): the lane index takes any key's value
            onceflow_flow_lane(f.params, f.lane_path), {ONE_EVENT}, f.callback,
            -- a delayed start (run_at, start_after: migration 0021); one in the past, or
            -- none, is now (GREATEST skips a NULL), so it is not claimed ahead of the
            -- backlog as if it had waited since then
-           GREATEST(f.run_after, now())
+           GREATEST(f.run_after, now()),
+           -- a start limit (start_within: migration 0023), from the start time
+           GREATEST(f.run_after, now()) + make_interval(secs => f.start_within)
     FROM firsts f JOIN upsert u USING (job_id)
     WHERE u.inserted AND f.kind = :workflow_kind
     RETURNING job_id, workflow, version, priority, event_seq AS seq, status
@@ -170,6 +173,7 @@ def _row(ord_: int, d: Delivery) -> dict[str, Any]:
         "lane_path": d.lane_path,
         "callback": env.callback,
         "run_after": _start(d),
+        "start_within": env.start_within if env.start_within is not None else d.start_within,
     }
 
 

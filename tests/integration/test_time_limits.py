@@ -1,0 +1,297 @@
+"""Time limits (issue 26, item 4) on the real database and a real engine on the real
+clock: ``execution_timeout`` (the deadline set at the first start, kept in
+``onceflow_instances.deadline``) and ``start_within`` (``start_by``, expired by the
+claim under the row lock).
+
+Every timing is read from the database's own timestamps (the deadline, ``finished_at``),
+so a loaded box makes a test slower, not wrong.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+
+from onceflow import failpoints
+from onceflow.envelope import JobEnvelope
+from onceflow.vocabulary import TimeoutKind
+from tests.integration.interleavings import EngineHarness, rows, scalar, status, wait_for
+from workflow_engine import workflow
+from workflow_engine.clock import SystemClock
+from workflow_engine.engine.metrics import TIME_LIMITS
+from workflow_engine.model import Delivery
+from workflow_engine.store.views import describe_instance
+from workflow_engine.store.writes import claim, create_instances
+
+#: How late past its deadline a sleeping or waiting instance may be errored: the
+#: engine's wait for its next timer, a claim and a finish on a loaded two-core box.
+LATE = 1.0
+
+
+@workflow("test-tl-slow-step", execution_timeout=1.5)
+async def slow_step(ctx, params):
+    await ctx.step("slow", lambda: time.sleep(2.0) or "done")  # past the deadline
+    await ctx.step("after", lambda: "never")
+    return "finished"
+
+
+@workflow("test-tl-in-time", execution_timeout=60)
+async def in_time(ctx, params):
+    first = await ctx.step("one", lambda: 1)
+    return await ctx.step("two", lambda: first + 1)
+
+
+@workflow("test-tl-sleeps", execution_timeout=2)
+async def sleeps(ctx, params):
+    await ctx.sleep("nap", timedelta(hours=1))
+    return "woke"
+
+
+@workflow("test-tl-waits", execution_timeout=2)
+async def waits(ctx, params):
+    await ctx.wait_for_event("approval", type="never-sent")  # no timeout of its own
+    return "approved"
+
+
+@workflow("test-tl-restart", execution_timeout=4)
+async def across_restart(ctx, params):
+    await ctx.step("first", lambda: 1)
+    await ctx.sleep("nap", timedelta(hours=1))
+    return "woke"
+
+
+@workflow("test-tl-start", start_within=1)
+async def must_start(ctx, params):
+    return await ctx.step("only", lambda: "ran")
+
+
+@pytest.fixture(autouse=True)
+def _disarm():
+    yield
+    failpoints.disarm_all()
+
+
+def create(db, job_id, name, start_within=None):
+    env = JobEnvelope(job_id, name, {}, start_within=start_within)
+    within = 1.0 if name == "test-tl-start" else None  # the registry's, as the worker does
+    create_instances(db, [Delivery(env, "t", 0, 0, start_within=within)])
+
+
+def instance(db, job_id):
+    (row,) = rows(
+        db,
+        "SELECT status, error, timeout_kind, deadline, start_by, started_at, finished_at,"
+        " run_after, EXTRACT(epoch FROM finished_at - deadline) AS late"
+        " FROM onceflow_instances WHERE job_id = :j",
+        j=job_id,
+    )
+    return row
+
+
+def events(db, job_id):
+    """The instance's lifecycle events: (type, the time limit in its data)."""
+    return [
+        (r.type.removeprefix("dev.onceflow."), r.timeout)
+        for r in rows(
+            db,
+            "SELECT type, payload->>'timeout' AS timeout FROM onceflow_outbox"
+            " WHERE aggregateid = :j ORDER BY seq",
+            j=job_id,
+        )
+    ]
+
+
+def counted(workflow_name, kind):
+    return TIME_LIMITS.labels(workflow_name, kind)._value.get()
+
+
+def engine(settings, db):
+    """An engine on the real clock; its relay off, so the events stay in the outbox to read."""
+    return EngineHarness(
+        settings, db, clock=SystemClock(), engine_poll_interval_seconds=30, events_relay=False
+    )
+
+
+def finished(db, job_id, timeout=20.0):
+    wait_for(lambda: status(db, job_id) in ("complete", "errored"), f"{job_id} finished", timeout)
+    return instance(db, job_id)
+
+
+def test_a_run_past_its_deadline_errors_at_the_next_step_boundary(settings, db):
+    before = counted("test-tl-slow-step", TimeoutKind.TIMED_OUT)
+    create(db, "tl_slow", "test-tl-slow-step")
+    create(db, "tl_ok", "test-tl-in-time")
+    with engine(settings, db):
+        row = finished(db, "tl_slow")
+        ok = finished(db, "tl_ok")
+    assert row.status == "errored" and row.timeout_kind == TimeoutKind.TIMED_OUT
+    assert row.error.startswith("timed_out: execution deadline passed before step 'after'")
+    # The deadline is the first start plus the limit, stored.
+    assert abs((row.deadline - row.started_at).total_seconds() - 1.5) < 0.01
+    # The running step was not cut: its checkpoint is recorded; the next never started.
+    steps = rows(db, "SELECT name, status FROM onceflow_steps WHERE job_id = 'tl_slow'")
+    assert [(s.name, s.status) for s in steps] == [("slow", "complete")]
+    assert events(db, "tl_slow")[-1] == ("instance.errored", "timed_out")
+    assert counted("test-tl-slow-step", TimeoutKind.TIMED_OUT) == before + 1
+    view = describe_instance(db, "tl_slow")
+    assert view is not None and view.deadline == row.deadline
+    assert view.timeout_kind == "timed_out"
+    # One in time is not touched by its limit.
+    assert ok.status == "complete" and ok.timeout_kind is None
+    assert abs((ok.deadline - ok.started_at).total_seconds() - 60) < 0.01
+
+
+@pytest.mark.parametrize(
+    ("job_id", "name"), [("tl_sleep", "test-tl-sleeps"), ("tl_wait", "test-tl-waits")]
+)
+def test_a_sleeping_or_waiting_instance_is_woken_and_errored_at_its_deadline(
+    settings, db, job_id, name
+):
+    """A sleep of an hour, a wait with no timeout and no event: the suspension's
+    ``run_after`` is the deadline, so the engine's next-timer wait wakes it there (its
+    poll interval is 30 s: no busy loop does it)."""
+    create(db, job_id, name)
+    with engine(settings, db):
+        wait_for(lambda: status(db, job_id) in ("sleeping", "waiting"), f"{job_id} suspended")
+        suspended = instance(db, job_id)
+        assert suspended.run_after == suspended.deadline  # min(an hour, the deadline)
+        row = finished(db, job_id)
+    assert row.status == "errored" and row.timeout_kind == TimeoutKind.TIMED_OUT
+    assert 0 <= row.late < LATE, f"errored {row.late} s after its deadline"
+    assert events(db, job_id)[-1] == ("instance.errored", "timed_out")
+
+
+def test_the_deadline_is_kept_across_an_engine_restart(settings, db):
+    """Stop the engine while the instance sleeps, wait, start another: it is errored at
+    the deadline the first start set, not at a deadline counted from the second engine."""
+    create(db, "tl_restart", "test-tl-restart")
+    with engine(settings, db):
+        wait_for(lambda: status(db, "tl_restart") == "sleeping", "tl_restart sleeping")
+    deadline = instance(db, "tl_restart").deadline
+    time.sleep(1.0)  # no engine at all for a while
+    with engine(settings, db):
+        row = finished(db, "tl_restart")
+    assert row.deadline == deadline
+    assert row.status == "errored" and row.timeout_kind == TimeoutKind.TIMED_OUT
+    assert 0 <= row.late < LATE, f"errored {row.late} s after its deadline"
+
+
+def test_an_instance_not_started_within_its_limit_is_errored_not_run(settings, db):
+    """``tl_late`` waits 1.5 s for an engine with ``start_within=1`` (the workflow's);
+    ``tl_override`` has its own ``start_within=60`` and runs; ``tl_prompt`` is created
+    while an engine runs and starts in time."""
+    before = counted("test-tl-start", TimeoutKind.START_TIMEOUT)
+    create(db, "tl_late", "test-tl-start")
+    create(db, "tl_override", "test-tl-start", start_within=60)
+    assert describe_instance(db, "tl_late").start_by is not None
+    time.sleep(1.5)
+    with engine(settings, db):
+        late = finished(db, "tl_late")
+        override = finished(db, "tl_override")
+        create(db, "tl_prompt", "test-tl-start")
+        prompt = finished(db, "tl_prompt")
+    assert late.status == "errored" and late.timeout_kind == TimeoutKind.START_TIMEOUT
+    assert late.started_at is None and late.error.startswith("start_timeout: not started by")
+    assert scalar(db, "SELECT count(*) FROM onceflow_steps WHERE job_id = 'tl_late'") == 0
+    assert [e for e, _ in events(db, "tl_late")] == ["instance.created", "instance.errored"]
+    assert events(db, "tl_late")[-1] == ("instance.errored", "start_timeout")
+    assert counted("test-tl-start", TimeoutKind.START_TIMEOUT) == before + 1
+    assert override.status == "complete" and prompt.status == "complete"
+    assert prompt.started_at < prompt.start_by
+    view = describe_instance(db, "tl_late")
+    assert view.timeout_kind == "start_timeout" and view.start_by is not None
+
+
+def _claim_in_thread(db, owner):
+    got: list = []
+    thread = threading.Thread(target=lambda: got.append(claim(db, owner, 10, 30)), daemon=True)
+    thread.start()
+    return thread, got
+
+
+def test_a_claim_that_locked_it_in_time_wins_over_the_expiry(db):
+    """The claim picks and locks the instance before its start limit, then pauses
+    (``claim.before_lease``) until the limit has passed; the expiry, run by another
+    claim meanwhile, skips the locked row (it does not wait for it, and does not error
+    it after the claim commits). Exactly one wins: the claim."""
+    create(db, "tl_race_claim", "test-tl-start")
+    paused = failpoints.arm("claim.before_lease", "pause", job_id="tl_race_claim")
+    first, got = _claim_in_thread(db, "engine-a")
+    paused.wait_reached()
+    wait_for(
+        lambda: scalar(
+            db, "SELECT start_by < now() FROM onceflow_instances WHERE job_id = 'tl_race_claim'"
+        ),
+        "the start limit passed",
+    )
+    second, other = _claim_in_thread(db, "engine-b")
+    second.join(10)
+    assert not second.is_alive(), "the expiry waited for the claim's row lock"
+    assert other == [[]]
+    assert status(db, "tl_race_claim") == "queued"  # not errored under the claim
+    paused.release()
+    first.join(10)
+    assert [c.job_id for c in got[0]] == ["tl_race_claim"]
+    row = instance(db, "tl_race_claim")
+    assert row.status == "running" and row.timeout_kind is None
+    assert row.started_at < row.start_by
+    assert claim(db, "engine-b", 10, 30) == []  # and no later expiry takes it
+    assert instance(db, "tl_race_claim").status == "running"
+
+
+def test_an_expiry_that_locked_it_first_wins_over_a_claim(db):
+    """The expiry errors the instance and pauses before its transaction commits
+    (``claim.after_expiry``); a claim meanwhile does not take it (the row is locked and
+    skipped), nor after the expiry commits (it is errored)."""
+    create(db, "tl_race_expiry", "test-tl-start")
+    wait_for(
+        lambda: scalar(
+            db, "SELECT start_by < now() FROM onceflow_instances WHERE job_id = 'tl_race_expiry'"
+        ),
+        "the start limit passed",
+    )
+    paused = failpoints.arm("claim.after_expiry", "pause", job_id="tl_race_expiry")
+    first, got = _claim_in_thread(db, "engine-a")
+    paused.wait_reached()
+    second, other = _claim_in_thread(db, "engine-b")
+    second.join(10)
+    assert not second.is_alive() and other == [[]]
+    paused.release()
+    first.join(10)
+    assert got == [[]]
+    row = instance(db, "tl_race_expiry")
+    assert row.status == "errored" and row.timeout_kind == TimeoutKind.START_TIMEOUT
+    assert row.started_at is None
+    assert claim(db, "engine-b", 10, 30) == []
+    assert "instance.started" not in [e for e, _ in events(db, "tl_race_expiry")]
+
+
+def test_a_claim_never_starts_an_instance_past_its_limit_the_expiry_left(db):
+    """A claim of one: its expiry errors the older of two expired instances (its
+    limit), and its pick finds the other, which it must not start (the lease tests the
+    start limit on the row it locked); the next claim's expiry errors it."""
+    create(db, "tl_left_1", "test-tl-start")
+    create(db, "tl_left_2", "test-tl-start")
+    wait_for(
+        lambda: scalar(
+            db,
+            "SELECT bool_and(start_by < now()) FROM onceflow_instances"
+            " WHERE job_id LIKE 'tl_left_%'",
+        ),
+        "both start limits passed",
+    )
+    assert claim(db, "engine-a", 1, 30) == []
+    assert {status(db, "tl_left_1"), status(db, "tl_left_2")} == {"errored", "queued"}
+    assert claim(db, "engine-a", 1, 30) == []
+    assert status(db, "tl_left_1") == status(db, "tl_left_2") == "errored"
+    assert (
+        scalar(
+            db,
+            "SELECT count(*) FROM onceflow_instances WHERE job_id LIKE 'tl_left_%'"
+            " AND started_at IS NOT NULL",
+        )
+        == 0
+    )
