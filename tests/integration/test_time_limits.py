@@ -13,11 +13,13 @@ import threading
 import time
 from datetime import timedelta
 
+import jsonschema
 import pytest
 
 from onceflow import failpoints
 from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import TimeoutKind
+from tests.integration.events_helpers import event_schemas
 from tests.integration.interleavings import EngineHarness, rows, scalar, status, wait_for
 from workflow_engine import workflow
 from workflow_engine.clock import SystemClock
@@ -25,6 +27,8 @@ from workflow_engine.engine.metrics import TIME_LIMITS
 from workflow_engine.model import Delivery
 from workflow_engine.store.views import describe_instance
 from workflow_engine.store.writes import claim, create_instances
+
+SCHEMAS = event_schemas()
 
 #: How late past its deadline a sleeping or waiting instance may be errored: the
 #: engine's wait for its next timer, a claim and a finish on a loaded two-core box.
@@ -92,16 +96,17 @@ def instance(db, job_id):
 
 
 def events(db, job_id):
-    """The instance's lifecycle events: (type, the time limit in its data)."""
-    return [
-        (r.type.removeprefix("dev.onceflow."), r.timeout)
-        for r in rows(
-            db,
-            "SELECT type, payload->>'timeout' AS timeout FROM onceflow_outbox"
-            " WHERE aggregateid = :j ORDER BY seq",
-            j=job_id,
-        )
-    ]
+    """The instance's lifecycle events, each valid against its schema in docs/events.md:
+    (type, the time limit in its data)."""
+    found = rows(
+        db,
+        "SELECT type, payload FROM onceflow_outbox WHERE aggregateid = :j ORDER BY seq",
+        j=job_id,
+    )
+    for r in found:
+        jsonschema.validate(r.payload, SCHEMAS["common"])
+        jsonschema.validate(r.payload, SCHEMAS[r.type])
+    return [(r.type.removeprefix("dev.onceflow."), r.payload.get("timeout")) for r in found]
 
 
 def counted(workflow_name, kind):
