@@ -14,13 +14,22 @@ import time
 from datetime import timedelta
 
 import jsonschema
+import orjson
 import pytest
+from fastapi.testclient import TestClient
 
+from console import create_app as create_console
 from onceflow import failpoints
 from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import TimeoutKind
+from onceflow_cli.render import render_instance
+from onceflow_tools.processes import ProcessGroup
+from producers.api import create_app as create_api
+from tests.conftest import settings_env
 from tests.integration.events_helpers import event_schemas
 from tests.integration.interleavings import EngineHarness, rows, scalar, status, wait_for
+from tests.integration.kafka_helpers import produce
+from tests.integration.test_streams_worker import start_worker
 from workflow_engine import workflow
 from workflow_engine.clock import SystemClock
 from workflow_engine.engine.metrics import TIME_LIMITS
@@ -144,6 +153,7 @@ def test_a_run_past_its_deadline_errors_at_the_next_step_boundary(settings, db):
     view = describe_instance(db, "tl_slow")
     assert view is not None and view.deadline == row.deadline
     assert view.timeout_kind == "timed_out"
+    _shown_everywhere(settings, db, "test-tl-slow-step", "tl_slow", "timed_out")
     # One in time is not touched by its limit.
     assert ok.status == "complete" and ok.timeout_kind is None
     assert abs((ok.deadline - ok.started_at).total_seconds() - 60) < 0.01
@@ -208,6 +218,25 @@ def test_an_instance_not_started_within_its_limit_is_errored_not_run(settings, d
     assert prompt.started_at < prompt.start_by
     view = describe_instance(db, "tl_late")
     assert view.timeout_kind == "start_timeout" and view.start_by is not None
+    _shown_everywhere(settings, db, "test-tl-start", "tl_late", "start_timeout")
+
+
+def _shown_everywhere(settings, db, workflow_name, job_id, kind):
+    """The CLI's describe, the admin API's and the console's instance page show the
+    limit and what it did."""
+    view = describe_instance(db, job_id)
+    text = render_instance(view)
+    assert f"time limit reached: {kind}" in text
+    limit = "execution deadline: " if kind == "timed_out" else "must start by: "
+    assert limit in text
+    with TestClient(create_api(settings)) as api:
+        doc = api.get(f"/v1/instances/{workflow_name}/{job_id}").json()
+    assert doc["timeout_kind"] == kind
+    assert (doc["deadline"] if kind == "timed_out" else doc["start_by"]) is not None
+    page = TestClient(create_console(settings, db), base_url="http://testserver")
+    html = page.get(f"/instances/{job_id}").text
+    assert 'id="timeout-kind"' in html and kind in html
+    assert ('id="deadline"' if kind == "timed_out" else 'id="start-by"') in html
 
 
 def _claim_in_thread(db, owner):
@@ -300,3 +329,62 @@ def test_a_claim_never_starts_an_instance_past_its_limit_the_expiry_left(db):
         )
         == 0
     )
+
+
+def test_a_jobs_own_start_within_goes_through_ingest_kafka_and_the_worker(settings, db, tmp_path):
+    """The whole path, no engine: HTTP ingest, real Kafka, the real worker as a
+    subprocess. A job's ``start_within`` counts from its start time (after a delayed
+    start, from that); bad ones are refused by ingest (422 naming the field) and
+    dead-lettered by the worker (``invalid_start_within``), as is one on a plain task."""
+    bad = {
+        b"tl_bad_text": {"start_within": "soon", "workflow": "noop-workflow"},
+        b"tl_bad_zero": {"start_within": 0, "workflow": "noop-workflow"},
+        b"tl_bad_task": {"start_within": 5, "workflow": "send-welcome-email"},
+        b"tl_kafka": {"start_within": 5, "workflow": "noop-workflow"},
+    }
+    records = [
+        (key, orjson.dumps({"job_id": key.decode(), "params": {}, **doc}), [])
+        for key, doc in bad.items()
+    ]
+    produce(settings.kafka_bootstrap_servers, settings.jobs_topic, records)
+    with ProcessGroup(settings_env(settings), tmp_path / "logs") as group:
+        start_worker(group)
+        with TestClient(create_api(settings)) as client:
+            job = {"workflow": "noop-workflow", "params": {}}
+            ok = client.post(
+                "/v1/jobs", json={**job, "job_id": "tl_http", "start_within": 30, "start_after": 60}
+            )
+            refused = [
+                client.post("/v1/jobs", json={**job, "start_within": value})
+                for value in (0, 2 * 365 * 86400, "60", True)
+            ]
+        assert ok.status_code == 202, ok.text
+        wait_for(
+            lambda: (
+                scalar(db, "SELECT count(*) FROM onceflow_dead_letters") == 3
+                and status(db, "tl_http") == status(db, "tl_kafka") == "queued"
+            ),
+            "the dead letters and the instances",
+            60,
+        )
+    for answer in refused:
+        assert answer.status_code == 422, answer.text
+        assert answer.json()["fields"][0]["field"] == "start_within"
+    reasons = rows(db, "SELECT job_id, reason FROM onceflow_dead_letters ORDER BY job_id")
+    assert [(r.job_id, r.reason) for r in reasons] == [
+        ("tl_bad_task", "invalid_start_within"),
+        ("tl_bad_text", "invalid_start_within"),
+        ("tl_bad_zero", "invalid_start_within"),
+    ]
+    got = {
+        r.job_id: (float(r.delay), float(r.within))
+        for r in rows(
+            db,
+            "SELECT i.job_id, extract(epoch FROM i.run_after - j.submitted_at) AS delay,"
+            " extract(epoch FROM i.start_by - i.run_after) AS within"
+            " FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)",
+        )
+    }
+    assert got["tl_http"][0] == pytest.approx(60, abs=0.001)  # the delayed start
+    assert got["tl_http"][1] == pytest.approx(30, abs=0.001)  # the limit, from it
+    assert got["tl_kafka"][1] == pytest.approx(5, abs=0.001)  # from its creation
