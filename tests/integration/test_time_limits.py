@@ -303,10 +303,10 @@ def test_an_expiry_that_locked_it_first_wins_over_a_claim(db):
     assert "instance.started" not in [e for e, _ in events(db, "tl_race_expiry")]
 
 
-def test_a_claim_never_starts_an_instance_past_its_limit_the_expiry_left(db):
-    """A claim of one: its expiry errors the older of two expired instances (its
-    limit), and its pick finds the other, which it must not start (the lease tests the
-    start limit on the row it locked); the next claim's expiry errors it."""
+def test_a_claim_never_starts_an_instance_past_its_limit(db):
+    """A claim of one picks one of two expired instances, which it must not start (the
+    lease tests the start limit on the row it locked); its expiry, limited to one,
+    errors one of them; the next claim's expiry errors the other."""
     create(db, "tl_left_1", "test-tl-start")
     create(db, "tl_left_2", "test-tl-start")
     wait_for(

@@ -1,5 +1,6 @@
 """Time limits (migration 0023; README, "Time limits"): the expiry of instances that were
-not started within their start limit.
+not started within their start limit, run by a claim whose pick saw one due
+(:data:`EXPIRY_DUE`), in its transaction.
 
 The other limit, the execution deadline, has no statement of its own: the claim that
 first starts an instance sets it (``fragments.mark_running``), every claim says whether
@@ -23,6 +24,13 @@ from onceflow import failpoints
 from onceflow.vocabulary import InstanceStatus, LifecycleEvent, TimeoutKind
 from workflow_engine.store import lifecycle
 from workflow_engine.store.writes import children
+
+#: Some queued instance never started is past its start limit (the claim's pick probes
+#: it, and runs :func:`expire_unstarted` only then).
+EXPIRY_DUE = f"""EXISTS (
+    SELECT 1 FROM onceflow_instances
+    WHERE start_by <= now() AND started_at IS NULL AND start_by IS NOT NULL
+      AND status = '{InstanceStatus.QUEUED}')"""
 
 _EXPIRE = sa.text(
     f"""
