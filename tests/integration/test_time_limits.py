@@ -34,6 +34,7 @@ from workflow_engine import workflow
 from workflow_engine.clock import SystemClock
 from workflow_engine.engine.metrics import TIME_LIMITS
 from workflow_engine.model import Delivery
+from workflow_engine.store.operations import retry
 from workflow_engine.store.views import describe_instance
 from workflow_engine.store.writes import claim, create_instances
 
@@ -157,6 +158,28 @@ def test_a_run_past_its_deadline_errors_at_the_next_step_boundary(settings, db):
     # One in time is not touched by its limit.
     assert ok.status == "complete" and ok.timeout_kind is None
     assert abs((ok.deadline - ok.started_at).total_seconds() - 60) < 0.01
+
+
+def test_a_retry_of_a_timed_out_instance_gets_a_fresh_deadline(settings, db):
+    """Retried, the instance replays its completed slow step (it does not run again)
+    and its next start sets a new deadline, so the step it stopped before runs."""
+    create(db, "tl_retry", "test-tl-slow-step")
+    with engine(settings, db):
+        first = finished(db, "tl_retry")
+        assert first.timeout_kind == TimeoutKind.TIMED_OUT
+        assert retry(db, "test-tl-slow-step", "tl_retry").status == "queued"
+        again = finished(db, "tl_retry")
+    assert again.status == "complete" and again.timeout_kind is None and again.error is None
+    assert again.deadline > first.deadline
+    steps = rows(
+        db,
+        "SELECT name, status, attempts FROM onceflow_steps WHERE job_id = 'tl_retry'"
+        " ORDER BY position",
+    )
+    assert [(s.name, s.status, s.attempts) for s in steps] == [
+        ("slow", "complete", 1),
+        ("after", "complete", 1),
+    ]
 
 
 @pytest.mark.parametrize(
