@@ -198,6 +198,7 @@ def test_a_sleeping_or_waiting_instance_is_woken_and_errored_at_its_deadline(
         assert suspended.run_after == suspended.deadline  # min(an hour, the deadline)
         row = finished(db, job_id)
     assert row.status == "errored" and row.timeout_kind == TimeoutKind.TIMED_OUT
+    print(f"{job_id}: errored {float(row.late):+.3f} s from its deadline")  # with -s
     assert 0 <= row.late < LATE, f"errored {row.late} s after its deadline"
     assert events(db, job_id)[-1] == ("instance.errored", "timed_out")
 
@@ -213,6 +214,7 @@ def test_the_deadline_is_kept_across_an_engine_restart(settings, db):
     with engine(settings, db):
         row = finished(db, "tl_restart")
     assert row.deadline == deadline
+    print(f"tl_restart: errored {float(row.late):+.3f} s from its deadline")  # with -s
     assert row.status == "errored" and row.timeout_kind == TimeoutKind.TIMED_OUT
     assert 0 <= row.late < LATE, f"errored {row.late} s after its deadline"
 
