@@ -330,8 +330,8 @@ def test_an_expiry_that_locked_it_first_wins_over_a_claim(db):
 
 def test_a_claim_never_starts_an_instance_past_its_limit(db):
     """A claim of one picks one of two expired instances, which it must not start (the
-    lease tests the start limit on the row it locked); its expiry, limited to one,
-    errors one of them; the next claim's expiry errors the other."""
+    lease, before the expiry, tests the start limit on the row it locked); its expiry
+    is not limited to the claim's one free slot (``EXPIRY_BATCH``): it errors both."""
     create(db, "tl_left_1", "test-tl-start")
     create(db, "tl_left_2", "test-tl-start")
     wait_for(
@@ -342,8 +342,6 @@ def test_a_claim_never_starts_an_instance_past_its_limit(db):
         ),
         "both start limits passed",
     )
-    assert claim(db, "engine-a", 1, 30) == []
-    assert {status(db, "tl_left_1"), status(db, "tl_left_2")} == {"errored", "queued"}
     assert claim(db, "engine-a", 1, 30) == []
     assert status(db, "tl_left_1") == status(db, "tl_left_2") == "errored"
     assert (
@@ -413,3 +411,43 @@ def test_a_jobs_own_start_within_goes_through_ingest_kafka_and_the_worker(settin
     assert got["tl_http"][0] == pytest.approx(60, abs=0.001)  # the delayed start
     assert got["tl_http"][1] == pytest.approx(30, abs=0.001)  # the limit, from it
     assert got["tl_kafka"][1] == pytest.approx(5, abs=0.001)  # from its creation
+
+
+def test_an_expired_backlog_does_not_hold_back_the_work_behind_it(settings, db):
+    """Six instances past their start limit come first in the claim order, before one
+    in time; the engine claims two at a time and polls every 30 s. Its picks take the
+    expired ones and lease none of them (the lease refuses a start past the limit), so
+    a claim answers nothing though work is due: an engine that then waited for its
+    poll, as for an empty queue, left the job behind them for a poll interval per
+    claim. It claims again at once when its expiry errored some, so the backlog is
+    errored and the job behind it runs within seconds."""
+    for n in range(6):
+        create(db, f"tl_backlog_{n}", "test-tl-start")
+    wait_for(
+        lambda: scalar(
+            db,
+            "SELECT bool_and(start_by < now()) FROM onceflow_instances"
+            " WHERE job_id LIKE 'tl_backlog_%'",
+        ),
+        "the start limits passed",
+    )
+    create(db, "tl_behind", "test-tl-in-time")
+    began = time.monotonic()
+    with EngineHarness(
+        settings,
+        db,
+        clock=SystemClock(),
+        engine_poll_interval_seconds=30,
+        engine_claim_batch=2,
+        events_relay=False,
+    ):
+        behind = finished(db, "tl_behind", timeout=25)
+    took = time.monotonic() - began
+    assert behind.status == "complete"
+    assert took < 10, f"the job behind the expired backlog waited {took:.1f} s"
+    expired = scalar(
+        db,
+        "SELECT count(*) FROM onceflow_instances WHERE job_id LIKE 'tl_backlog_%'"
+        " AND timeout_kind = 'start_timeout' AND started_at IS NULL",
+    )
+    assert expired == 6

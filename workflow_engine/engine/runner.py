@@ -231,19 +231,24 @@ class EngineRunner:
                 continue
             self._wake.clear()
             want = min(free, self.settings.claim_batch_size)
-            claimed = await self._claim(want)
-            if claimed is None:
+            got = await self._claim(want)
+            if got is None:
                 await self._wait_wake(self.settings.engine_poll_interval_seconds)
                 continue
+            claimed, expired = got
             for inst in claimed:
                 task = asyncio.create_task(self._run_instance(inst))
                 self._inflight[inst.job_id] = Run(inst.claim_count, task)
             INFLIGHT.set(len(self._inflight))
-            if len(claimed) < want:
+            # A short claim whose expiry errored some is not an empty queue: its pick
+            # may have spent the batch on instances past their start limit (never
+            # leased) with work due behind them, so it claims again at once.
+            if len(claimed) < want and not expired:
                 await self._wait_wake(await self._idle_wait())
 
-    async def _claim(self, limit: int) -> list[writes.Claimed] | None:
-        """Claim up to ``limit`` instances; ``None`` if the claim failed."""
+    async def _claim(self, limit: int) -> tuple[list[writes.Claimed], bool] | None:
+        """Claim up to ``limit`` instances, and whether the claim's expiry errored any
+        (start_within); ``None`` if the claim failed."""
         started = time.perf_counter()
         expired: list[tuple[str, str]] = []
         try:
@@ -266,7 +271,7 @@ class EngineRunner:
         _count_expired(expired)
         CLAIM_LATENCY.observe(time.perf_counter() - started)
         CLAIMED.inc(len(claimed))
-        return claimed
+        return claimed, bool(expired)
 
     async def _idle_wait(self) -> float:
         """Sleep until the next timer falls due, a notification, or the poll interval."""

@@ -32,6 +32,11 @@ EXPIRY_DUE = f"""EXISTS (
     WHERE start_by <= now() AND started_at IS NULL AND start_by IS NOT NULL
       AND status = '{InstanceStatus.QUEUED}')"""
 
+#: The most instances one claim's expiry errors (``limit`` if that is more): it does not
+#: depend on the claiming engine's free slots, so a backlog of expired instances is
+#: errored in a few claims (the engine claims again at once after one that expired any).
+EXPIRY_BATCH = 100
+
 _EXPIRE = sa.text(
     f"""
 WITH due AS (
