@@ -77,6 +77,11 @@ async def across_restart(ctx, params):
     return "woke"
 
 
+@workflow("test-tl-busy")
+async def busy(ctx, params):
+    return await ctx.step("busy", lambda: time.sleep(8.0) or "done")
+
+
 @workflow("test-tl-start", start_within=1)
 async def must_start(ctx, params):
     return await ctx.step("only", lambda: "ran")
@@ -451,3 +456,33 @@ def test_an_expired_backlog_does_not_hold_back_the_work_behind_it(settings, db):
         " AND timeout_kind = 'start_timeout' AND started_at IS NULL",
     )
     assert expired == 6
+
+
+def test_an_engine_with_no_free_slot_still_expires_what_it_cannot_start(settings, db):
+    """One slot, held by an 8 s step; an instance with ``start_within=1`` queued behind
+    it. The engine claims nothing while full, but it still runs the expiry every poll
+    interval: the instance is errored (its event written, a waiter told) within a poll
+    interval of its limit, not when the slot frees."""
+    create(db, "tl_full_busy", "test-tl-busy")
+    with EngineHarness(
+        settings,
+        db,
+        clock=SystemClock(),
+        engine_poll_interval_seconds=0.5,
+        engine_concurrency=1,
+        events_relay=False,
+    ):
+        wait_for(lambda: status(db, "tl_full_busy") == "running", "the slot taken")
+        create(db, "tl_full_late", "test-tl-start")
+        late = finished(db, "tl_full_late", timeout=20)
+        assert status(db, "tl_full_busy") == "running", "expired only when the slot freed"
+    assert late.timeout_kind == TimeoutKind.START_TIMEOUT and late.started_at is None
+    behind = float(
+        scalar(
+            db,
+            "SELECT extract(epoch FROM finished_at - start_by) FROM onceflow_instances"
+            " WHERE job_id = 'tl_full_late'",
+        )
+    )
+    print(f"tl_full_late: errored {behind:+.3f} s from its start limit")  # with -s
+    assert 0 <= behind < 0.5 + LATE

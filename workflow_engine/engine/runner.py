@@ -223,7 +223,7 @@ class EngineRunner:
             free = self.settings.engine_concurrency - len(self._inflight)
             if free <= 0:
                 self._slot_free.clear()
-                await self._slot_free.wait()
+                await self._full_wait()
                 continue
             if self.backpressure is not None and not self.backpressure.open:
                 # The outbox is too deep: no new work until the relay catches up.
@@ -272,6 +272,21 @@ class EngineRunner:
         CLAIM_LATENCY.observe(time.perf_counter() - started)
         CLAIMED.inc(len(claimed))
         return claimed, bool(expired)
+
+    async def _full_wait(self) -> None:
+        """No free slot: wait for one; each poll interval without one, run the start
+        limit expiry on its own (a full engine claims nothing, so the instances it
+        could not start in time would otherwise wait for a slot to be errored)."""
+        poll = self.settings.engine_poll_interval_seconds
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._slot_free.wait(), poll)
+            return
+        try:
+            expired = await self.call_db(writes.expire_due)
+        except Exception:
+            log.exception("expiry failed", extra={"event": "engine.expiry_error"})
+            return
+        _count_expired(expired)
 
     async def _idle_wait(self) -> float:
         """Sleep until the next timer falls due, a notification, or the poll interval."""

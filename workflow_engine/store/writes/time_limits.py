@@ -18,7 +18,7 @@ locks the row first decides; the other skips it or finds it changed
 from __future__ import annotations
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 from onceflow import failpoints
 from onceflow.vocabulary import InstanceStatus, LifecycleEvent, TimeoutKind
@@ -76,3 +76,11 @@ def expire_unstarted(conn: Connection, limit: int) -> list[tuple[str, str]]:
     )
     children.wake_parents(conn, [(r.parent_job_id, r.job_id) for r in rows if r.parent_job_id])
     return [(r.job_id, r.workflow) for r in rows]
+
+
+def expire_due(db: Engine) -> list[tuple[str, str]]:
+    """The expiry on its own, in its own transaction: what an engine with no free slot
+    runs every poll interval instead of a claim, so a full fleet still errors what it
+    could not have started in time (a claim's lease refuses those anyway)."""
+    with db.begin() as conn:
+        return expire_unstarted(conn, EXPIRY_BATCH)
