@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import jsonschema
 import orjson
@@ -36,7 +36,7 @@ from workflow_engine.engine.metrics import TIME_LIMITS
 from workflow_engine.model import Delivery
 from workflow_engine.store.operations import retry
 from workflow_engine.store.views import describe_instance
-from workflow_engine.store.writes import claim, create_instances
+from workflow_engine.store.writes import claim, create_instances, time_limits
 
 SCHEMAS = event_schemas()
 
@@ -486,3 +486,39 @@ def test_an_engine_with_no_free_slot_still_expires_what_it_cannot_start(settings
     )
     print(f"tl_full_late: errored {behind:+.3f} s from its start limit")  # with -s
     assert 0 <= behind < 0.5 + LATE
+
+
+def test_the_expiry_probe_reads_no_retained_expired_instance(db):
+    """Every claim's pick probes for an instance due to expire (``EXPIRY_DUE``). The
+    instances it errored stay (``started_at`` NULL, ``start_by`` passed) until
+    retention removes them: the probe's index holds only queued ones, so it reads none
+    of them, however deep the queue. Indexing every never-started instance with a
+    limit, with a backlog queued, the probe read all of them or all the backlog: 20,000
+    retained start_timeouts and 20,000 queued made each claim's probe a 12-16 ms
+    sequential scan (0.014 ms now)."""
+    envs = [
+        JobEnvelope(f"tl_kept_{n}", "test-tl-start", {}, start_within=0.001) for n in range(3000)
+    ]
+    create_instances(db, [Delivery(env, "t", 0, n) for n, env in enumerate(envs)])
+    create_instances(db, [Delivery(JobEnvelope("tl_kept_live", "test-tl-in-time", {}), "t", 0, 0)])
+    # and a backlog, queued (a delayed start an hour ahead: none of it is claimed)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    backlog = [
+        JobEnvelope(f"tl_queued_{n}", "test-tl-in-time", {}, run_at=later) for n in range(3000)
+    ]
+    create_instances(db, [Delivery(env, "t", 1, n) for n, env in enumerate(backlog)])
+    claimed = [c.job_id for _ in range(35) for c in claim(db, "engine-a", 1, 30)]
+    assert claimed == ["tl_kept_live"]  # and the expiry errored the rest, 100 a claim
+    assert (
+        scalar(db, "SELECT count(*) FROM onceflow_instances WHERE timeout_kind IS NOT NULL") == 3000
+    )
+    with db.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+            "VACUUM ANALYZE onceflow_instances"
+        )
+        plan = conn.exec_driver_sql(
+            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT 1 WHERE {time_limits.EXPIRY_DUE}"
+        ).scalar_one()
+    probe = plan[0]["Plan"]["Plans"][0]
+    read = probe["Shared Hit Blocks"] + probe["Shared Read Blocks"]
+    assert read <= 3, f"the probe read {read} blocks ({probe['Node Type']})"

@@ -991,7 +991,7 @@ CREATE INDEX onceflow_instances_parent_idx ON public.onceflow_instances USING bt
 
 CREATE INDEX onceflow_instances_runnable_idx ON public.onceflow_instances USING btree (run_after) WHERE (status = ANY (ARRAY['queued'::text, 'sleeping'::text, 'waiting'::text]));
 
-CREATE INDEX onceflow_instances_start_by_idx ON public.onceflow_instances USING btree (start_by) WHERE ((start_by IS NOT NULL) AND (started_at IS NULL));
+CREATE INDEX onceflow_instances_start_by_idx ON public.onceflow_instances USING btree (start_by) WHERE ((start_by IS NOT NULL) AND (started_at IS NULL) AND (status = 'queued'::text));
 
 CREATE INDEX onceflow_instances_updated_idx ON public.onceflow_instances USING btree (updated_at, job_id);
 

@@ -31,8 +31,10 @@ COMMENT ON COLUMN onceflow_instances.timeout_kind IS
     'The time limit that errored the instance: start_timeout or timed_out.';
 
 -- The expiry's probe: queued instances that never started and have a start limit.
+-- Queued only: those it errored keep started_at NULL and a passed start_by until
+-- retention removes them, and every claim's probe would read them all.
 CREATE INDEX onceflow_instances_start_by_idx ON onceflow_instances (start_by)
-    WHERE start_by IS NOT NULL AND started_at IS NULL;
+    WHERE start_by IS NOT NULL AND started_at IS NULL AND status = 'queued';
 
 -- A record whose start_within is not a number of seconds in range is dead-lettered
 -- with its own reason (the helper of 0011, redefined: a pg_temp function lives only in
