@@ -34,7 +34,7 @@ from workflow_engine import workflow
 from workflow_engine.clock import SystemClock
 from workflow_engine.engine.metrics import TIME_LIMITS
 from workflow_engine.model import Delivery
-from workflow_engine.store.operations import retry
+from workflow_engine.store.operations import ControlError, pause, retry
 from workflow_engine.store.views import describe_instance
 from workflow_engine.store.writes import claim, create_instances, time_limits
 
@@ -522,3 +522,42 @@ def test_the_expiry_probe_reads_no_retained_expired_instance(db):
     probe = plan[0]["Plan"]["Plans"][0]
     read = probe["Shared Hit Blocks"] + probe["Shared Read Blocks"]
     assert read <= 3, f"the probe read {read} blocks ({probe['Node Type']})"
+
+
+def test_an_operator_pause_in_the_expiry_window_sees_it_errored(db):
+    """The expiry has errored the instance, not committed (``claim.after_expiry``);
+    an operator pauses it meanwhile. The pause waits for the row and then finds it
+    errored (refused): never a paused instance with a start_timeout, nor two events."""
+    create(db, "tl_pause_window", "test-tl-start")
+    wait_for(
+        lambda: scalar(
+            db, "SELECT start_by < now() FROM onceflow_instances WHERE job_id = 'tl_pause_window'"
+        ),
+        "the start limit passed",
+    )
+    paused = failpoints.arm("claim.after_expiry", "pause", job_id="tl_pause_window")
+    first, got = _claim_in_thread(db, "engine-a")
+    paused.wait_reached()
+    answer: list = []
+
+    def operator():
+        try:
+            answer.append(pause(db, "test-tl-start", "tl_pause_window"))
+        except ControlError as exc:
+            answer.append(exc)
+
+    thread = threading.Thread(target=operator, daemon=True)
+    thread.start()
+    thread.join(1.0)
+    assert thread.is_alive(), "the pause did not wait for the expiry's row lock"
+    paused.release()
+    first.join(10)
+    thread.join(10)
+    assert got == [[]]
+    assert isinstance(answer[0], ControlError) and "errored" in str(answer[0])
+    row = instance(db, "tl_pause_window")
+    assert row.status == "errored" and row.timeout_kind == TimeoutKind.START_TIMEOUT
+    assert [e for e, _ in events(db, "tl_pause_window")] == [
+        "instance.created",
+        "instance.errored",
+    ]
