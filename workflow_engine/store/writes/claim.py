@@ -185,9 +185,8 @@ def claim(
     ``timeouts``: the execution timeouts of the workflows that declare one (seconds);
     the claim that first starts an instance sets its deadline from it. No claim starts
     an instance past its start limit (``fragments.mark_running`` tests it on the row it
-    locks); when the pick saw one, the claim then errors them, in the same transaction
-    (:func:`~workflow_engine.store.writes.time_limits.expire_unstarted`, up to
-    ``EXPIRY_BATCH`` or ``limit`` if more), and appends
+    locks); when the pick saw one, the claim errors them, in the same transaction
+    (:func:`~workflow_engine.store.writes.time_limits.expire_unstarted`), and appends
     their ``(job_id, workflow)`` to ``expired`` if given (the engine counts them).
     """
     controlled = flows or {}
@@ -211,8 +210,7 @@ def claim(
             lease = {**params, "picked": plain, "inflight": skip}
             rows += conn.execute(_LEASE_PICKED, lease).all()
         if expiring:
-            # At least EXPIRY_BATCH, not the free slots: an engine with one slot free
-            # would otherwise drain an expired backlog one instance per claim.
+            # EXPIRY_BATCH, or more: with one slot free, not one expired per claim
             gone = time_limits.expire_unstarted(conn, max(limit, time_limits.EXPIRY_BATCH))
             if expired is not None:
                 expired += gone
