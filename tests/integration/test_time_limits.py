@@ -561,3 +561,20 @@ def test_an_operator_pause_in_the_expiry_window_sees_it_errored(db):
         "instance.created",
         "instance.errored",
     ]
+
+
+def test_on_a_test_clock_a_woken_overdue_instance_is_errored_not_spun(settings, db):
+    """On an engine's test clock (the interleaving harness, ``onceflow chaos``) the claim
+    takes what is due by that clock, so the claim's ``overdue`` reads the same clock:
+    a sleep capped at its deadline, the clock moved past it, is errored by the claim
+    that wakes it. Reading the server's clock instead, the claim found it due but not
+    overdue, replayed it into the same capped sleep, runnable at once, and claimed it
+    again and again until the real deadline came (tens of claims a second)."""
+    create(db, "tl_fake", "test-tl-sleeps")  # execution_timeout=2, sleeps an hour
+    with EngineHarness(settings, db, events_relay=False) as harness:
+        wait_for(lambda: status(db, "tl_fake") == "sleeping", "tl_fake sleeping")
+        harness.clock.advance(600)  # past the deadline, not past the hour
+        row = finished(db, "tl_fake", timeout=10)
+        spent = scalar(db, "SELECT claim_count FROM onceflow_instances WHERE job_id = 'tl_fake'")
+    assert row.timeout_kind == TimeoutKind.TIMED_OUT
+    assert spent == 2, f"claimed {spent} times"

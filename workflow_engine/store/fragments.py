@@ -68,10 +68,13 @@ def mark_running(source: str) -> str:
 
 
 #: The columns of a claimed instance the runner takes (``claim.Claimed``), from the CTE
-#: of :func:`mark_running`, in order.
+#: of :func:`mark_running`, in order. ``overdue`` reads the clock the claim's pick read
+#: (``run_after <= NOW``; a test clock's ``:now``): a sleep capped at its deadline is due
+#: exactly when it is overdue, never due and not overdue (replayed into the same capped
+#: sleep, runnable at once, claimed again until the server's clock caught up).
 CLAIMED_COLUMNS = (
     "i.job_id, i.workflow, i.params, i.created_at, j.submitted_at, i.claim_count,"
-    " j.traceparent, i.version, i.deadline, coalesce(i.deadline <= now(), false) AS overdue"
+    f" j.traceparent, i.version, i.deadline, coalesce(i.deadline <= {NOW}, false) AS overdue"
 )
 CLAIMED_OUT = (
     "job_id, workflow, params, created_at, submitted_at, claim_count, traceparent, version,"
