@@ -49,8 +49,9 @@ class Claimed:
     traceparent: str | None = None
     version: str | None = None  # the definition version it was created with
     #: The execution deadline (execution_timeout; None: no limit), and whether the
-    #: database's clock is past it at this claim: the run is then errored ``timed_out``
-    #: without running anything (a sleep or wait woken at its deadline, a rescue).
+    #: claim's clock (its pick's: the database's, or a test clock) is past it: the run
+    #: is then errored ``timed_out`` without running anything (a sleep or wait woken
+    #: at its deadline, a rescue).
     deadline: datetime | None = None
     overdue: bool = False
 
