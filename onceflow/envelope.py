@@ -16,7 +16,9 @@ lifecycle events, never a URL), and may send the record without a key. A delayed
 is ``run_at`` (an RFC 3339 time with its offset) or ``start_after`` (seconds after
 ``submitted_at``), at most a year ahead; ingest always writes ``run_at``. ``attributes``
 are the instance's searchable attributes (:func:`check_attributes` has their bounds),
-refused whole, never trimmed, when they do not fit. The README's "The
+refused whole, never trimmed, when they do not fit. A start limit
+is ``start_within`` (seconds, more than 0 and at most a year): an instance not started
+by its start time + that long is errored as ``start_timeout``. The README's "The
 record format" section is the documentation of this module, including the rule for
 evolving ``v``.
 
@@ -55,6 +57,8 @@ DEFAULT_PRIORITY = 3
 
 #: The furthest ahead a job may be scheduled to start (``run_at``, ``start_after``).
 MAX_START_DELAY_SECONDS = 365 * 24 * 3600
+#: The longest time limit (``start_within``, ``execution_timeout``): a year.
+MAX_TIME_LIMIT_SECONDS = 365 * 24 * 3600
 
 #: Searchable attributes (issue 26, item 7): at most this many keys, each matching
 #: ATTRIBUTE_KEY_PATTERN, each value a string of at most MAX_ATTRIBUTE_VALUE_CHARS
@@ -133,6 +137,9 @@ class JobEnvelope:
     run_at: datetime | None = None
     #: The instance's searchable attributes (:func:`check_attributes`); {} for none.
     attributes: Attributes = field(default_factory=dict)
+    #: Errored as ``start_timeout`` if not started this many seconds after its start
+    #: time; None: the workflow's own ``start_within``, if any.
+    start_within: float | None = None
 
     @property
     def origin(self) -> Origin:
@@ -162,6 +169,8 @@ class JobEnvelope:
             doc["run_at"] = self.run_at.isoformat(timespec="microseconds")
         if self.attributes:
             doc["attributes"] = self.attributes
+        if self.start_within is not None:
+            doc["start_within"] = self.start_within
         return orjson.dumps(doc)
 
     def headers(self) -> KafkaHeaders:
@@ -214,6 +223,10 @@ class JobEnvelope:
             run_at = start_time(doc.get("run_at"), doc.get("start_after"), submitted_at)
         except ValueError as exc:
             raise InvalidEnvelope(DeadLetterReason.INVALID_RUN_AT, str(exc)) from None
+        try:
+            start_within = time_limit("start_within", doc.get("start_within"))
+        except ValueError as exc:
+            raise InvalidEnvelope(DeadLetterReason.INVALID_START_WITHIN, str(exc)) from None
         return cls(
             job_id=job_id,
             workflow=workflow,
@@ -225,6 +238,7 @@ class JobEnvelope:
             callback=_callback(doc.get("callback")),
             run_at=run_at,
             attributes=attributes,
+            start_within=start_within,
         )
 
 
@@ -420,6 +434,23 @@ def start_time(run_at: Any, start_after: Any, submitted_at: datetime) -> datetim
             " after the job was submitted"
         )
     return at
+
+
+def time_limit(name: str, value: Any) -> float | None:
+    """A time limit in seconds (``start_within``, ``execution_timeout``): a number more
+    than 0 and at most :data:`MAX_TIME_LIMIT_SECONDS` (a year); None: no limit given.
+    ValueError saying what is wrong otherwise (not a number, a bool, 0 or less, more
+    than a year). The one rule of ingest's 422, the worker's dead letter
+    (``invalid_start_within``) and ``@workflow``'s check at registration."""
+    if value is None:
+        return None
+    # bool is an int in Python: `"start_within": true` is not one second.
+    if type(value) not in (int, float) or not 0 < value <= MAX_TIME_LIMIT_SECONDS:
+        raise ValueError(
+            f"invalid {name} {str(value)[:40]!r}: a number of seconds more than 0 and at"
+            f" most {MAX_TIME_LIMIT_SECONDS} (a year)"
+        )
+    return float(value)
 
 
 def parse_run_at(value: Any) -> datetime:

@@ -35,6 +35,8 @@ Action = Literal["pause", "raise", "kill", "stop"]
 POINTS: dict[str, str] = {
     "streams.after_db_commit": "worker: a batch's instances committed, offsets not yet",
     "engine.after_claim": "engine: instances claimed and leased, their runs not started",
+    "claim.before_lease": "claim: plain candidates picked and locked, not leased yet",
+    "claim.after_expiry": "claim: instances past their start limit errored, not committed",
     "engine.before_step_start": "engine: a step about to open its attempt",
     "engine.after_step_run": "engine: a step's code returned, its checkpoint not written",
     "engine.after_consume_event": "engine: the wait read its events (none yet), not suspended",

@@ -46,6 +46,14 @@ RUNNABLE_STATUSES = frozenset(
 RETRYABLE_STATUSES = frozenset({InstanceStatus.ERRORED, InstanceStatus.TERMINATED})
 
 
+class TimeoutKind(StrEnum):
+    """``onceflow_instances.timeout_kind``: the time limit that errored an instance
+    (migration 0023; the metric's ``kind`` label, the lifecycle event's ``timeout``)."""
+
+    START_TIMEOUT = "start_timeout"  # not first claimed within start_within
+    TIMED_OUT = "timed_out"  # past its execution deadline (execution_timeout)
+
+
 class StepStatus(StrEnum):
     """``onceflow_steps.status``."""
 
@@ -126,6 +134,7 @@ class DeadLetterReason(StrEnum):
     INVALID_SUBMITTED_AT = "invalid_submitted_at"
     INVALID_PRIORITY = "invalid_priority"
     INVALID_RUN_AT = "invalid_run_at"  # run_at / start_after: not a time, or too far ahead
+    INVALID_START_WITHIN = "invalid_start_within"  # not seconds in 0 < s <= a year
     TOO_LARGE = "too_large"
     UNKNOWN_TYPE = "unknown_type"
     TASK_FAILED = "task_failed"

@@ -33,6 +33,18 @@ def _with_priority(reason: str, priority: int) -> str:
     return f"{reason} (priority {priority})"
 
 
+def _time_limits(view: InstanceView) -> list[str]:
+    """The instance's time limits (README, "Time limits") and the one that ended it."""
+    lines = []
+    if view.start_by:
+        lines.append(f"must start by: {view.start_by.isoformat()} (start_within)")
+    if view.deadline:
+        lines.append(f"execution deadline: {view.deadline.isoformat()} (execution_timeout)")
+    if view.timeout_kind:
+        lines.append(f"time limit reached: {view.timeout_kind}")
+    return lines
+
+
 def render_instance(view: InstanceView) -> str:
     lines = [
         f"job id: {view.job_id}",
@@ -52,6 +64,7 @@ def render_instance(view: InstanceView) -> str:
         lines.append(f"attributes: {shown}")
     if view.scheduled_start:
         lines.append(f"scheduled to start at: {view.scheduled_start.isoformat()}")
+    lines += _time_limits(view)
     if view.waiting_for_engine:
         lines.append(view.waiting_for_engine)
     if view.held_because:

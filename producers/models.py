@@ -16,6 +16,7 @@ from onceflow.envelope import (
     PRIORITY_LOWEST,
     check_attributes,
     start_time,
+    time_limit,
 )
 from onceflow.exact_numbers import Inexact, exact_loads, may_be_inexact, scan
 from onceflow.ids import JOB_ID_PATTERN
@@ -75,6 +76,14 @@ class JobIn(BaseModel):
         " refused (422), never trimmed, beyond that."
         " Filter lists and bulk operations with attr.<key>=<value> (README).",
         examples=[{"tenant": "acme", "tier": "gold"}],
+    )
+    start_within: float | None = Field(
+        default=None,
+        strict=True,
+        description="Error the instance as start_timeout if it has not started this many"
+        " seconds after its start time (more than 0, at most a year); overrides the"
+        " workflow's own start_within (README, Time limits).",
+        examples=[300],
     )
 
 
@@ -334,6 +343,8 @@ def _check_job(
         _check_start(job, index)
     if job.attributes is not None:
         _check_attributes(job.attributes, index)
+    if job.start_within is not None:
+        _check_start_within(job, index)
     if known_types is not None and job.workflow not in known_types:
         field = _field(index, "workflow")
         raise RequestError(
@@ -390,6 +401,20 @@ def _check_attributes(attributes: dict[str, Any], index: int | None) -> None:
             422,
             "invalid_attributes",
             f"invalid {field}: {exc}",
+            [FieldError(field=field, reason=str(exc))],
+        ) from None
+
+
+def _check_start_within(job: JobIn, index: int | None) -> None:
+    """The envelope's rule (:func:`onceflow.envelope.time_limit`), as a 422."""
+    try:
+        time_limit("start_within", job.start_within)
+    except ValueError as exc:
+        field = _field(index, "start_within")
+        raise RequestError(
+            422,
+            "invalid_request",
+            f"{field}: {exc}",
             [FieldError(field=field, reason=str(exc))],
         ) from None
 

@@ -88,6 +88,7 @@ def classify(
         version = registry.version(env.workflow) if workflow else None
         lane = registry.lane_path(env.workflow) if workflow else None
         delay = registry.start_after(env.workflow) if workflow else None
+        within = registry.start_within(env.workflow) if workflow else None
         deliveries.append(
             Delivery(
                 env,
@@ -99,6 +100,7 @@ def classify(
                 version,
                 lane_path=lane,
                 start_after=delay,
+                start_within=within,
             )
         )
     return deliveries, dead
@@ -119,12 +121,16 @@ def _callback_refusal(
 
 
 def _task_refusal(env: JobEnvelope, workflow: bool) -> tuple[DeadLetterReason, str] | None:
-    """What a task cannot have: a delayed start, attributes (it has no instance)."""
+    """What a task cannot have: a delayed start, a start limit, attributes (it has no
+    instance)."""
     if workflow:
         return None
     if env.run_at is not None:
         detail = f"{env.workflow!r} is a task: a delayed start (run_at) is for workflows"
         return DeadLetterReason.INVALID_RUN_AT, detail
+    if env.start_within is not None:
+        detail = f"{env.workflow!r} is a task: a start limit (start_within) is for workflows"
+        return DeadLetterReason.INVALID_START_WITHIN, detail
     if env.attributes:
         detail = f"{env.workflow!r} is a task: attributes are for workflow instances"
         return DeadLetterReason.INVALID_ATTRIBUTES, detail

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
-from onceflow.envelope import MAX_START_DELAY_SECONDS
+from onceflow.envelope import MAX_START_DELAY_SECONDS, time_limit
 from onceflow.instance_events import MAX_EVENT_TYPE_CHARS  # an awaited type: what may be sent
 from onceflow.ticks import Schedule
 from workflow_engine.model import (
@@ -145,6 +145,8 @@ def workflow(
     inline_steps: bool = False,
     webhooks: Sequence[str | WebhookSubscription] = (),
     start_after: float | timedelta | None = None,
+    start_within: float | timedelta | None = None,
+    execution_timeout: float | timedelta | None = None,
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register an async function ``(ctx, params)`` as the workflow called ``name``.
 
@@ -169,23 +171,21 @@ def workflow(
     ``webhooks`` subscribes endpoints (names from ``ONCEFLOW_WEBHOOK_ENDPOINTS``) to its
     lifecycle events: a name gets the endpoint's kinds (by default the final ones), a
     :class:`~workflow_engine.model.WebhookSubscription` the kinds it names (README,
-    "Webhooks"); an unknown name stops the engine at start. ``start_after`` (seconds or a
-    ``timedelta``, at most a year): a new instance becomes claimable that long after its
-    job was submitted, unless the job gives its own (README, "Delayed start").
+    "Webhooks"); an unknown name stops the engine at start. Its timing (:func:`_timing`):
+    a delayed start ``start_after``, time limits ``start_within`` and ``execution_timeout``.
     """
     check_name("workflow name", name)
-    subscriptions = _subscriptions(webhooks)
-    delay = _start_delay(name, start_after)
+    timing = _timing(name, start_after, start_within, execution_timeout)
     declared = _declared_schedule(name, schedule, timezone)
     flow = flow_control(
         concurrency, concurrency_key, max_per_key, hold_while_waiting, rate_limit, fairness_key
     )
+    subscriptions = _subscriptions(webhooks)
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         given = check_version(version) if version is not None else fingerprint(fn)
-        REGISTRY.add_workflow(
-            WorkflowDef(fn, name, given, inline_steps, flow, declared, subscriptions, delay)
-        )
+        options = (inline_steps, flow, declared, subscriptions)
+        REGISTRY.add_workflow(WorkflowDef(fn, name, given, *options, *timing))
         return fn
 
     return register
@@ -197,6 +197,28 @@ def _subscriptions(
     """``@workflow(webhooks=...)``: an endpoint's name is a subscription to its kinds."""
     return tuple(
         w if isinstance(w, WebhookSubscription) else WebhookSubscription(w) for w in webhooks
+    )
+
+
+def _timing(
+    workflow: str,
+    start_after: float | timedelta | None,
+    start_within: float | timedelta | None,
+    execution_timeout: float | timedelta | None,
+) -> tuple[float | None, float | None, float | None]:
+    """``@workflow``'s timing in seconds (each seconds or a ``timedelta``, at most a year),
+    checked when the module loads. ``start_after``: a new instance becomes claimable that
+    long after its job was submitted, unless the job gives its own (README, "Delayed
+    start"). Time limits (README, "Time limits"; more than 0): ``start_within``, an
+    instance not first started that long after its start time is errored
+    ``start_timeout`` instead of run (a job's own ``start_within`` overrides it);
+    ``execution_timeout``, one still running that long after its first start is errored
+    ``timed_out`` at its next step boundary, or then if it sleeps or waits (running step
+    code is not interrupted)."""
+    return (
+        _start_delay(workflow, start_after),
+        _time_limit(workflow, "start_within", start_within),
+        _time_limit(workflow, "execution_timeout", execution_timeout),
     )
 
 
@@ -213,6 +235,16 @@ def _start_delay(workflow: str, start_after: float | timedelta | None) -> float 
             f" 0..{MAX_START_DELAY_SECONDS} seconds (a year)"
         )
     return float(seconds) or None
+
+
+def _time_limit(workflow: str, option: str, limit: float | timedelta | None) -> float | None:
+    """A declared time limit in seconds, checked when the module loads by the envelope's
+    rule (:func:`onceflow.envelope.time_limit`: more than 0, at most a year)."""
+    seconds = limit.total_seconds() if isinstance(limit, timedelta) else limit
+    try:
+        return time_limit(option, seconds)
+    except ValueError as exc:
+        raise ValueError(f"workflow {workflow!r}: {exc}") from None
 
 
 def _declared_schedule(

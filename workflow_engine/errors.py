@@ -167,6 +167,18 @@ class ControlRequested(BaseException):
         self.action = action
 
 
+class DeadlinePassed(ControlRequested):
+    """Internal: the instance's execution deadline (``execution_timeout``) has passed: a
+    step's start found it so under the lease, and the run stops at that boundary to be
+    errored ``timed_out``. A :class:`ControlRequested` so that it stops the run as an
+    operator's request does: workflow code cannot catch it, a gather's branches stop,
+    and the checkpoint written before it stays committed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("timed_out")
+        self.message = message
+
+
 class Suspend(BaseException):
     """Internal: the instance waits (sleep, retry delay, event) without holding a worker."""
 

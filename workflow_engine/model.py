@@ -192,6 +192,9 @@ class Delivery:
     # The workflow's default delayed start in seconds (``@workflow(start_after=)``),
     # applied when the job gives no ``run_at``/``start_after`` of its own.
     start_after: float | None = None
+    # The workflow's default start limit in seconds (``@workflow(start_within=)``),
+    # applied when the job gives no ``start_within`` of its own.
+    start_within: float | None = None
 
 
 @dataclass(slots=True)
@@ -286,6 +289,11 @@ class WorkflowDef:
     # Seconds after submission before a new instance may start, unless the job says
     # (``run_at``/``start_after``); None: at once.
     start_after: float | None = None
+    # Time limits in seconds (README, "Time limits"): errored as start_timeout if not
+    # started this long after its start time; as timed_out at the first step boundary
+    # this long after its first start. None: no limit.
+    start_within: float | None = None
+    execution_timeout: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,6 +371,20 @@ class Registry:
         """The default delayed start of workflow ``name`` (seconds), or None."""
         definition = self._workflows.get(name)
         return definition.start_after if definition is not None else None
+
+    def start_within(self, name: str) -> float | None:
+        """The default start limit of workflow ``name`` (seconds), or None."""
+        definition = self._workflows.get(name)
+        return definition.start_within if definition is not None else None
+
+    def execution_timeouts(self) -> dict[str, float]:
+        """Every workflow's execution timeout in seconds, of those that declare one (the
+        claim that first starts an instance sets its deadline from it)."""
+        return {
+            name: d.execution_timeout
+            for name, d in self._workflows.items()
+            if d.execution_timeout is not None
+        }
 
     def lane_path(self, name: str) -> KeyPath | None:
         """The key new instances of ``name`` store as their fairness lane: ``()`` for a

@@ -262,6 +262,7 @@ def _envelopes(jobs: list[JobIn], request_id: str) -> tuple[list[JobEnvelope], i
                 job.callback,
                 job_start(job, now),
                 job.attributes or {},
+                job.start_within,
             )
         )
     return envelopes, len(jobs) - len(envelopes)

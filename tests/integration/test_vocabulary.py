@@ -26,6 +26,7 @@ from onceflow.vocabulary import (
     StepStatus,
     TaskRunStatus,
     TickTrigger,
+    TimeoutKind,
     WebhookDeadReason,
     WebhookOutcome,
     WebhookStatus,
@@ -43,6 +44,7 @@ def _quoted_values(definition: str) -> set[str]:
     ("constraint", "vocabulary"),
     [
         ("onceflow_instances_status_check", InstanceStatus),
+        ("onceflow_instances_timeout_kind_check", TimeoutKind),
         ("onceflow_steps_status_check", StepStatus),
         ("onceflow_steps_kind_check", StepKind),
         ("onceflow_step_attempts_outcome_check", AttemptOutcome),

@@ -27,6 +27,12 @@ FINISHED = Counter(
     "Instances this engine brought to a final status",
     ["workflow", "status"],
 )
+TIME_LIMITS = Counter(
+    "onceflow_engine_time_limits_total",
+    "Instances errored by a time limit, by kind (start_timeout: not started within"
+    " start_within; timed_out: past the execution_timeout deadline)",
+    ["workflow", "kind"],
+)
 STEPS = Counter(
     "onceflow_engine_steps_total",
     "Step attempts by outcome (complete, retry, failed)",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from onceflow.vocabulary import ControlAction, InstanceStatus
+from onceflow.vocabulary import ControlAction, InstanceStatus, TimeoutKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,7 @@ class Failed:
 
     error: str
     position: int | None = None
+    timeout: TimeoutKind | None = None  # a time limit ended it (timed_out)
 
 
 @dataclass(frozen=True, slots=True)

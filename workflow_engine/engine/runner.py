@@ -26,7 +26,7 @@ import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from sqlalchemy.engine import Engine
@@ -36,7 +36,7 @@ from onceflow import failpoints, tracing
 from onceflow.health import serve_metrics_and_health
 from onceflow.logs import setup_logging
 from onceflow.settings import Settings
-from onceflow.vocabulary import ControlAction, InstanceStatus, Process
+from onceflow.vocabulary import ControlAction, InstanceStatus, Process, TimeoutKind
 from workflow_engine.clock import FakeClock, SystemClock
 from workflow_engine.definitions import RetryPolicy, load_workflow_modules
 from workflow_engine.engine.backpressure import Backpressure
@@ -52,6 +52,7 @@ from workflow_engine.engine.metrics import (
     FINISHED,
     INFLIGHT,
     SUBMIT_TO_COMPLETE,
+    TIME_LIMITS,
     labelled,
 )
 from workflow_engine.engine.outcomes import (
@@ -69,6 +70,7 @@ from workflow_engine.engine.services import LeaseKeeper, Maintenance, Rescuer, R
 from workflow_engine.engine.webhook_dispatcher import WebhookDispatcher
 from workflow_engine.errors import (
     ControlRequested,
+    DeadlinePassed,
     LeaseLost,
     Suspend,
     WorkflowError,
@@ -221,7 +223,7 @@ class EngineRunner:
             free = self.settings.engine_concurrency - len(self._inflight)
             if free <= 0:
                 self._slot_free.clear()
-                await self._slot_free.wait()
+                await self._full_wait()
                 continue
             if self.backpressure is not None and not self.backpressure.open:
                 # The outbox is too deep: no new work until the relay catches up.
@@ -229,20 +231,26 @@ class EngineRunner:
                 continue
             self._wake.clear()
             want = min(free, self.settings.claim_batch_size)
-            claimed = await self._claim(want)
-            if claimed is None:
+            got = await self._claim(want)
+            if got is None:
                 await self._wait_wake(self.settings.engine_poll_interval_seconds)
                 continue
+            claimed, expired = got
             for inst in claimed:
                 task = asyncio.create_task(self._run_instance(inst))
                 self._inflight[inst.job_id] = Run(inst.claim_count, task)
             INFLIGHT.set(len(self._inflight))
-            if len(claimed) < want:
+            # A short claim whose expiry errored some is not an empty queue: its pick
+            # may have spent the batch on instances past their start limit (never
+            # leased) with work due behind them, so it claims again at once.
+            if len(claimed) < want and not expired:
                 await self._wait_wake(await self._idle_wait())
 
-    async def _claim(self, limit: int) -> list[writes.Claimed] | None:
-        """Claim up to ``limit`` instances; ``None`` if the claim failed."""
+    async def _claim(self, limit: int) -> tuple[list[writes.Claimed], bool] | None:
+        """Claim up to ``limit`` instances, and whether the claim's expiry errored any
+        (start_within); ``None`` if the claim failed."""
         started = time.perf_counter()
+        expired: list[tuple[str, str]] = []
         try:
             claimed = await self.call_db(
                 writes.claim,
@@ -253,14 +261,32 @@ class EngineRunner:
                 self.registry.versions(),
                 self.registry.flows(),
                 tuple(self._inflight),
+                self.registry.execution_timeouts(),
+                expired,
             )
             await failpoints.hit_async("engine.after_claim")
         except Exception:
             log.exception("claim failed; retrying", extra={"event": "engine.claim_error"})
             return None
+        _count_expired(expired)
         CLAIM_LATENCY.observe(time.perf_counter() - started)
         CLAIMED.inc(len(claimed))
-        return claimed
+        return claimed, bool(expired)
+
+    async def _full_wait(self) -> None:
+        """No free slot: wait for one; each poll interval without one, run the start
+        limit expiry on its own (a full engine claims nothing, so the instances it
+        could not start in time would otherwise wait for a slot to be errored)."""
+        poll = self.settings.engine_poll_interval_seconds
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._slot_free.wait(), poll)
+            return
+        try:
+            expired = await self.call_db(writes.expire_due)
+        except Exception:
+            log.exception("expiry failed", extra={"event": "engine.expiry_error"})
+            return
+        _count_expired(expired)
 
     async def _idle_wait(self) -> float:
         """Sleep until the next timer falls due, a notification, or the poll interval."""
@@ -398,6 +424,10 @@ class EngineRunner:
         definition = self.registry.workflow(inst.workflow)
         if definition is None:
             return Failed(f"unknown workflow {inst.workflow!r}")
+        if inst.overdue:
+            # Claimed past its deadline (a sleep or wait woken at it, a rescue, a
+            # resume): errored at this boundary, without replaying it.
+            return _timed_out("execution deadline passed before it ran again", inst)
         fn = definition.fn
         log.info(
             "instance running",
@@ -414,6 +444,8 @@ class EngineRunner:
         except Suspend as wait:
             wake_at = cast("datetime | None", wait.wake_at)
             return Suspended(InstanceStatus(wait.status), wake_at, wait.delay)
+        except DeadlinePassed as passed:
+            return _timed_out(passed.message, inst)
         except ControlRequested as control:
             return ControlApplied(ControlAction(control.action))
         except LeaseLost as exc:
@@ -454,9 +486,14 @@ class EngineRunner:
         match outcome:
             case Completed(result):
                 await self._finish(inst, ctx, InstanceStatus.COMPLETE, result=result)
-            case Failed(error, position):
+            case Failed(error, position, timeout):
                 await self._finish(
-                    inst, ctx, InstanceStatus.ERRORED, error=error, failed_position=position
+                    inst,
+                    ctx,
+                    InstanceStatus.ERRORED,
+                    error=error,
+                    failed_position=position,
+                    timeout=timeout,
                 )
             case Suspended():
                 await ctx.flush()
@@ -486,6 +523,7 @@ class EngineRunner:
             # re-checked it under the row lock and left it to apply, not to wait on.
             await self._apply_control(inst, ControlAction(control.action))
             return
+        self._wake_for(inst, wait)
         log.info(
             "instance %s",
             wait.status,
@@ -497,6 +535,22 @@ class EngineRunner:
                 "runnable": runnable,  # what it waits for was already there
             },
         )
+
+    def _wake_for(self, inst: writes.Claimed, wait: Suspended) -> None:
+        """Wake the claim loop when a suspension falls due before the loop's next poll
+        (its timer, or the execution deadline the store woke it at): the loop computed
+        its wait before this run suspended. Later ones the loop's next wait sees. On the
+        real clock only (a test clock's time is the test's to move)."""
+        if self.clock.db_now() is not None:
+            return
+        now = datetime.now(UTC)
+        timer = now + timedelta(seconds=wait.delay) if wait.delay is not None else wait.wake_at
+        due = [t for t in (timer, inst.deadline) if t is not None]
+        if not due:
+            return
+        seconds = max((min(due) - now).total_seconds(), 0.0)
+        if seconds < self.settings.engine_poll_interval_seconds:
+            asyncio.get_running_loop().call_later(seconds + 0.005, self._wake.set)
 
     async def _apply_control(self, inst: writes.Claimed, seen: ControlAction) -> None:
         """Apply the request the run stopped for (``seen``), or what replaced it."""
@@ -531,13 +585,16 @@ class EngineRunner:
         result: bytes | None = None,
         error: str | None = None,
         failed_position: int | None = None,
+        timeout: TimeoutKind | None = None,
     ) -> None:
         await failpoints.hit_async("engine.before_finish", inst.job_id)
         finish = FinishInstance(
-            inst.job_id, inst.claim_count, status, result, error, failed_position
+            inst.job_id, inst.claim_count, status, result, error, failed_position, timeout
         )
         await ctx.commit(finish)
         labelled(FINISHED, inst.workflow, status).inc()
+        if timeout is not None:
+            labelled(TIME_LIMITS, inst.workflow, timeout).inc()
         if self._traced and (spans := JobSpans.of(inst.traceparent, *_ids(inst))):
             spans.finished(status, error)
         if inst.submitted_at is not None:
@@ -578,6 +635,24 @@ async def _main(runner: EngineRunner) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, runner.stop)
     await runner.run()
+
+
+def _count_expired(expired: list[tuple[str, str]]) -> None:
+    """The instances a claim errored for their start limit (start_timeout)."""
+    for job_id, workflow in expired:
+        labelled(FINISHED, workflow, InstanceStatus.ERRORED).inc()
+        labelled(TIME_LIMITS, workflow, TimeoutKind.START_TIMEOUT).inc()
+        log.warning(
+            "instance not started within its start limit",
+            extra={"event": "instance.start_timeout", "job_id": job_id, "workflow": workflow},
+        )
+
+
+def _timed_out(why: str, inst: writes.Claimed) -> Failed:
+    """The outcome of a run stopped by its execution deadline (``timed_out``)."""
+    deadline = inst.deadline.isoformat() if inst.deadline is not None else "?"
+    error = f"{TimeoutKind.TIMED_OUT}: {why} (deadline {deadline})"
+    return Failed(error, None, TimeoutKind.TIMED_OUT)
 
 
 def _ids(inst: writes.Claimed) -> tuple[str, str, int]:

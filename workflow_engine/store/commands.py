@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import ClassVar, Generic, NamedTuple, TypeVar
 
-from onceflow.vocabulary import AttemptOutcome, InstanceStatus
+from onceflow.vocabulary import AttemptOutcome, InstanceStatus, TimeoutKind
 
 T = TypeVar("T", covariant=True)
 
@@ -92,6 +92,8 @@ class FinishInstance(Write[None]):
     error: str | None = None
     # Errored by a step's failure: that step's history position (retry runs it again).
     failed_position: int | None = None
+    # Errored by a time limit (``onceflow_instances.timeout_kind``): ``timed_out``.
+    timeout: TimeoutKind | None = None
 
 
 class Appended(NamedTuple):

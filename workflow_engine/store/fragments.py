@@ -29,6 +29,13 @@ TERMINAL = ", ".join(f"'{status}'" for status in sorted(TERMINAL_STATUSES))
 NOW = "coalesce(CAST(:now AS timestamptz), now())"
 
 
+#: The claimed instance's workflow's execution timeout in seconds, from the claim's
+#: ``:timeout_workflows`` / ``:timeout_seconds`` (the engine's registry); NULL: none.
+_TIMEOUT_OF = """(SELECT t.secs FROM unnest(CAST(:timeout_workflows AS text[]),
+                                  CAST(:timeout_seconds AS double precision[])) AS t(w, secs)
+         WHERE t.w = i.workflow)"""
+
+
 def mark_running(source: str) -> str:
     """The CTE body that leases the instances whose ``job_id`` the CTE ``source`` holds,
     but those in ``:inflight``, and returns what the runner needs of each (one shape for
@@ -41,9 +48,17 @@ def mark_running(source: str) -> str:
         claim_count = i.claim_count + 1,
         -- instance.started is the first claim of a run (started_at was NULL: created,
         -- or restarted), not each claim after a sleep, a wait or a rescue
-        event_seq = i.event_seq + CASE WHEN i.started_at IS NULL THEN {ONE_EVENT} ELSE 0 END
+        event_seq = i.event_seq + CASE WHEN i.started_at IS NULL THEN {ONE_EVENT} ELSE 0 END,
+        -- the execution deadline (execution_timeout, migration 0023): set by the first
+        -- start of a run (started_at was NULL: created, or restarted; a retry clears
+        -- it) and kept by every later claim, so a rescue or a restarted engine keeps it
+        deadline = CASE WHEN i.started_at IS NULL OR i.deadline IS NULL
+                        THEN now() + make_interval(secs => {_TIMEOUT_OF}) ELSE i.deadline END
     FROM {source} src, onceflow_jobs j
     WHERE i.job_id = src.job_id AND j.job_id = src.job_id
+      -- never a first start past its start limit (start_within): the expiry
+      -- (time_limits.expire_unstarted) errors it instead; both test the row they lock
+      AND NOT coalesce(i.started_at IS NULL AND i.start_by <= now(), false)
       -- never an id this engine still runs: a rescue may have re-queued it while its
       -- run, cut off from the database, goes on (that run is fenced by its claim)
       AND i.job_id <> ALL(CAST(:inflight AS text[]))
@@ -53,13 +68,17 @@ def mark_running(source: str) -> str:
 
 
 #: The columns of a claimed instance the runner takes (``claim.Claimed``), from the CTE
-#: of :func:`mark_running`, in order.
+#: of :func:`mark_running`, in order. ``overdue`` reads the clock the claim's pick read
+#: (``run_after <= NOW``; a test clock's ``:now``): a sleep capped at its deadline is due
+#: exactly when it is overdue, never due and not overdue (replayed into the same capped
+#: sleep, runnable at once, claimed again until the server's clock caught up).
 CLAIMED_COLUMNS = (
     "i.job_id, i.workflow, i.params, i.created_at, j.submitted_at, i.claim_count,"
-    " j.traceparent, i.version"
+    f" j.traceparent, i.version, i.deadline, coalesce(i.deadline <= {NOW}, false) AS overdue"
 )
 CLAIMED_OUT = (
-    "job_id, workflow, params, created_at, submitted_at, claim_count, traceparent, version"
+    "job_id, workflow, params, created_at, submitted_at, claim_count, traceparent, version,"
+    " deadline, overdue"
 )
 
 #: The CTE body writing ``instance.started`` for the first claims among ``claimed``.

@@ -434,7 +434,7 @@ CREATE TABLE public.onceflow_dead_letters (
     headers jsonb DEFAULT '{}'::jsonb NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT onceflow_dead_letters_dlq_position_check CHECK (((dlq_partition IS NULL) = (dlq_offset IS NULL))),
-    CONSTRAINT onceflow_dead_letters_reason_check CHECK ((reason = ANY (ARRAY['database_refused'::text, 'invalid_callback'::text, 'invalid_job_id'::text, 'invalid_params'::text, 'invalid_priority'::text, 'invalid_run_at'::text, 'invalid_submitted_at'::text, 'key_mismatch'::text, 'missing_workflow'::text, 'no_value'::text, 'not_an_object'::text, 'not_json'::text, 'task_failed'::text, 'too_large'::text, 'unknown_callback'::text, 'unknown_type'::text, 'unsupported_version'::text, 'invalid_attributes'::text])))
+    CONSTRAINT onceflow_dead_letters_reason_check CHECK ((reason = ANY (ARRAY['database_refused'::text, 'invalid_attributes'::text, 'invalid_callback'::text, 'invalid_job_id'::text, 'invalid_params'::text, 'invalid_priority'::text, 'invalid_run_at'::text, 'invalid_submitted_at'::text, 'key_mismatch'::text, 'missing_workflow'::text, 'no_value'::text, 'not_an_object'::text, 'not_json'::text, 'task_failed'::text, 'too_large'::text, 'unknown_callback'::text, 'unknown_type'::text, 'unsupported_version'::text, 'invalid_start_within'::text])))
 );
 
 ALTER TABLE public.onceflow_dead_letters ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
@@ -560,6 +560,9 @@ CREATE TABLE public.onceflow_instances (
     forked_from text,
     forked_at_position integer,
     attributes jsonb DEFAULT '{}'::jsonb NOT NULL,
+    deadline timestamp with time zone,
+    start_by timestamp with time zone,
+    timeout_kind text,
     CONSTRAINT onceflow_instances_attributes_shape CHECK (((jsonb_typeof(attributes) = 'object'::text) AND (octet_length((attributes)::text) <= 4096))),
     CONSTRAINT onceflow_instances_callback_length CHECK ((char_length(callback) <= 64)),
     CONSTRAINT onceflow_instances_finished_check CHECK (((status = ANY (ARRAY['complete'::text, 'errored'::text, 'terminated'::text])) = (finished_at IS NOT NULL))),
@@ -570,7 +573,9 @@ CREATE TABLE public.onceflow_instances (
     CONSTRAINT onceflow_instances_parent_close_policy_check CHECK ((parent_close_policy = ANY (ARRAY['terminate'::text, 'abandon'::text]))),
     CONSTRAINT onceflow_instances_priority_check CHECK (((priority >= 1) AND (priority <= 5))),
     CONSTRAINT onceflow_instances_requested_action_check CHECK ((requested_action = ANY (ARRAY['pause'::text, 'terminate'::text, 'restart'::text]))),
-    CONSTRAINT onceflow_instances_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'sleeping'::text, 'waiting'::text, 'paused'::text, 'complete'::text, 'errored'::text, 'terminated'::text])))
+    CONSTRAINT onceflow_instances_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'sleeping'::text, 'waiting'::text, 'paused'::text, 'complete'::text, 'errored'::text, 'terminated'::text]))),
+    CONSTRAINT onceflow_instances_timeout_errored_check CHECK (((timeout_kind IS NULL) OR (status = 'errored'::text))),
+    CONSTRAINT onceflow_instances_timeout_kind_check CHECK ((timeout_kind = ANY (ARRAY['start_timeout'::text, 'timed_out'::text])))
 );
 ALTER TABLE ONLY public.onceflow_instances ALTER COLUMN attributes SET STATISTICS 1000;
 
@@ -583,6 +588,12 @@ COMMENT ON COLUMN public.onceflow_instances.event_seq IS 'The sequence of the la
 COMMENT ON COLUMN public.onceflow_instances.callback IS 'The webhook endpoint (a configured name) the job asked its lifecycle events be sent to.';
 
 COMMENT ON COLUMN public.onceflow_instances.attributes IS 'Searchable attributes: set at submit, updated by ctx.set_attributes; filtered with @>.';
+
+COMMENT ON COLUMN public.onceflow_instances.deadline IS 'The execution deadline (execution_timeout), set by the claim that first started it.';
+
+COMMENT ON COLUMN public.onceflow_instances.start_by IS 'Errored as start_timeout if not first claimed by then (start_within).';
+
+COMMENT ON COLUMN public.onceflow_instances.timeout_kind IS 'The time limit that errored the instance: start_timeout or timed_out.';
 
 CREATE TABLE public.onceflow_jobs (
     job_id text NOT NULL,
@@ -986,6 +997,8 @@ CREATE INDEX onceflow_instances_leased_idx ON public.onceflow_instances USING bt
 CREATE INDEX onceflow_instances_parent_idx ON public.onceflow_instances USING btree (parent_job_id) WHERE (parent_job_id IS NOT NULL);
 
 CREATE INDEX onceflow_instances_runnable_idx ON public.onceflow_instances USING btree (run_after) WHERE (status = ANY (ARRAY['queued'::text, 'sleeping'::text, 'waiting'::text]));
+
+CREATE INDEX onceflow_instances_start_by_idx ON public.onceflow_instances USING btree (start_by) WHERE ((start_by IS NOT NULL) AND (started_at IS NULL) AND (status = 'queued'::text));
 
 CREATE INDEX onceflow_instances_updated_idx ON public.onceflow_instances USING btree (updated_at, job_id);
 

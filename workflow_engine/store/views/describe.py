@@ -83,6 +83,12 @@ class InstanceView:
     forks: list[str] = field(default_factory=list)
     # A delayed start not reached yet (run_at / start_after): it is queued until then.
     scheduled_start: datetime | None = None
+    # Time limits (migration 0023): the execution deadline (execution_timeout, set at its
+    # first start), the latest first start (start_within, while it has not started),
+    # and which limit errored it (start_timeout, timed_out), if one did.
+    deadline: datetime | None = None
+    start_by: datetime | None = None
+    timeout_kind: str | None = None
     # Values held per output stream (ctx.emit), by stream name.
     streams: dict[str, int] = field(default_factory=dict)
     # Searchable attributes (migration 0022): set at submit, ctx.set_attributes.
@@ -140,7 +146,9 @@ SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
        i.failed_position, i.retry_count, i.forked_from, i.forked_at_position,
        ARRAY(SELECT f.job_id FROM onceflow_instances f WHERE f.forked_from = i.job_id
              ORDER BY f.job_id) AS forks,
-       {SCHEDULED_START} AS scheduled_start, i.attributes
+       {SCHEDULED_START} AS scheduled_start, i.attributes,
+       i.deadline, CASE WHEN i.started_at IS NULL THEN i.start_by END AS start_by,
+       i.timeout_kind
 FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
 -- One pass over the job id's duplicate rows, in its one partition (job_received_at,
 -- migration 0012): planning a partitioned table costs per partition and per reference.

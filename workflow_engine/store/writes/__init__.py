@@ -111,6 +111,7 @@ from workflow_engine.store.writes.ticks import (
     seconds_until_next_fire,
     upsert_declared,
 )
+from workflow_engine.store.writes.time_limits import expire_due
 from workflow_engine.store.writes.waits import (
     begin_wait,
     close_entry,
@@ -190,6 +191,7 @@ __all__ = [
     "encode_result",
     "ensure_partitions",
     "error_answer",
+    "expire_due",
     "fire_due",
     "first_new_lower",
     "load_steps",

@@ -19,6 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from onceflow import failpoints
 from onceflow.vocabulary import InstanceStatus, StepKind, StepStatus
 from workflow_engine.model import FlowControl, RecordedStep
 from workflow_engine.store.fragments import (
@@ -32,6 +33,7 @@ from workflow_engine.store.fragments import (
 from workflow_engine.store.fragments import NOW as _NOW
 from workflow_engine.store.fragments import RUNNABLE as _RUNNABLE
 from workflow_engine.store.prepared import execute_prepared
+from workflow_engine.store.writes import time_limits
 from workflow_engine.store.writes.flow import HAVE_VERSION, claim_flow
 
 
@@ -47,6 +49,12 @@ class Claimed:
     #: The job's W3C trace context (``onceflow_jobs.traceparent``): the parent of its spans.
     traceparent: str | None = None
     version: str | None = None  # the definition version it was created with
+    #: The execution deadline (execution_timeout; None: no limit), and whether the
+    #: claim's clock (its pick's: the database's, or a test clock) is past it: the run
+    #: is then errored ``timed_out`` without running anything (a sleep or wait woken
+    #: at its deadline, a rescue).
+    deadline: datetime | None = None
+    overdue: bool = False
 
 
 _HAVE_VERSION = HAVE_VERSION
@@ -86,6 +94,11 @@ laned AS (
     ) AS l
 )"""
 
+# A row of NULLs when some queued instance is past its start limit (start_within): the
+# claim then runs the expiry (one probe of onceflow_instances_start_by_idx in the pick's
+# round trip; the expiry's own statement on every claim cost an idle claim ~0.6 ms).
+_EXPIRY_PROBE = f"UNION ALL SELECT NULL, NULL, CAST(NULL AS text[]) WHERE {time_limits.EXPIRY_DUE}"
+
 _PICK = sa.text(
     f"""{_PLAIN_AND_LANED},
 locks AS (
@@ -108,6 +121,7 @@ locks AS (
 SELECT job_id, ord, CAST(NULL AS text[]) AS locked FROM plain
 UNION ALL SELECT job_id, ord, NULL FROM laned
 UNION ALL SELECT NULL, NULL, got FROM locks WHERE got IS NOT NULL
+{_EXPIRY_PROBE}
 """
 )
 
@@ -120,6 +134,7 @@ _PICK_NO_FLOWS = sa.text(
     f"""{_PLAIN_AND_LANED}
 SELECT job_id, ord, CAST(NULL AS text[]) AS locked FROM plain
 UNION ALL SELECT job_id, ord, NULL FROM laned
+{_EXPIRY_PROBE}
 """
 )
 
@@ -152,6 +167,8 @@ def claim(
     versions: dict[str, str] | None = None,
     flows: dict[str, FlowControl] | None = None,
     inflight: Collection[str] = (),
+    timeouts: dict[str, float] | None = None,
+    expired: list[tuple[str, str]] | None = None,
 ) -> list[Claimed]:
     """Claim up to ``limit`` runnable instances of the workflow ``versions`` this engine
     has (``{workflow: version}``); instances without a recorded version are claimed by
@@ -166,26 +183,25 @@ def claim(
 
     ``inflight``: the ids this engine still runs; none of them is claimed again, even
     if a rescue re-queued it (``fragments.mark_running``).
+
+    ``timeouts``: the execution timeouts of the workflows that declare one (seconds);
+    the claim that first starts an instance sets its deadline from it. No claim starts
+    an instance past its start limit (``fragments.mark_running`` tests it on the row it
+    locks); when the pick saw one, the claim errors them, in the same transaction
+    (:func:`~workflow_engine.store.writes.time_limits.expire_unstarted`), and appends
+    their ``(job_id, workflow)`` to ``expired`` if given (the engine counts them).
     """
     controlled = flows or {}
-    any_workflow = versions is None
+    params = _claim_params(owner, lease_seconds, now, versions, inflight, timeouts or {})
     versions = versions or {}
-    params = {
-        "any_workflow": any_workflow,
-        "owner": owner,
-        "lease": lease_seconds,
-        "now": now,
-        "inflight": list(inflight),
-        "have_workflows": list(versions),
-        "have_versions": list(versions.values()),
-    }
     with db.begin() as conn:
-        locked, picked = _pick(conn, params, limit, controlled, versions)
+        locked, picked, expiring = _pick(conn, params, limit, controlled, versions)
         rows: list[Any] = []
         if locked:
             rows = _claim_flows(conn, controlled, locked, picked, limit, params)
         plain = [job_id for job_id, _ in picked[: limit - len(rows)]]
         if plain:
+            failpoints.hit("claim.before_lease", plain[0])
             # The lease's ``:inflight`` is the in-flight ids among ``plain``: it updates
             # only rows of ``plain``, so it excludes exactly what the whole list would,
             # without the database parsing and testing every id this engine runs on
@@ -195,8 +211,35 @@ def claim(
             skip = [job_id for job_id in plain if job_id in running]
             lease = {**params, "picked": plain, "inflight": skip}
             rows += execute_prepared(conn, _LEASE_PICKED, lease).all()
+        if expiring:
+            # EXPIRY_BATCH, or more: with one slot free, not one expired per claim
+            gone = time_limits.expire_unstarted(conn, max(limit, time_limits.EXPIRY_BATCH))
+            if expired is not None:
+                expired += gone
         # The histories of everything claimed, in one query, in this transaction.
         return _with_histories(rows, load_steps(conn, [row[0] for row in rows]))
+
+
+def _claim_params(
+    owner: str,
+    lease_seconds: float,
+    now: datetime | None,
+    versions: dict[str, str] | None,
+    inflight: Collection[str],
+    timeouts: dict[str, float],
+) -> dict[str, Any]:
+    """The values every statement of a claim reads (the plain and the flow claims)."""
+    return {
+        "any_workflow": versions is None,
+        "owner": owner,
+        "lease": lease_seconds,
+        "now": now,
+        "inflight": list(inflight),
+        "have_workflows": list(versions or {}),
+        "have_versions": list((versions or {}).values()),
+        "timeout_workflows": list(timeouts),
+        "timeout_seconds": list(timeouts.values()),
+    }
 
 
 def _pick(
@@ -205,10 +248,11 @@ def _pick(
     limit: int,
     controlled: dict[str, FlowControl],
     versions: dict[str, str],
-) -> tuple[list[str], list[Any]]:
+) -> tuple[list[str], list[Any], bool]:
     """The pick (``_PICK``; ``_PICK_NO_FLOWS`` when no workflow has flow control): the
     flow-controlled workflows whose advisory lock it got,
-    and the plain candidates it locked, as ``(job_id, claim order)`` in claim order."""
+    the plain candidates it locked, as ``(job_id, claim order)`` in claim order, and
+    whether some queued instance is past its start limit (the expiry is due)."""
     picked = in_index_order(
         conn,
         _PICK if controlled else _PICK_NO_FLOWS,
@@ -219,10 +263,12 @@ def _pick(
             "uncontrolled": [w for w in versions if w not in controlled],
         },
     )
-    locked = [workflow for row in picked if row[0] is None for workflow in row[2]]
+    markers = [row[2] for row in picked if row[0] is None]
+    locked = [workflow for got in markers if got is not None for workflow in got]
     # Both kinds of plain candidate in claim order; what is picked and not leased
     # stays locked (by this transaction only) and unclaimed.
-    return locked, sorted((row[:2] for row in picked if row[0] is not None), key=lambda r: r[1])
+    plain = sorted((row[:2] for row in picked if row[0] is not None), key=lambda r: r[1])
+    return locked, plain, None in markers
 
 
 def _with_histories(rows: Sequence[Any], history: dict[str, list[RecordedStep]]) -> list[Claimed]:
@@ -238,8 +284,12 @@ def _with_histories(rows: Sequence[Any], history: dict[str, list[RecordedStep]])
             history.get(job_id, []),
             tp,
             version,
+            deadline,
+            bool(due),
         )
-        for job_id, workflow, params, created, submitted, claims, tp, version in rows
+        for job_id, workflow, params, created, submitted, claims, tp, version, deadline, due in (
+            rows
+        )
     ]
 
 

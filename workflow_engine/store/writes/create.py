@@ -54,7 +54,7 @@ WITH input AS (
         request_id text, submitted_at timestamptz, traceparent text, origin text,
         topic text, part integer, off bigint, enqueued_at timestamptz, version text,
         priority smallint, lane_path text[], callback text, run_after timestamptz,
-        attributes jsonb)
+        attributes jsonb, start_within double precision)
 ),
 firsts AS (
     SELECT DISTINCT ON (job_id) * FROM input ORDER BY job_id, ord
@@ -109,7 +109,8 @@ dups AS (
 ),
 inst AS (
     INSERT INTO onceflow_instances (job_id, workflow, params, version, priority, flow_lane,
-                                    event_seq, callback, run_after, attributes)
+                                    event_seq, callback, run_after, attributes,
+                                    start_by)
     SELECT f.job_id, f.workflow, f.params, f.version, f.priority,
            -- bounded (migration 0014): the lane index takes any key's value
            onceflow_flow_lane(f.params, f.lane_path), {ONE_EVENT}, f.callback,
@@ -119,7 +120,9 @@ inst AS (
            GREATEST(f.run_after, now()),
            -- searchable attributes (migration 0022), checked by the envelope's rule;
            -- the first submission's are kept, like its params
-           coalesce(f.attributes, '{{}}')
+           coalesce(f.attributes, '{{}}'),
+           -- a start limit (start_within: migration 0023), from the start time
+           GREATEST(f.run_after, now()) + make_interval(secs => f.start_within)
     FROM firsts f JOIN upsert u USING (job_id)
     WHERE u.inserted AND f.kind = :workflow_kind
     RETURNING job_id, workflow, version, priority, event_seq AS seq, status
@@ -175,6 +178,7 @@ def _row(ord_: int, d: Delivery) -> dict[str, Any]:
         "callback": env.callback,
         "run_after": _start(d),
         "attributes": env.attributes or None,
+        "start_within": env.start_within if env.start_within is not None else d.start_within,
     }
 
 

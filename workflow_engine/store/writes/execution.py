@@ -34,6 +34,7 @@ from onceflow.vocabulary import (
 from workflow_engine.errors import (
     ControlRequested,
     DatabaseRefused,
+    DeadlinePassed,
     LeaseLost,
     NonDeterminismError,
     StepResultError,
@@ -73,7 +74,8 @@ from workflow_engine.store.writes import children, stream_values
 _LEASE_OF_INPUT = f"""
 lease AS (
     SELECT l.* FROM input CROSS JOIN LATERAL (
-        SELECT i.job_id, i.requested_action, i.workflow, i.version, i.event_seq, i.status
+        SELECT i.job_id, i.requested_action, i.workflow, i.version, i.event_seq, i.status,
+               coalesce(i.deadline <= now(), false) AS overdue
         FROM onceflow_instances i
         WHERE i.job_id = input.job_id AND {held("i", "input.claim")}
         FOR SHARE OF i
@@ -124,7 +126,10 @@ _FINISH_EVENTS = outbox_insert(
     "done",
     "'instance.' || e.status",
     f"CASE WHEN e.status = '{InstanceStatus.COMPLETE}' THEN jsonb_build_object('result', e.result)"
-    " ELSE jsonb_build_object('error', e.error) END",
+    " ELSE jsonb_build_object('error', e.error) END"
+    # the time limit that errored it (timed_out), if one did
+    " || CASE WHEN e.timeout_kind IS NULL THEN '{}'::jsonb"
+    " ELSE jsonb_build_object('timeout', e.timeout_kind) END",
 )
 
 _START_STEPS = sa.text(
@@ -138,7 +143,10 @@ WITH input AS (
 step AS (
     INSERT INTO onceflow_steps AS s (job_id, position, name, status, attempts)
     SELECT input.job_id, input.position, input.name, '{StepStatus.RUNNING}', 1
-    FROM input JOIN lease USING (job_id) WHERE lease.requested_action IS NULL
+    FROM input JOIN lease USING (job_id)
+    -- an operator's request, or the execution deadline passed (migration 0023): the
+    -- step does not start; the run stops at this boundary
+    WHERE lease.requested_action IS NULL AND NOT lease.overdue
     ON CONFLICT ON CONSTRAINT onceflow_steps_pkey DO UPDATE
         SET attempts = s.attempts + 1, status = '{StepStatus.RUNNING}', error = NULL,
             finished_at = NULL
@@ -159,7 +167,7 @@ attempt AS (
     RETURNING job_id, attempt, started_at
 )
 SELECT input.job_id, attempt.attempt, attempt.started_at, lease.requested_action,
-       lease.job_id IS NOT NULL, step.tries
+       lease.job_id IS NOT NULL, step.tries, lease.overdue
 FROM input LEFT JOIN lease USING (job_id) LEFT JOIN attempt USING (job_id)
      LEFT JOIN step USING (job_id)
 """
@@ -213,13 +221,13 @@ WITH input AS (
     SELECT * FROM unnest(CAST(:job_ids AS text[]), CAST(:claims AS int[]),
                          CAST(:statuses AS text[]), CAST(:results AS text[]),
                          CAST(:errors AS text[]), CAST(:failed_positions AS int[]),
-                         CAST(:pending AS int[]))
-        AS t(job_id, claim, status, result, error, failed_position, pending)
+                         CAST(:pending AS int[]), CAST(:timeouts AS text[]))
+        AS t(job_id, claim, status, result, error, failed_position, pending, timeout)
 ),
 done AS (
     UPDATE onceflow_instances i
     SET status = input.status, result = CAST(input.result AS jsonb), error = input.error,
-        failed_position = input.failed_position,
+        failed_position = input.failed_position, timeout_kind = input.timeout,
         finished_at = now(), updated_at = now(), lease_owner = NULL, lease_expires_at = NULL,
         -- a request that reached the run after its last step is void: the work is done,
         -- and a finished instance carries no request (it would never be applied)
@@ -229,7 +237,7 @@ done AS (
     FROM input
     WHERE i.job_id = input.job_id AND {held("i", "input.claim")}
     RETURNING i.job_id, i.parent_job_id, i.workflow, i.version, i.event_seq AS seq, i.status,
-              i.result, i.error
+              i.result, i.error, i.timeout_kind
 ),
 finish_events AS ({_FINISH_EVENTS}
 )
@@ -280,11 +288,14 @@ def _start_answer(
     action: str | None,
     leased: bool,
     tries: int | None,
+    overdue: bool | None,
 ) -> Answer:
     if not leased:
         return LeaseLost(f"lease on {w.job_id} lost before step {w.name!r}")
     if action is not None:
         return ControlRequested(action)
+    if overdue:
+        return DeadlinePassed(f"execution deadline passed before step {w.name!r}")
     if attempt is None or at is None:
         return NonDeterminismError(
             f"step {w.name!r} at position {w.position} does not match history"
@@ -341,6 +352,7 @@ def _finish_instances(
         "results": [_json_text(w.result) for w in writes],
         "errors": [_error_text(w.error) for w in writes],
         "failed_positions": [w.failed_position for w in writes],
+        "timeouts": [w.timeout.value if w.timeout else None for w in writes],
     }
     job_ids = [w.job_id for w in writes]
     rows = execute_prepared(conn, _FINISH_INSTANCES, {"job_ids": job_ids, **params}).all()

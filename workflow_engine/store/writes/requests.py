@@ -174,7 +174,9 @@ _RESTART = sa.text(
     "UPDATE onceflow_instances SET status = :queued, run_after = now(), started_at = NULL,"
     " finished_at = NULL, result = NULL, error = NULL, lease_owner = NULL,"
     " lease_expires_at = NULL, requested_action = NULL, restart_count = restart_count + 1,"
-    " failed_position = NULL, updated_at = now() WHERE job_id = :j"
+    " failed_position = NULL, deadline = NULL, start_by = NULL, timeout_kind = NULL,"
+    " updated_at = now()"
+    " WHERE job_id = :j"
 )
 
 
@@ -214,6 +216,8 @@ RETURNING failed.position, failed.name, failed.attempts
 _RETRY = sa.text(
     "UPDATE onceflow_instances SET status = :queued, run_after = now(), finished_at = NULL,"
     " result = NULL, error = NULL, failed_position = NULL, requested_action = NULL,"
+    # a fresh execution_timeout from its next start, no start limit (migration 0023)
+    " deadline = NULL, start_by = NULL, timeout_kind = NULL,"
     " retry_count = retry_count + 1, updated_at = now() WHERE job_id = :j"
 )
 

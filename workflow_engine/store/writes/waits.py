@@ -237,11 +237,13 @@ _SUSPEND = sa.text(
     f"""
 UPDATE onceflow_instances i
 SET status = :status, lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
-    run_after = CASE
+    -- never past the execution deadline (migration 0023): the claim at it errors the
+    -- instance timed_out (LEAST skips a NULL deadline)
+    run_after = LEAST(CASE
         WHEN {_EVENT_PENDING} OR {children.awaited_child_finished("i.job_id")} THEN {_NOW}
         WHEN :delay IS NOT NULL
             THEN {_NOW} + make_interval(secs => CAST(:delay AS double precision))
-        ELSE coalesce(CAST(:wake_at AS timestamptz), 'infinity') END
+        ELSE coalesce(CAST(:wake_at AS timestamptz), 'infinity') END, i.deadline)
 WHERE i.job_id = :job_id
 RETURNING i.status IN ({RUNNABLE}) AND i.run_after <= {_NOW} AS runnable,
           -- for the instance.sleeping / instance.waiting event
