@@ -80,6 +80,11 @@ def test_delayed_jobs_start_on_time_through_a_sigkilled_engine(settings, db, tmp
         f" from its time p50 {statistics.median(offsets):+.3f} s,"
         f" min {offsets[0]:+.3f} s, max {offsets[-1]:+.3f} s"
     )
+    # the latest: (seconds late, when due after the start, job id)
+    late = sorted(
+        (round((started[job] - at).total_seconds(), 3), round((at - base).total_seconds(), 2), job)
+        for job, at in due.items()
+    )[-4:]
     assert 0 < started_at_kill < N  # the kill came while jobs were coming due
     assert offsets[0] >= 0, "a job started before its time"
-    assert offsets[-1] <= 1.0, f"a job started {offsets[-1]:.3f} s after its time"
+    assert offsets[-1] <= 1.0, f"jobs started late: {late}"

@@ -412,16 +412,23 @@ def release(db: Engine, owner: str, held_runs: Sequence[tuple[str, int]]) -> int
         return conn.execute(_RELEASE, params).rowcount
 
 
+# The next timer still to come: work already due is either being claimed (by this
+# engine's next claim, or another engine's) or held back by a limit, and waking for it
+# is the claim's and the notifications' business. Counting it made an engine that lost
+# a due instance to another engine's claim wait its whole poll interval instead of
+# waking for the timers after it (two engines, one SIGKILLed: the survivor slept through
+# every delayed start until the rescue woke it, tests/integration/test_delayed_start_chaos.py).
 _NEXT_DUE = sa.text(
     f"""
 SELECT extract(epoch FROM min(run_after) - {_NOW}) FROM onceflow_instances
-WHERE status IN ({_RUNNABLE}) AND run_after <> 'infinity'
+WHERE status IN ({_RUNNABLE}) AND run_after > {_NOW} AND run_after <> 'infinity'
 """
 )
 
 
 def seconds_until_next_due(db: Engine, now: datetime | None) -> float | None:
-    """Seconds until the earliest timer (sleep, retry delay, event timeout) falls due."""
+    """Seconds until the earliest timer still to come (sleep, retry delay, event timeout,
+    delayed start, deadline) falls due; None if there is none."""
     with db.connect() as conn:
         value = conn.execute(_NEXT_DUE, {"now": now}).scalar()
     return None if value is None else float(value)
