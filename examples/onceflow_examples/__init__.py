@@ -102,6 +102,22 @@ async def noop_inline_workflow(ctx: Context, params: dict[str, Any]) -> dict[str
     return {"steps": 3}
 
 
+def _pause(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+@workflow("deadline-demo-workflow", execution_timeout=1.0)
+async def deadline_demo_workflow(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
+    """Three steps of ``step_seconds`` each under a 1 s ``execution_timeout`` (README,
+    "Time limits"): with 0.6 s steps the third never starts, the instance is errored
+    ``timed_out`` at that step boundary; with short ones it completes."""
+    seconds = float(params.get("step_seconds", 0))
+    for n in range(3):
+        await ctx.step(f"part {n + 1}", _pause, seconds)
+    return {"parts": 3}
+
+
 @workflow("approval-workflow")
 async def approval_workflow(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
     """Waits (durably, holding no worker) for an 'approved' event, or times out."""

@@ -128,6 +128,16 @@ def _workload(stack: Stack) -> None:
             client.submit(jobs[start : start + 50])
             time.sleep(0.5)
         client.submit(jobs[:40])  # duplicates
+        # errored timed_out before its third step (1 s execution_timeout, 0.6 s steps)
+        client.submit(
+            [
+                {
+                    "job_id": "prom_timed",
+                    "workflow": "deadline-demo-workflow",
+                    "params": {"step_seconds": 0.6},
+                }
+            ]
+        )
         client.submit([{**jobs[1], "params": {"other": True}}])  # a payload mismatch
     httpx.post(
         f"{stack.ingest_url}/v1/jobs", json={"workflow": "bad name!"}, headers=stack.auth_headers
@@ -144,6 +154,11 @@ def _workload(stack: Stack) -> None:
                 " WHERE status = 'complete' AND workflow = 'order-workflow'"
             )
             == 300
+            and stack.scalar(
+                "SELECT count(*) FROM onceflow_instances"
+                " WHERE job_id = 'prom_timed' AND timeout_kind = 'timed_out'"
+            )
+            == 1
         ),
         120,
         "the workload to finish",

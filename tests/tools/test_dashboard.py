@@ -30,6 +30,7 @@ def test_dashboard_shape():
         "PostgreSQL",
         "Lifecycle events",
         "Webhooks",
+        "Run controls",
     ]
     assert all(e.count("(") == e.count(")") for e in expressions())
     assert all("onceflow_" in e for e in expressions())
@@ -55,7 +56,7 @@ def _essentials(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 #: Rows added after the move to the SDK (the hand-written dashboard stops before them;
 #: they are built by the same helpers, so they take the same shape).
-ADDED_ROWS = ("Lifecycle events", "Webhooks")
+ADDED_ROWS = ("Lifecycle events", "Webhooks", "Run controls")
 
 
 def _as_hand_written() -> dict[str, Any]:

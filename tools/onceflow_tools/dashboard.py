@@ -280,6 +280,19 @@ def _webhooks() -> list[timeseries.Panel]:
     ]
 
 
+def _run_controls() -> list[timeseries.Panel]:
+    return [
+        _panel(
+            "Time limits reached (1h)",
+            "short",
+            (
+                "{{workflow}} {{kind}}",
+                "sum by (workflow, kind) (increase(onceflow_engine_time_limits_total[1h]))",
+            ),
+        ),
+    ]
+
+
 ROWS = {
     "Ingest": _ingest,
     "Kafka lag": _kafka_lag,
@@ -288,6 +301,7 @@ ROWS = {
     "PostgreSQL": _postgresql,
     "Lifecycle events": _lifecycle_events,
     "Webhooks": _webhooks,
+    "Run controls": _run_controls,
 }
 
 
