@@ -36,6 +36,7 @@ BUILDERS = {
     ("workflow_engine.store.schema", "_on_table"): "a migration set's own table",
     # PREPARE and EXECUTE of a module-level statement, named by its text's digest
     ("workflow_engine.store.prepared", "execute_prepared"): "a prepared statement's name",
+    ("workflow_engine.store.prepared", "_execute_of"): "its parameters' types, once",
 }
 
 
