@@ -173,9 +173,9 @@ class Cell:
         harness = EngineHarness(self.settings, self.db, self.clock, engine_lease_seconds=LEASE)
         claim = harness.runner._claim
 
-        async def counted(limit: int) -> list[writes.Claimed] | None:
+        async def counted(limit: int) -> tuple[list[writes.Claimed], bool] | None:
             got = await claim(limit)
-            self.second_rounds.append([c.job_id for c in got or ()])
+            self.second_rounds.append([c.job_id for c in (got[0] if got else ())])
             return got
 
         harness.runner._claim = counted  # type: ignore[method-assign]
