@@ -108,7 +108,9 @@ def test_nothing_listening_means_an_immediate_503(settings):
         ready = client.get("/readyz")
     slowest = max(elapsed for _, elapsed in answers)
     print(f"\n503 answer times with no broker: max {slowest * 1000:.1f} ms")
-    assert slowest < 0.1
+    # at once rather than after the 15 s acknowledgement timeout (a few ms here; 0.29 s
+    # seen once on a loaded box, so the bound is a second, still 15x under the timeout)
+    assert slowest < 1.0
     for r, _ in answers:
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
         assert r.json()["error"] == "kafka_unreachable" and r.json()["accepted"] == []
