@@ -99,6 +99,7 @@ def classify(
                 version,
                 lane_path=lane,
                 start_after=delay,
+                singleton=registry.singleton(env.workflow) if workflow else None,
             )
         )
     return deliveries, dead

@@ -25,12 +25,14 @@ from workflow_engine.model import (
     RateLimit,
     Registry,
     ScheduleDef,
+    Singleton,
     TaskDef,
     TaskFn,
     WebhookSubscription,
     WorkflowDef,
     WorkflowFn,
     flow_control,
+    singleton_policy,
 )
 from workflow_engine.versions import check_version, fingerprint
 
@@ -145,6 +147,7 @@ def workflow(
     inline_steps: bool = False,
     webhooks: Sequence[str | WebhookSubscription] = (),
     start_after: float | timedelta | None = None,
+    singleton: Singleton | None = None,
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register an async function ``(ctx, params)`` as the workflow called ``name``.
 
@@ -164,7 +167,9 @@ def workflow(
     most ``max_per_key`` (default 1) running instances per value of ``concurrency_key``
     (a dotted path on params, ``"params.customer_id"``; sleeping and waiting instances
     keep their slot only with ``hold_while_waiting``); at most ``rate_limit`` starts per
-    period per key; claims rotated round-robin across the values of ``fairness_key``.
+    period per key; claims rotated round-robin across the values of ``fairness_key``;
+    ``singleton`` (:class:`~workflow_engine.model.Singleton`): one live instance per key,
+    a new one queues, is skipped or cancels the live one (not with another per-key limit).
 
     ``webhooks`` subscribes endpoints (names from ``ONCEFLOW_WEBHOOK_ENDPOINTS``) to its
     lifecycle events: a name gets the endpoint's kinds (by default the final ones), a
@@ -177,15 +182,13 @@ def workflow(
     subscriptions = _subscriptions(webhooks)
     delay = _start_delay(name, start_after)
     declared = _declared_schedule(name, schedule, timezone)
-    flow = flow_control(
-        concurrency, concurrency_key, max_per_key, hold_while_waiting, rate_limit, fairness_key
-    )
+    limits = (concurrency, concurrency_key, max_per_key, hold_while_waiting, rate_limit)
+    flow = flow_control(*limits, fairness_key, policy := singleton_policy(singleton))
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         given = check_version(version) if version is not None else fingerprint(fn)
-        REGISTRY.add_workflow(
-            WorkflowDef(fn, name, given, inline_steps, flow, declared, subscriptions, delay)
-        )
+        parts = (inline_steps, flow, declared, subscriptions, delay, policy)
+        REGISTRY.add_workflow(WorkflowDef(fn, name, given, *parts))
         return fn
 
     return register

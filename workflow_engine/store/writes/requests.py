@@ -120,7 +120,10 @@ def transition(
 _TERMINATE = sa.text(
     "UPDATE onceflow_instances SET status = :terminated, finished_at = now(),"
     " updated_at = now(), lease_owner = NULL, lease_expires_at = NULL,"
-    " requested_action = NULL, error = 'terminated by operator' WHERE job_id = :j"
+    " requested_action = NULL,"
+    # a singleton's newer instance (store/writes/singleton.py) or an operator
+    " error = coalesce('cancelled by ' || cancelled_by || ' (singleton)',"
+    " 'terminated by operator') WHERE job_id = :j"
     " RETURNING parent_job_id"
 )
 

@@ -1,0 +1,195 @@
+"""Singleton policies: the decision a new instance's creating transaction takes when
+its workflow declares ``singleton=Singleton(key, mode="skip"|"cancel_in_progress")``.
+
+Running is bounded elsewhere: the policy is also a per-key limit of one in the claim
+(held while sleeping or waiting, :func:`~workflow_engine.model.flow_control`), so no two
+engines run two instances of one key. What is decided here is which instance is *the*
+live one of its key when a new one arrives:
+
+* ``skip`` (and ``cancel_newest``, the same under Hatchet's name): while another
+  instance of the key is live (queued, running, sleeping, waiting, paused), the new one
+  is recorded ``skipped`` - terminal, it never runs - with ``skipped_for`` naming it;
+* ``cancel_in_progress``: every older live instance of the key is terminated by the
+  operator's rule (:func:`~workflow_engine.store.writes.requests.transition`: at once
+  when no engine runs it, else requested of its engine, which stops it at its next step
+  boundary and writes its events), with ``cancelled_by`` naming its successor; the new
+  one waits in the claim until the old one has stopped, then runs.
+
+The decision is atomic across workers: after the instances are inserted (in the same
+transaction, so nobody else sees them yet), the transaction takes a transaction-level
+advisory lock per (workflow, key), in one order, and reads the key's live instances in a
+statement that starts after the locks are granted. A second worker creating a job of the
+same key waits for the lock, i.e. for this transaction's commit, and then sees its
+instance: two jobs of one key created at once cannot both be the live one. (A hash
+collision between two keys only makes them wait for each other.) The failpoint
+``singleton.after_decide`` stops a creator right there, with the lock held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from onceflow import failpoints
+from onceflow.vocabulary import (
+    BulkAction,
+    ControlAction,
+    InstanceStatus,
+    LifecycleEvent,
+    SingletonDecision,
+    SingletonMode,
+)
+from workflow_engine.model import Delivery, SingletonPolicy
+from workflow_engine.store import lifecycle
+from workflow_engine.store.writes.requests import transition
+
+#: The live statuses: an instance in one of these is its key's live one
+#: (``onceflow_instances_singleton_idx`` covers exactly these).
+LIVE = (
+    InstanceStatus.QUEUED,
+    InstanceStatus.RUNNING,
+    InstanceStatus.SLEEPING,
+    InstanceStatus.WAITING,
+    InstanceStatus.PAUSED,
+)
+
+# The key's value, bounded like a fairness lane (migration 0014), on the new rows.
+_SET_KEYS = sa.text(
+    """
+UPDATE onceflow_instances i
+SET singleton_key = onceflow_lane_key(coalesce(i.params #>> r.path, ''))
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(job_id text, path text[])
+WHERE i.job_id = r.job_id
+RETURNING i.job_id, i.workflow, i.singleton_key
+"""
+)
+
+# One lock per (workflow, key), taken in the order of their hashes, so two creators
+# with overlapping keys cannot deadlock on them; held until the transaction ends.
+_LOCK_KEYS = sa.text(
+    """
+SELECT count(pg_advisory_xact_lock(h)) FROM (
+    SELECT DISTINCT hashtextextended('onceflow.singleton.' || w || chr(1) || k, 0) AS h
+    FROM unnest(CAST(:workflows AS text[]), CAST(:keys AS text[])) AS t(w, k)
+    ORDER BY h
+) AS s
+"""
+)
+
+# Read in a statement of its own, after the locks: its snapshot has every instance of
+# these keys that an earlier holder of the lock committed.
+_LIVE_OF_KEYS = sa.text(
+    """
+SELECT i.job_id, i.workflow, i.singleton_key, i.status, i.requested_action
+FROM onceflow_instances i
+WHERE (i.workflow, i.singleton_key) IN (
+        SELECT * FROM unnest(CAST(:workflows AS text[]), CAST(:keys AS text[])))
+  AND i.singleton_key IS NOT NULL AND i.status = ANY(CAST(:live AS text[]))
+ORDER BY i.created_at, i.job_id
+"""
+)
+
+_SKIP = sa.text(
+    "UPDATE onceflow_instances SET status = :skipped, finished_at = now(), updated_at = now(),"
+    " skipped_for = :active WHERE job_id = :j"
+)
+_LOCK_LIVE = sa.text(
+    "SELECT job_id, status, requested_action FROM onceflow_instances"
+    " WHERE job_id = ANY(CAST(:ids AS text[])) ORDER BY job_id FOR UPDATE"
+)
+_CANCELLED_BY = sa.text(
+    "UPDATE onceflow_instances SET cancelled_by = coalesce(cancelled_by, :by) WHERE job_id = :j"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Live:
+    job_id: str
+    key: tuple[str, str]  # (workflow, singleton key)
+    new: bool  # created by this transaction
+
+
+def decide(
+    conn: Connection, deliveries: Sequence[Delivery], created: Sequence[str]
+) -> list[tuple[str, str]]:
+    """Take the singleton decision for the instances this transaction just created
+    (``created``, in consumption order) whose deliveries carry a deciding policy.
+    Answers the (workflow, decision) pairs taken, for the worker's counter."""
+    policies = _policies(deliveries, set(created))
+    if not policies:
+        return []
+    rows = [{"job_id": j, "path": list(p.key)} for j, p in policies.items()]
+    keyed = conn.execute(_SET_KEYS, {"rows": orjson.dumps(rows).decode()}).all()
+    keys = {r.job_id: (r.workflow, r.singleton_key) for r in keyed}
+    pairs = sorted(set(keys.values()))
+    args = {"workflows": [w for w, _ in pairs], "keys": [k for _, k in pairs]}
+    conn.execute(_LOCK_KEYS, args)
+    live_rows = conn.execute(_LIVE_OF_KEYS, {**args, "live": [str(s) for s in LIVE]}).all()
+    failpoints.hit("singleton.after_decide", next(iter(policies)))
+    order = {job_id: n for n, job_id in enumerate(created)}
+    by_key: dict[tuple[str, str], list[_Live]] = {}
+    for r in live_rows:
+        by_key.setdefault((r.workflow, r.singleton_key), []).append(
+            _Live(r.job_id, (r.workflow, r.singleton_key), r.job_id in keys)
+        )
+    decisions: list[tuple[str, str]] = []
+    for key, live in by_key.items():
+        # older ones by creation; this transaction's own (one created_at) in consumption order
+        live.sort(key=lambda x: (x.new, order.get(x.job_id, 0)))
+        mode = next(policies[x.job_id].mode for x in live if x.new)
+        if mode == SingletonMode.CANCEL_IN_PROGRESS:
+            decisions += _cancel_older(conn, key, live)
+        else:
+            decisions += _skip_newer(conn, key, live)
+    return decisions
+
+
+def _policies(deliveries: Sequence[Delivery], created: set[str]) -> dict[str, SingletonPolicy]:
+    """The deciding policy of each created instance, in consumption order."""
+    found: dict[str, SingletonPolicy] = {}
+    for d in deliveries:
+        job_id = d.envelope.job_id
+        if d.singleton is not None and job_id in created and job_id not in found:
+            found[job_id] = d.singleton
+    return found
+
+
+def _skip_newer(conn: Connection, key: tuple[str, str], live: list[_Live]) -> list[Any]:
+    """skip: the oldest live instance stays the one; every new one after it is skipped."""
+    active = live[0].job_id
+    decisions = [(key[0], str(SingletonDecision.ACTIVE))] if live[0].new else []
+    events = []
+    for x in live[1:]:
+        if not x.new:  # two older live ones (a restart, a child): not this batch's to undo
+            continue
+        conn.execute(_SKIP, {"j": x.job_id, "active": active, "skipped": InstanceStatus.SKIPPED})
+        data = {"singleton": {"key": key[1], "mode": "skip", "active_job_id": active}}
+        events.append((x.job_id, LifecycleEvent.SKIPPED, data))
+        decisions.append((key[0], str(SingletonDecision.SKIPPED)))
+    lifecycle.emit(conn, events)
+    return decisions
+
+
+def _cancel_older(conn: Connection, key: tuple[str, str], live: list[_Live]) -> list[Any]:
+    """cancel_in_progress: the newest stays; each older live one is superseded by the
+    next one and terminated by the operator's rule."""
+    successor = {a.job_id: b.job_id for a, b in zip(live, live[1:], strict=False)}
+    decisions = [(key[0], str(SingletonDecision.ACTIVE))] if live[-1].new else []
+    locked = conn.execute(_LOCK_LIVE, {"ids": sorted(successor)}).all()
+    events = []
+    for job_id, status, requested in locked:
+        by = successor[job_id]
+        conn.execute(_CANCELLED_BY, {"j": job_id, "by": by})
+        data = {"singleton": {"key": key[1], "mode": "cancel_in_progress", "by_job_id": by}}
+        events.append((job_id, LifecycleEvent.SUPERSEDED, data))
+        decisions.append((key[0], str(SingletonDecision.CANCELLED)))
+    lifecycle.emit(conn, events)
+    for job_id, status, requested in locked:
+        asked = ControlAction(requested) if requested else None
+        transition(conn, job_id, BulkAction.TERMINATE, InstanceStatus(status), asked)
+    return decisions
