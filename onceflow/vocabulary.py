@@ -331,7 +331,7 @@ class SingletonMode(StrEnum):
 
 class SingletonDecision(StrEnum):
     """What the creating transaction decided for a new singleton instance (the
-    ``onceflow_singleton_decisions_total`` counter's ``decision`` label)."""
+    ``onceflow_streams_singleton_decisions_total`` counter's ``decision`` label)."""
 
     ACTIVE = "active"  # no other live instance of its key: it is the one
     SKIPPED = "skipped"

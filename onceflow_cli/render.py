@@ -52,6 +52,8 @@ def render_instance(view: InstanceView) -> str:
         lines.append(f"attributes: {shown}")
     if view.scheduled_start:
         lines.append(f"scheduled to start at: {view.scheduled_start.isoformat()}")
+    if view.singleton_note:
+        lines.append(view.singleton_note)
     if view.waiting_for_engine:
         lines.append(view.waiting_for_engine)
     if view.held_because:

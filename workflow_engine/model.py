@@ -281,7 +281,7 @@ class CreateResult:
     already_recorded: int = 0
     # Singleton decisions taken for the instances created: (workflow, decision) pairs,
     # one per created singleton instance (active or skipped) and one per older instance
-    # it cancelled; the worker counts them (onceflow_singleton_decisions_total).
+    # it cancelled; the worker counts them (onceflow_streams_singleton_decisions_total).
     singleton_decisions: list[tuple[str, str]] = field(default_factory=list)
 
     def add(self, other: CreateResult) -> None:

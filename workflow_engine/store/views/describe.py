@@ -87,6 +87,24 @@ class InstanceView:
     streams: dict[str, int] = field(default_factory=dict)
     # Searchable attributes (migration 0022): set at submit, ctx.set_attributes.
     attributes: dict[str, Any] = field(default_factory=dict)
+    # Singleton policies (migration 0024): the key's value (as stored, bounded), the live
+    # instance a skipped one gave way to, the newer instance that cancelled this one.
+    singleton_key: str | None = None
+    skipped_for: str | None = None
+    cancelled_by: str | None = None
+
+    @property
+    def singleton_note(self) -> str | None:
+        """What a singleton policy decided for it, in words (None: nothing)."""
+        if self.skipped_for is not None and self.status == InstanceStatus.SKIPPED:
+            return (
+                f"skipped: another instance {self.skipped_for} of key"
+                f" {self.singleton_key!r} was active"
+            )
+        if self.cancelled_by is not None:
+            done = "cancelled" if self.status.terminal else "being cancelled (at its next step)"
+            return f"{done} by {self.cancelled_by}, a newer instance of key {self.singleton_key!r}"
+        return None
 
     @property
     def waiting_for_engine(self) -> str | None:
@@ -140,7 +158,8 @@ SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
        i.failed_position, i.retry_count, i.forked_from, i.forked_at_position,
        ARRAY(SELECT f.job_id FROM onceflow_instances f WHERE f.forked_from = i.job_id
              ORDER BY f.job_id) AS forks,
-       {SCHEDULED_START} AS scheduled_start, i.attributes
+       {SCHEDULED_START} AS scheduled_start, i.attributes,
+       i.singleton_key, i.skipped_for, i.cancelled_by
 FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
 -- One pass over the job id's duplicate rows, in its one partition (job_received_at,
 -- migration 0012): planning a partitioned table costs per partition and per reference.

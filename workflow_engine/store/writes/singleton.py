@@ -27,6 +27,7 @@ collision between two keys only makes them wait for each other.) The failpoint
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -177,19 +178,27 @@ def _skip_newer(conn: Connection, key: tuple[str, str], live: list[_Live]) -> li
 
 def _cancel_older(conn: Connection, key: tuple[str, str], live: list[_Live]) -> list[Any]:
     """cancel_in_progress: the newest stays; each older live one is superseded by the
-    next one and terminated by the operator's rule."""
-    successor = {a.job_id: b.job_id for a, b in zip(live, live[1:], strict=False)}
+    next one and terminated by the operator's rule. Re-checked under the row lock: one
+    that finished since the read (an engine completed it) is left as it is."""
+    successor = {a.job_id: b.job_id for a, b in itertools.pairwise(live)}
     decisions = [(key[0], str(SingletonDecision.ACTIVE))] if live[-1].new else []
-    locked = conn.execute(_LOCK_LIVE, {"ids": sorted(successor)}).all()
-    events = []
-    for job_id, status, requested in locked:
-        by = successor[job_id]
-        conn.execute(_CANCELLED_BY, {"j": job_id, "by": by})
-        data = {"singleton": {"key": key[1], "mode": "cancel_in_progress", "by_job_id": by}}
-        events.append((job_id, LifecycleEvent.SUPERSEDED, data))
+    locked = [
+        r
+        for r in conn.execute(_LOCK_LIVE, {"ids": sorted(successor)})
+        if InstanceStatus(r.status) in LIVE
+    ]
+    for r in locked:
+        conn.execute(_CANCELLED_BY, {"j": r.job_id, "by": successor[r.job_id]})
+    lifecycle.emit(conn, [_superseded(key, r.job_id, successor[r.job_id]) for r in locked])
+    for r in locked:
+        asked = ControlAction(r.requested_action) if r.requested_action else None
+        transition(conn, r.job_id, BulkAction.TERMINATE, InstanceStatus(r.status), asked)
         decisions.append((key[0], str(SingletonDecision.CANCELLED)))
-    lifecycle.emit(conn, events)
-    for job_id, status, requested in locked:
-        asked = ControlAction(requested) if requested else None
-        transition(conn, job_id, BulkAction.TERMINATE, InstanceStatus(status), asked)
     return decisions
+
+
+def _superseded(
+    key: tuple[str, str], job_id: str, by: str
+) -> tuple[str, LifecycleEvent, dict[str, Any]]:
+    data = {"singleton": {"key": key[1], "mode": "cancel_in_progress", "by_job_id": by}}
+    return (job_id, LifecycleEvent.SUPERSEDED, data)

@@ -1,0 +1,156 @@
+"""Singleton policies (issue 26, item 3): at most one live instance per key. The decision
+for a new instance (skip, cancel_in_progress) is taken in the transaction that creates
+it, under a per-key lock; running is bounded by the claim's per-key limit. Every
+property is read back from the database."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import sqlalchemy as sa
+
+from onceflow import failpoints
+from onceflow.envelope import JobEnvelope
+from onceflow.vocabulary import LifecycleEvent
+from onceflow_cli.render import render_instance
+from tests.integration import singleton_workflows as wf
+from workflow_engine.definitions import REGISTRY
+from workflow_engine.model import Delivery
+from workflow_engine.store.views import describe_instance
+from workflow_engine.store.writes import create_instances
+
+_OFFSETS = itertools.count()
+
+
+def deliveries(workflow, jobs):
+    return [
+        Delivery(
+            JobEnvelope(job_id, workflow, params),
+            "t",
+            0,
+            next(_OFFSETS),
+            lane_path=REGISTRY.lane_path(workflow),
+            singleton=REGISTRY.singleton(workflow),
+        )
+        for job_id, params in jobs
+    ]
+
+
+def create(db, workflow, jobs):
+    """``jobs``: (job_id, params) pairs, created in one transaction."""
+    return create_instances(db, deliveries(workflow, jobs))
+
+
+def instances(db, prefix=""):
+    sql = (
+        "SELECT job_id, status, skipped_for, cancelled_by, requested_action, error"
+        " FROM onceflow_instances WHERE job_id LIKE :p ORDER BY job_id"
+    )
+    with db.connect() as conn:
+        return {r.job_id: r for r in conn.execute(sa.text(sql), {"p": prefix + "%"})}
+
+
+def events(db, job_id):
+    sql = "SELECT type, payload FROM onceflow_outbox WHERE aggregateid = :j ORDER BY seq"
+    with db.connect() as conn:
+        return [
+            (t.removeprefix("dev.onceflow."), d)
+            for t, d in conn.execute(sa.text(sql), {"j": job_id})
+        ]
+
+
+def test_skip_keeps_the_live_one_and_records_the_new_one_skipped(db):
+    first = create(db, wf.SKIP, [("sk_a", {"customer": "c1"}), ("sk_b", {"customer": "c1"})])
+    create(db, wf.SKIP, [("sk_c", {"customer": "c1"}), ("sk_other", {"customer": "c2"})])
+    create(db, wf.NEWEST, [("sk_n1", {"customer": "c1"})])  # another workflow: its own key
+    create(db, wf.NEWEST, [("sk_n2", {"customer": "c1"})])
+    create(db, wf.SKIP, [("sk_a", {"customer": "c1"})])  # a redelivery of the live one
+    got = instances(db, "sk_")
+    assert {j: (r.status, r.skipped_for) for j, r in got.items()} == {
+        "sk_a": ("queued", None),
+        "sk_b": ("skipped", "sk_a"),  # the same batch: consumption order decides
+        "sk_c": ("skipped", "sk_a"),
+        "sk_other": ("queued", None),
+        "sk_n1": ("queued", None),
+        "sk_n2": ("skipped", "sk_n1"),  # cancel_newest is skip under Hatchet's name
+    }
+    assert sorted(first.singleton_decisions) == [(wf.SKIP, "active"), (wf.SKIP, "skipped")]
+    kinds = [t for t, _ in events(db, "sk_b")]
+    assert kinds == [str(LifecycleEvent.CREATED), str(LifecycleEvent.SKIPPED)]
+    data = events(db, "sk_b")[1][1]
+    assert data["status"] == "skipped"
+    assert data["singleton"] == {"key": "c1", "mode": "skip", "active_job_id": "sk_a"}
+    view = describe_instance(db, "sk_b")
+    assert view is not None and view.status == "skipped"
+    assert view.singleton_note == "skipped: another instance sk_a of key 'c1' was active"
+    assert view.singleton_note in render_instance(view)  # the CLI's describe
+
+
+def test_cancel_in_progress_terminates_the_older_live_ones(db):
+    create(db, wf.CANCEL, [("cc_a", {"customer": "c1"}), ("cc_x", {"customer": "c2"})])
+    create(db, wf.CANCEL, [("cc_b", {"customer": "c1"}), ("cc_c", {"customer": "c1"})])
+    got = instances(db, "cc_")
+    assert {j: (r.status, r.cancelled_by) for j, r in got.items()} == {
+        "cc_a": ("terminated", "cc_b"),  # each superseded by its successor
+        "cc_b": ("terminated", "cc_c"),
+        "cc_c": ("queued", None),
+        "cc_x": ("queued", None),
+    }
+    assert got["cc_a"].error == "cancelled by cc_b (singleton)"
+    kinds = [t for t, _ in events(db, "cc_a")]
+    assert kinds == [
+        str(LifecycleEvent.CREATED),
+        str(LifecycleEvent.SUPERSEDED),
+        str(LifecycleEvent.TERMINATED),
+    ]
+    note = describe_instance(db, "cc_a").singleton_note
+    assert note == "cancelled by cc_b, a newer instance of key 'c1'"
+
+
+def _race(db, workflow, first_id, second_id):
+    """Create ``first_id`` in a thread paused at ``singleton.after_decide`` (its key
+    locked, its live instances read, not committed), then ``second_id`` of the same key
+    in another; the second must wait for the first's commit and see its instance."""
+    point = failpoints.arm("singleton.after_decide", "pause", job_id=first_id)
+    done: dict[str, BaseException | None] = {}
+
+    def run(job_id):
+        try:
+            create(db, workflow, [(job_id, {"customer": "race"})])
+            done[job_id] = None
+        except BaseException as exc:  # reported by the assertion below
+            done[job_id] = exc
+
+    one = threading.Thread(target=run, args=(first_id,))
+    two = threading.Thread(target=run, args=(second_id,))
+    try:
+        one.start()
+        point.wait_reached(10)
+        two.start()
+        two.join(1.0)
+        # the second creator waits for the first's lock (without it, it commits now)
+        waited = two.is_alive()
+    finally:
+        point.release()
+        one.join(10)
+        two.join(10)
+        failpoints.disarm_all()
+    assert done == {first_id: None, second_id: None}
+    return waited
+
+
+def test_skip_two_creators_of_one_key_at_once_cannot_both_be_the_live_one(db):
+    waited = _race(db, wf.SKIP, "rs_first", "rs_second")
+    got = instances(db, "rs_")
+    assert (got["rs_first"].status, got["rs_first"].skipped_for) == ("queued", None)
+    assert (got["rs_second"].status, got["rs_second"].skipped_for) == ("skipped", "rs_first")
+    assert waited, "the second creator did not wait for the key's lock"
+
+
+def test_cancel_two_creators_of_one_key_at_once_the_later_cancels_the_earlier(db):
+    waited = _race(db, wf.CANCEL, "rc_first", "rc_second")
+    got = instances(db, "rc_")
+    assert (got["rc_first"].status, got["rc_first"].cancelled_by) == ("terminated", "rc_second")
+    assert (got["rc_second"].status, got["rc_second"].cancelled_by) == ("queued", None)
+    assert waited, "the second creator did not wait for the key's lock"
