@@ -177,7 +177,9 @@ _RESTART = sa.text(
     "UPDATE onceflow_instances SET status = :queued, run_after = now(), started_at = NULL,"
     " finished_at = NULL, result = NULL, error = NULL, lease_owner = NULL,"
     " lease_expires_at = NULL, requested_action = NULL, restart_count = restart_count + 1,"
-    " failed_position = NULL, updated_at = now() WHERE job_id = :j"
+    " failed_position = NULL, updated_at = now(),"
+    # a restarted instance is live again, out of any singleton decision it had
+    " skipped_for = NULL, cancelled_by = NULL WHERE job_id = :j"
 )
 
 

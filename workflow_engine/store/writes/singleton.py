@@ -86,7 +86,7 @@ SELECT count(pg_advisory_xact_lock(h)) FROM (
 # these keys that an earlier holder of the lock committed.
 _LIVE_OF_KEYS = sa.text(
     """
-SELECT i.job_id, i.workflow, i.singleton_key, i.status, i.requested_action
+SELECT i.job_id, i.workflow, i.singleton_key, i.cancelled_by IS NOT NULL AS superseded
 FROM onceflow_instances i
 WHERE (i.workflow, i.singleton_key) IN (
         SELECT * FROM unnest(CAST(:workflows AS text[]), CAST(:keys AS text[])))
@@ -113,6 +113,7 @@ class _Live:
     job_id: str
     key: tuple[str, str]  # (workflow, singleton key)
     new: bool  # created by this transaction
+    superseded: bool  # already cancelled by a newer one, still stopping
 
 
 def decide(
@@ -136,12 +137,14 @@ def decide(
     by_key: dict[tuple[str, str], list[_Live]] = {}
     for r in live_rows:
         by_key.setdefault((r.workflow, r.singleton_key), []).append(
-            _Live(r.job_id, (r.workflow, r.singleton_key), r.job_id in keys)
+            _Live(r.job_id, (r.workflow, r.singleton_key), r.job_id in keys, r.superseded)
         )
     decisions: list[tuple[str, str]] = []
     for key, live in by_key.items():
-        # older ones by creation; this transaction's own (one created_at) in consumption order
-        live.sort(key=lambda x: (x.new, order.get(x.job_id, 0)))
+        # The older ones first, those already superseded before the one still in charge
+        # (created_at is when a creating transaction began, not when it took the lock);
+        # then this transaction's own, in consumption order.
+        live.sort(key=lambda x: (x.new, not x.superseded, order.get(x.job_id, 0)))
         mode = next(policies[x.job_id].mode for x in live if x.new)
         if mode == SingletonMode.CANCEL_IN_PROGRESS:
             decisions += _cancel_older(conn, key, live)
@@ -178,9 +181,10 @@ def _skip_newer(conn: Connection, key: tuple[str, str], live: list[_Live]) -> li
 
 def _cancel_older(conn: Connection, key: tuple[str, str], live: list[_Live]) -> list[Any]:
     """cancel_in_progress: the newest stays; each older live one is superseded by the
-    next one and terminated by the operator's rule. Re-checked under the row lock: one
-    that finished since the read (an engine completed it) is left as it is."""
-    successor = {a.job_id: b.job_id for a, b in itertools.pairwise(live)}
+    next one and terminated by the operator's rule, once. Re-checked under the row
+    lock: one that finished since the read (an engine completed it) is left as it is."""
+    # one already superseded is being stopped by its engine: asked once is enough
+    successor = {a.job_id: b.job_id for a, b in itertools.pairwise(live) if not a.superseded}
     decisions = [(key[0], str(SingletonDecision.ACTIVE))] if live[-1].new else []
     locked = [
         r
