@@ -9,7 +9,9 @@ import itertools
 import threading
 
 import sqlalchemy as sa
+from fastapi.testclient import TestClient
 
+from console import create_app
 from onceflow import failpoints
 from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import LifecycleEvent
@@ -154,3 +156,20 @@ def test_cancel_two_creators_of_one_key_at_once_the_later_cancels_the_earlier(db
     assert (got["rc_first"].status, got["rc_first"].cancelled_by) == ("terminated", "rc_second")
     assert (got["rc_second"].status, got["rc_second"].cancelled_by) == ("queued", None)
     assert waited, "the second creator did not wait for the key's lock"
+
+
+def test_console_shows_the_decision_and_filters_by_skipped(settings, db):
+    create(db, wf.SKIP, [("cs_a", {"customer": "c1"}), ("cs_b", {"customer": "c1"})])
+    create(db, wf.CANCEL, [("cs_c", {"customer": "c1"})])
+    create(db, wf.CANCEL, [("cs_d", {"customer": "c1"})])
+    with TestClient(create_app(settings, db), base_url="http://testserver") as client:
+        page = client.get("/instances/cs_b")
+        assert page.status_code == 200
+        assert 'id="singleton"' in page.text
+        assert 'skipped: another instance <a href="/instances/cs_a">cs_a</a>' in page.text
+        cancelled = client.get("/instances/cs_c").text
+        assert 'cancelled by <a href="/instances/cs_d">cs_d</a>' in cancelled
+        listed = client.get("/instances", params={"status": "skipped"})
+        assert listed.status_code == 200
+        assert "cs_b" in listed.text and "cs_a" not in listed.text
+        assert ">skipped</option>" in listed.text  # the filter offers the new status
