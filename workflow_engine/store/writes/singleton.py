@@ -95,9 +95,10 @@ ORDER BY i.created_at, i.job_id
 """
 )
 
+# The new rows of one key that give way, in one statement (this transaction's own).
 _SKIP = sa.text(
     "UPDATE onceflow_instances SET status = :skipped, finished_at = now(), updated_at = now(),"
-    " skipped_for = :active WHERE job_id = :j"
+    " skipped_for = :active WHERE job_id = ANY(CAST(:ids AS text[]))"
 )
 _LOCK_LIVE = sa.text(
     "SELECT job_id, status, requested_action FROM onceflow_instances"
@@ -166,17 +167,15 @@ def _policies(deliveries: Sequence[Delivery], created: set[str]) -> dict[str, Si
 def _skip_newer(conn: Connection, key: tuple[str, str], live: list[_Live]) -> list[Any]:
     """skip: the oldest live instance stays the one; every new one after it is skipped."""
     active = live[0].job_id
+    # two older live ones (a restart, a child: no decision) are not this batch's to undo
+    skipped = [x.job_id for x in live[1:] if x.new]
+    if skipped:
+        params = {"ids": skipped, "active": active, "skipped": str(InstanceStatus.SKIPPED)}
+        conn.execute(_SKIP, params)
+    data = {"singleton": {"key": key[1], "mode": "skip", "active_job_id": active}}
+    lifecycle.emit(conn, [(j, LifecycleEvent.SKIPPED, data) for j in skipped])
     decisions = [(key[0], str(SingletonDecision.ACTIVE))] if live[0].new else []
-    events = []
-    for x in live[1:]:
-        if not x.new:  # two older live ones (a restart, a child): not this batch's to undo
-            continue
-        conn.execute(_SKIP, {"j": x.job_id, "active": active, "skipped": InstanceStatus.SKIPPED})
-        data = {"singleton": {"key": key[1], "mode": "skip", "active_job_id": active}}
-        events.append((x.job_id, LifecycleEvent.SKIPPED, data))
-        decisions.append((key[0], str(SingletonDecision.SKIPPED)))
-    lifecycle.emit(conn, events)
-    return decisions
+    return decisions + [(key[0], str(SingletonDecision.SKIPPED))] * len(skipped)
 
 
 def _cancel_older(conn: Connection, key: tuple[str, str], live: list[_Live]) -> list[Any]:
