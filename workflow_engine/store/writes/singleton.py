@@ -95,17 +95,32 @@ ORDER BY i.created_at, i.job_id
 """
 )
 
-# The new rows of one key that give way, in one statement (this transaction's own).
+# This transaction's new rows that give way, each naming its key's live one: one
+# statement for the batch.
 _SKIP = sa.text(
-    "UPDATE onceflow_instances SET status = :skipped, finished_at = now(), updated_at = now(),"
-    " skipped_for = :active WHERE job_id = ANY(CAST(:ids AS text[]))"
+    "UPDATE onceflow_instances i SET status = :skipped, finished_at = now(),"
+    " updated_at = now(), skipped_for = s.active"
+    " FROM unnest(CAST(:ids AS text[]), CAST(:actives AS text[])) AS s(job_id, active)"
+    " WHERE i.job_id = s.job_id"
 )
 _LOCK_LIVE = sa.text(
     "SELECT job_id, status, requested_action FROM onceflow_instances"
     " WHERE job_id = ANY(CAST(:ids AS text[])) ORDER BY job_id FOR UPDATE"
 )
 _CANCELLED_BY = sa.text(
-    "UPDATE onceflow_instances SET cancelled_by = coalesce(cancelled_by, :by) WHERE job_id = :j"
+    "UPDATE onceflow_instances i SET cancelled_by = coalesce(i.cancelled_by, c.by)"
+    " FROM unnest(CAST(:ids AS text[]), CAST(:bys AS text[])) AS c(job_id, by)"
+    " WHERE i.job_id = c.job_id"
+)
+
+
+# This transaction's own new rows that a later one of the batch supersedes: queued, never
+# seen by anyone (no engine, no parent, no children), so the terminate rule's outcome
+# for them - terminated at once, with their event - is one statement for the batch.
+_TERMINATE_NEW = sa.text(
+    "UPDATE onceflow_instances SET status = :terminated, finished_at = now(),"
+    " updated_at = now(), error = 'cancelled by ' || cancelled_by || ' (singleton)'"
+    " WHERE job_id = ANY(CAST(:ids AS text[]))"
 )
 
 
@@ -141,17 +156,18 @@ def decide(
             _Live(r.job_id, (r.workflow, r.singleton_key), r.job_id in keys, r.superseded)
         )
     decisions: list[tuple[str, str]] = []
+    skips: dict[str, tuple[str, tuple[str, str]]] = {}  # job id -> (live one, key)
+    cancels: dict[str, tuple[str, tuple[str, str]]] = {}  # job id -> (successor, key)
     for key, live in by_key.items():
         # The older ones first, those already superseded before the one still in charge
         # (created_at is when a creating transaction began, not when it took the lock);
         # then this transaction's own, in consumption order.
         live.sort(key=lambda x: (x.new, not x.superseded, order.get(x.job_id, 0)))
         mode = next(policies[x.job_id].mode for x in live if x.new)
-        if mode == SingletonMode.CANCEL_IN_PROGRESS:
-            decisions += _cancel_older(conn, key, live)
-        else:
-            decisions += _skip_newer(conn, key, live)
-    return decisions
+        plan = _plan_cancel if mode == SingletonMode.CANCEL_IN_PROGRESS else _plan_skip
+        decisions += plan(key, live, cancels if plan is _plan_cancel else skips)
+    _skip(conn, skips)
+    return decisions + _cancel(conn, cancels, set(keys))
 
 
 def _policies(deliveries: Sequence[Delivery], created: set[str]) -> dict[str, SingletonPolicy]:
@@ -164,40 +180,67 @@ def _policies(deliveries: Sequence[Delivery], created: set[str]) -> dict[str, Si
     return found
 
 
-def _skip_newer(conn: Connection, key: tuple[str, str], live: list[_Live]) -> list[Any]:
-    """skip: the oldest live instance stays the one; every new one after it is skipped."""
+def _plan_skip(
+    key: tuple[str, str], live: list[_Live], skips: dict[str, tuple[str, tuple[str, str]]]
+) -> list[tuple[str, str]]:
+    """skip: the oldest live instance stays the one; every new one after it is skipped
+    (two older live ones, a restart or a child's, are not this batch's to undo)."""
     active = live[0].job_id
-    # two older live ones (a restart, a child: no decision) are not this batch's to undo
     skipped = [x.job_id for x in live[1:] if x.new]
-    if skipped:
-        params = {"ids": skipped, "active": active, "skipped": str(InstanceStatus.SKIPPED)}
-        conn.execute(_SKIP, params)
-    data = {"singleton": {"key": key[1], "mode": "skip", "active_job_id": active}}
-    lifecycle.emit(conn, [(j, LifecycleEvent.SKIPPED, data) for j in skipped])
+    skips.update((job_id, (active, key)) for job_id in skipped)
     decisions = [(key[0], str(SingletonDecision.ACTIVE))] if live[0].new else []
     return decisions + [(key[0], str(SingletonDecision.SKIPPED))] * len(skipped)
 
 
-def _cancel_older(conn: Connection, key: tuple[str, str], live: list[_Live]) -> list[Any]:
+def _plan_cancel(
+    key: tuple[str, str], live: list[_Live], cancels: dict[str, tuple[str, tuple[str, str]]]
+) -> list[tuple[str, str]]:
     """cancel_in_progress: the newest stays; each older live one is superseded by the
-    next one and terminated by the operator's rule, once. Re-checked under the row
-    lock: one that finished since the read (an engine completed it) is left as it is."""
-    # one already superseded is being stopped by its engine: asked once is enough
-    successor = {a.job_id: b.job_id for a, b in itertools.pairwise(live) if not a.superseded}
-    decisions = [(key[0], str(SingletonDecision.ACTIVE))] if live[-1].new else []
-    locked = [
-        r
-        for r in conn.execute(_LOCK_LIVE, {"ids": sorted(successor)})
-        if InstanceStatus(r.status) in LIVE
-    ]
+    next one, once (one already superseded is being stopped by its engine)."""
+    cancels.update(
+        (a.job_id, (b.job_id, key)) for a, b in itertools.pairwise(live) if not a.superseded
+    )
+    return [(key[0], str(SingletonDecision.ACTIVE))] if live[-1].new else []
+
+
+def _skip(conn: Connection, skips: dict[str, tuple[str, tuple[str, str]]]) -> None:
+    if not skips:
+        return
+    ids = sorted(skips)
+    params = {"ids": ids, "actives": [skips[j][0] for j in ids]}
+    conn.execute(_SKIP, {**params, "skipped": str(InstanceStatus.SKIPPED)})
+    lifecycle.emit(conn, [_skipped(j, *skips[j]) for j in ids])
+
+
+def _skipped(
+    job_id: str, active: str, key: tuple[str, str]
+) -> tuple[str, LifecycleEvent, dict[str, Any]]:
+    data = {"singleton": {"key": key[1], "mode": "skip", "active_job_id": active}}
+    return (job_id, LifecycleEvent.SKIPPED, data)
+
+
+def _cancel(
+    conn: Connection, cancels: dict[str, tuple[str, tuple[str, str]]], new: set[str]
+) -> list[tuple[str, str]]:
+    """Terminate the superseded ones by the operator's rule, locked in job-id order and
+    re-checked live under the lock (an engine may have finished one since the read);
+    ``new``: the ids this transaction created (terminated in one statement)."""
+    if not cancels:
+        return []
+    rows = conn.execute(_LOCK_LIVE, {"ids": sorted(cancels)}).all()
+    locked = [r for r in rows if InstanceStatus(r.status) in LIVE]
+    ids = [r.job_id for r in locked]
+    conn.execute(_CANCELLED_BY, {"ids": ids, "bys": [cancels[j][0] for j in ids]})
+    lifecycle.emit(conn, [_superseded(cancels[j][1], j, cancels[j][0]) for j in ids])
+    own = [j for j in ids if j in new]
+    if own:
+        conn.execute(_TERMINATE_NEW, {"ids": own, "terminated": str(InstanceStatus.TERMINATED)})
+        lifecycle.emit(conn, [(j, LifecycleEvent.TERMINATED, None) for j in own])
     for r in locked:
-        conn.execute(_CANCELLED_BY, {"j": r.job_id, "by": successor[r.job_id]})
-    lifecycle.emit(conn, [_superseded(key, r.job_id, successor[r.job_id]) for r in locked])
-    for r in locked:
-        asked = ControlAction(r.requested_action) if r.requested_action else None
-        transition(conn, r.job_id, BulkAction.TERMINATE, InstanceStatus(r.status), asked)
-        decisions.append((key[0], str(SingletonDecision.CANCELLED)))
-    return decisions
+        if r.job_id not in new:
+            asked = ControlAction(r.requested_action) if r.requested_action else None
+            transition(conn, r.job_id, BulkAction.TERMINATE, InstanceStatus(r.status), asked)
+    return [(cancels[j][1][0], str(SingletonDecision.CANCELLED)) for j in ids]
 
 
 def _superseded(
