@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import threading
 
+import jsonschema
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
@@ -17,6 +18,7 @@ from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import LifecycleEvent
 from onceflow_cli.render import render_instance
 from tests.integration import singleton_workflows as wf
+from tests.integration.events_helpers import event_schemas
 from workflow_engine.definitions import REGISTRY
 from workflow_engine.model import Delivery
 from workflow_engine.store.views import describe_instance
@@ -62,6 +64,13 @@ def events(db, job_id):
         ]
 
 
+def valid(kind, data):
+    """An outbox row's data against docs/events.md: the common schema and its type's."""
+    schemas = event_schemas()
+    jsonschema.validate(data, schemas["common"])
+    jsonschema.validate(data, schemas[f"dev.onceflow.{kind}"])
+
+
 def test_skip_keeps_the_live_one_and_records_the_new_one_skipped(db):
     first = create(db, wf.SKIP, [("sk_a", {"customer": "c1"}), ("sk_b", {"customer": "c1"})])
     create(db, wf.SKIP, [("sk_c", {"customer": "c1"}), ("sk_other", {"customer": "c2"})])
@@ -83,6 +92,7 @@ def test_skip_keeps_the_live_one_and_records_the_new_one_skipped(db):
     data = events(db, "sk_b")[1][1]
     assert data["status"] == "skipped"
     assert data["singleton"] == {"key": "c1", "mode": "skip", "active_job_id": "sk_a"}
+    valid(LifecycleEvent.SKIPPED, data)
     view = describe_instance(db, "sk_b")
     assert view is not None and view.status == "skipped"
     assert view.singleton_note == "skipped: another instance sk_a of key 'c1' was active"
@@ -109,8 +119,11 @@ def test_cancel_in_progress_terminates_the_older_live_ones(db):
             str(LifecycleEvent.SUPERSEDED),
             str(LifecycleEvent.TERMINATED),
         ]
-    terminated = events(db, "cc_b")[2][1]
-    assert terminated["status"] == "terminated"
+    for job_id, successor in (("cc_a", "cc_b"), ("cc_b", "cc_c")):
+        kinds = events(db, job_id)
+        assert kinds[1][1]["singleton"]["by_job_id"] == successor
+        valid(LifecycleEvent.SUPERSEDED, kinds[1][1])
+        valid(LifecycleEvent.TERMINATED, kinds[2][1])
     note = describe_instance(db, "cc_a").singleton_note
     assert note == "cancelled by cc_b, a newer instance of key 'c1'"
 
