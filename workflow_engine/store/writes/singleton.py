@@ -72,10 +72,15 @@ RETURNING i.job_id, i.workflow, i.singleton_key
 
 # One lock per (workflow, key), taken in the order of their hashes, so two creators
 # with overlapping keys cannot deadlock on them; held until the transaction ends.
+#: The advisory lock space of singleton keys: the two-key form, a key space apart from
+#: the one-key locks (the claim's per-workflow lock, retention's, migrations') and from
+#: the bulk leases' (``LEASE_LOCK_SPACE``), so a key's hash never makes a creator wait
+#: for an engine's claim.
+LOCK_SPACE = 0x0CEF_24
 _LOCK_KEYS = sa.text(
     """
-SELECT count(pg_advisory_xact_lock(h)) FROM (
-    SELECT DISTINCT hashtextextended('onceflow.singleton.' || w || chr(1) || k, 0) AS h
+SELECT count(pg_advisory_xact_lock(CAST(:space AS integer), h)) FROM (
+    SELECT DISTINCT hashtext(w || chr(1) || k) AS h
     FROM unnest(CAST(:workflows AS text[]), CAST(:keys AS text[])) AS t(w, k)
     ORDER BY h
 ) AS s
@@ -146,7 +151,7 @@ def decide(
     keys = {r.job_id: (r.workflow, r.singleton_key) for r in keyed}
     pairs = sorted(set(keys.values()))
     args = {"workflows": [w for w, _ in pairs], "keys": [k for _, k in pairs]}
-    conn.execute(_LOCK_KEYS, args)
+    conn.execute(_LOCK_KEYS, {**args, "space": LOCK_SPACE})
     live_rows = conn.execute(_LIVE_OF_KEYS, {**args, "live": [str(s) for s in LIVE]}).all()
     failpoints.hit("singleton.after_decide", next(iter(policies)))
     order = {job_id: n for n, job_id in enumerate(created)}
