@@ -49,7 +49,7 @@ class FlowControl:
     rate_key: KeyPath | None = None  # None: one bucket for the whole workflow
     fairness_key: KeyPath | None = None
     # Set when a singleton policy declared the per-key limit (concurrency_key, one per
-    # key, held while waiting): the spec says so, for describe.
+    # key, held while waiting): recorded in the spec (onceflow_flow_controls).
     singleton: SingletonMode | None = None
 
     @property
@@ -87,11 +87,11 @@ class FlowControl:
 class Singleton:
     """``@workflow(singleton=Singleton(key="params.customer", mode="skip"))``: at most
     one live instance per value of ``key`` (a dotted path on params, like
-    ``concurrency_key``; a missing key is one key of its own). ``mode`` says what a new
-    instance does while another of its key is live (queued, running, sleeping, waiting
-    or paused): ``queue`` waits its turn, ``skip`` (alias ``cancel_newest``) is recorded
-    skipped naming the live one, ``cancel_in_progress`` terminates the live ones and
-    runs (README, "Flow control")."""
+    ``concurrency_key``; for the decision a missing key is the key ``''``). ``mode``
+    says what a new instance does while another of its key is live (queued, running,
+    sleeping, waiting or paused): ``queue`` waits its turn, ``skip`` (alias
+    ``cancel_newest``) is recorded skipped naming the live one, ``cancel_in_progress``
+    terminates the live ones and runs (README, "Flow control")."""
 
     key: str
     mode: SingletonMode | str = SingletonMode.QUEUE
