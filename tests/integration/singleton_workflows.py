@@ -68,3 +68,21 @@ async def cancelling(ctx: Context, params: dict[str, Any]) -> str:
 @workflow(QUEUE, singleton=Singleton(key="params.customer", mode="queue"))
 async def queueing(ctx: Context, params: dict[str, Any]) -> str:
     return await _three_steps(ctx, params)
+
+
+PARENT = "test-singleton-parent"
+CHILD = "test-singleton-child"
+
+
+@workflow(CHILD)
+async def child(ctx: Context, params: dict[str, Any]) -> str:
+    await ctx.sleep("long", 3600)
+    return "slept"
+
+
+@workflow(PARENT, singleton=Singleton(key="params.customer", mode="cancel_in_progress"))
+async def parent(ctx: Context, params: dict[str, Any]) -> str:
+    """Starts a child that outlives it unless closed, then waits (not running)."""
+    await ctx.start_child(CHILD, "kid")
+    await ctx.wait_for_event("go", "never-sent")
+    return "done"

@@ -19,6 +19,7 @@ from onceflow.vocabulary import LifecycleEvent
 from onceflow_cli.render import render_instance
 from tests.integration import singleton_workflows as wf
 from tests.integration.events_helpers import event_schemas
+from tests.integration.test_flow_control import run_until
 from workflow_engine.definitions import REGISTRY
 from workflow_engine.model import Delivery
 from workflow_engine.store.views import describe_instance
@@ -191,3 +192,21 @@ def test_console_shows_the_decision_and_filters_by_skipped(settings, db):
         assert listed.status_code == 200
         assert "cs_b" in listed.text and "cs_a" not in listed.text
         assert ">skipped</option>" in listed.text  # the filter offers the new status
+
+
+def test_cancel_of_a_waiting_parent_closes_its_child_by_the_terminate_rule(settings, db):
+    """An older instance that is not running but has a live child goes through the
+    operator's terminate rule itself: terminated at once, its child closed."""
+    create(db, wf.PARENT, [("cp_old", {"customer": "c1"})])
+
+    def waiting() -> bool:
+        got = instances(db, "cp_old")
+        return "cp_old__kid" in got and got["cp_old"].status == "waiting"
+
+    run_until(settings, db, waiting)
+    create(db, wf.PARENT, [("cp_new", {"customer": "c1"})])
+    got = instances(db, "cp_")
+    assert (got["cp_old"].status, got["cp_old"].cancelled_by) == ("terminated", "cp_new")
+    assert got["cp_old"].error == "cancelled by cp_new (singleton)"
+    assert got["cp_old__kid"].status == "terminated"  # closed by the parent's policy
+    assert got["cp_new"].status == "queued"

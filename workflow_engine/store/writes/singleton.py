@@ -38,10 +38,12 @@ from sqlalchemy.engine import Connection
 
 from onceflow import failpoints
 from onceflow.vocabulary import (
+    TERMINAL_STATUSES,
     BulkAction,
     ControlAction,
     InstanceStatus,
     LifecycleEvent,
+    ParentClosePolicy,
     SingletonDecision,
     SingletonMode,
 )
@@ -119,13 +121,24 @@ _CANCELLED_BY = sa.text(
 )
 
 
-# This transaction's own new rows that a later one of the batch supersedes: queued, never
-# seen by anyone (no engine, no parent, no children), so the terminate rule's outcome
-# for them - terminated at once, with their event - is one statement for the batch.
-_TERMINATE_NEW = sa.text(
-    "UPDATE onceflow_instances SET status = :terminated, finished_at = now(),"
-    " updated_at = now(), error = 'cancelled by ' || cancelled_by || ' (singleton)'"
-    " WHERE job_id = ANY(CAST(:ids AS text[]))"
+# The terminate rule's outcome for the superseded ones no engine runs, that have no
+# parent to wake and no live child to close (always this batch's own rows; an older one
+# unless it started children): terminated at once, in one statement for the batch, as
+# requests.apply_terminate would one by one. The others go through that rule itself.
+_TERMINATE_QUIET = sa.text(
+    f"""
+UPDATE onceflow_instances i
+SET status = :terminated, finished_at = now(), updated_at = now(), lease_owner = NULL,
+    lease_expires_at = NULL, requested_action = NULL,
+    error = 'cancelled by ' || i.cancelled_by || ' (singleton)'
+WHERE i.job_id = ANY(CAST(:ids AS text[])) AND i.status <> '{InstanceStatus.RUNNING}'
+  AND i.parent_job_id IS NULL
+  AND NOT EXISTS (
+      SELECT 1 FROM onceflow_instances c
+      WHERE c.parent_job_id = i.job_id AND c.parent_close_policy = :closing
+        AND c.status <> ALL(CAST(:final AS text[])))
+RETURNING i.job_id
+"""
 )
 
 
@@ -172,7 +185,7 @@ def decide(
         plan = _plan_cancel if mode == SingletonMode.CANCEL_IN_PROGRESS else _plan_skip
         decisions += plan(key, live, cancels if plan is _plan_cancel else skips)
     _skip(conn, skips)
-    return decisions + _cancel(conn, cancels, set(keys))
+    return decisions + _cancel(conn, cancels)
 
 
 def _policies(deliveries: Sequence[Delivery], created: set[str]) -> dict[str, SingletonPolicy]:
@@ -225,11 +238,10 @@ def _skipped(
 
 
 def _cancel(
-    conn: Connection, cancels: dict[str, tuple[str, tuple[str, str]]], new: set[str]
+    conn: Connection, cancels: dict[str, tuple[str, tuple[str, str]]]
 ) -> list[tuple[str, str]]:
     """Terminate the superseded ones by the operator's rule, locked in job-id order and
-    re-checked live under the lock (an engine may have finished one since the read);
-    ``new``: the ids this transaction created (terminated in one statement)."""
+    re-checked live under the lock (an engine may have finished one since the read)."""
     if not cancels:
         return []
     rows = conn.execute(_LOCK_LIVE, {"ids": sorted(cancels)}).all()
@@ -237,12 +249,16 @@ def _cancel(
     ids = [r.job_id for r in locked]
     conn.execute(_CANCELLED_BY, {"ids": ids, "bys": [cancels[j][0] for j in ids]})
     lifecycle.emit(conn, [_superseded(cancels[j][1], j, cancels[j][0]) for j in ids])
-    own = [j for j in ids if j in new]
-    if own:
-        conn.execute(_TERMINATE_NEW, {"ids": own, "terminated": str(InstanceStatus.TERMINATED)})
-        lifecycle.emit(conn, [(j, LifecycleEvent.TERMINATED, None) for j in own])
+    params = {
+        "ids": ids,
+        "terminated": str(InstanceStatus.TERMINATED),
+        "closing": str(ParentClosePolicy.TERMINATE),
+        "final": sorted(TERMINAL_STATUSES),
+    }
+    quiet = set(conn.execute(_TERMINATE_QUIET, params).scalars())
+    lifecycle.emit(conn, [(j, LifecycleEvent.TERMINATED, None) for j in ids if j in quiet])
     for r in locked:
-        if r.job_id not in new:
+        if r.job_id not in quiet:
             asked = ControlAction(r.requested_action) if r.requested_action else None
             transition(conn, r.job_id, BulkAction.TERMINATE, InstanceStatus(r.status), asked)
     return [(cancels[j][1][0], str(SingletonDecision.CANCELLED)) for j in ids]
