@@ -12,8 +12,10 @@ live one of its key when a new one arrives:
 * ``cancel_in_progress``: every older live instance of the key is terminated by the
   operator's rule (:func:`~workflow_engine.store.writes.requests.transition`: at once
   when no engine runs it, else requested of its engine, which stops it at its next step
-  boundary and writes its events), with ``cancelled_by`` naming its successor; the new
-  one waits in the claim until the old one has stopped, then runs.
+  boundary and writes its events; those no engine runs that have no parent and no live
+  child, the common case, get the same outcome in one statement for the batch), with
+  ``cancelled_by`` naming its successor; the new one waits in the claim until the old
+  one has stopped, then runs.
 
 The decision is atomic across workers: after the instances are inserted (in the same
 transaction, so nobody else sees them yet), the transaction takes a transaction-level
