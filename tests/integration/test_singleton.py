@@ -22,6 +22,7 @@ from tests.integration.events_helpers import event_schemas
 from tests.integration.test_flow_control import run_until
 from workflow_engine.definitions import REGISTRY
 from workflow_engine.model import Delivery
+from workflow_engine.store.operations import control
 from workflow_engine.store.views import describe_instance
 from workflow_engine.store.writes import create_instances
 
@@ -210,3 +211,44 @@ def test_cancel_of_a_waiting_parent_closes_its_child_by_the_terminate_rule(setti
     assert got["cp_old"].error == "cancelled by cp_new (singleton)"
     assert got["cp_old__kid"].status == "terminated"  # closed by the parent's policy
     assert got["cp_new"].status == "queued"
+
+
+def test_skip_against_a_live_one_being_terminated_waits_for_its_finisher(db):
+    """A skip names a live instance read under the key's lock, but the key's lock is not
+    one its finisher takes: an operator's terminate that has locked the live instance
+    (paused at ``operations.after_lock``) and commits while the creator decides must
+    not leave the new job skipped for an instance that is no longer live (then nothing
+    of the key runs). The creator's read locks the live rows (FOR SHARE), so it waits
+    for the finisher and re-reads the row as committed."""
+    create(db, wf.SKIP, [("sf_live", {"customer": "c1"})])
+    point = failpoints.arm("operations.after_lock", "pause", job_id="sf_live")
+    done: dict[str, BaseException | None] = {}
+
+    def run(name, fn):
+        try:
+            fn()
+            done[name] = None
+        except BaseException as exc:  # reported by the assertion below
+            done[name] = exc
+
+    finisher = threading.Thread(
+        target=run, args=("terminate", lambda: control.terminate(db, wf.SKIP, "sf_live"))
+    )
+    creator = threading.Thread(
+        target=run, args=("create", lambda: create(db, wf.SKIP, [("sf_new", {"customer": "c1"})]))
+    )
+    try:
+        finisher.start()
+        point.wait_reached(10)
+        creator.start()
+        creator.join(1.0)
+    finally:
+        point.release()
+        finisher.join(10)
+        creator.join(10)
+        failpoints.disarm_all()
+    assert done == {"terminate": None, "create": None}
+    got = instances(db, "sf_")
+    assert got["sf_live"].status == "terminated"
+    # the live one was no longer live when the decision committed: the new one runs
+    assert (got["sf_new"].status, got["sf_new"].skipped_for) == ("queued", None)

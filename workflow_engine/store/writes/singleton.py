@@ -20,9 +20,10 @@ live one of its key when a new one arrives:
 The decision is atomic across workers: after the instances are inserted (in the same
 transaction, so nobody else sees them yet), the transaction takes a transaction-level
 advisory lock per (workflow, key), in one order, and reads the key's live instances in a
-statement that starts after the locks are granted. A second worker creating a job of the
-same key waits for the lock, i.e. for this transaction's commit, and then sees its
-instance: two jobs of one key created at once cannot both be the live one. (A hash
+statement that starts after the locks are granted, locking them ``FOR SHARE`` (their
+finishers do not take the key's lock, but they do take the row's). A second worker
+creating a job of the same key waits for the lock, i.e. for this transaction's commit,
+and then sees its instance: two jobs of one key created at once cannot both be the live one. (A hash
 collision between two keys only makes them wait for each other.) The failpoint
 ``singleton.after_decide`` stops a creator right there, with the lock held.
 """
@@ -92,15 +93,23 @@ SELECT count(pg_advisory_xact_lock(CAST(:space AS integer), h)) FROM (
 )
 
 # Read in a statement of its own, after the locks: its snapshot has every instance of
-# these keys that an earlier holder of the lock committed.
+# these keys that an earlier holder of the lock committed. The key's lock is not one an
+# instance's finisher takes (an engine completing or failing it, an operator's
+# terminate), so the live rows are locked too (FOR SHARE, in job-id order like every
+# other row lock on instances): a finisher that has its row waits for this decision's
+# commit, or this read waits for the finisher's and re-reads the row as committed (READ
+# COMMITTED), dropping it when it is no longer live. A skipped one never names an
+# instance that finished before the skip committed.
 _LIVE_OF_KEYS = sa.text(
     """
-SELECT i.job_id, i.workflow, i.singleton_key, i.cancelled_by IS NOT NULL AS superseded
+SELECT i.job_id, i.workflow, i.singleton_key, i.cancelled_by IS NOT NULL AS superseded,
+       i.created_at
 FROM onceflow_instances i
 WHERE (i.workflow, i.singleton_key) IN (
         SELECT * FROM unnest(CAST(:workflows AS text[]), CAST(:keys AS text[])))
   AND i.singleton_key IS NOT NULL AND i.status = ANY(CAST(:live AS text[]))
-ORDER BY i.created_at, i.job_id
+ORDER BY i.job_id
+FOR SHARE OF i
 """
 )
 
@@ -168,6 +177,7 @@ def decide(
     args = {"workflows": [w for w, _ in pairs], "keys": [k for _, k in pairs]}
     conn.execute(_LOCK_KEYS, {**args, "space": LOCK_SPACE})
     live_rows = conn.execute(_LIVE_OF_KEYS, {**args, "live": [str(s) for s in LIVE]}).all()
+    live_rows.sort(key=lambda r: (r.created_at, r.job_id))  # locked in job-id order
     failpoints.hit("singleton.after_decide", next(iter(policies)))
     order = {job_id: n for n, job_id in enumerate(created)}
     by_key: dict[tuple[str, str], list[_Live]] = {}
