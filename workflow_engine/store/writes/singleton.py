@@ -176,8 +176,8 @@ def decide(
     pairs = sorted(set(keys.values()))
     args = {"workflows": [w for w, _ in pairs], "keys": [k for _, k in pairs]}
     conn.execute(_LOCK_KEYS, {**args, "space": LOCK_SPACE})
-    live_rows = conn.execute(_LIVE_OF_KEYS, {**args, "live": [str(s) for s in LIVE]}).all()
-    live_rows.sort(key=lambda r: (r.created_at, r.job_id))  # locked in job-id order
+    locked = conn.execute(_LIVE_OF_KEYS, {**args, "live": [str(s) for s in LIVE]}).all()
+    live_rows = sorted(locked, key=lambda r: (r.created_at, r.job_id))  # locked by job id
     failpoints.hit("singleton.after_decide", next(iter(policies)))
     order = {job_id: n for n, job_id in enumerate(created)}
     by_key: dict[tuple[str, str], list[_Live]] = {}
