@@ -20,7 +20,7 @@ live one of its key when a new one arrives:
 The decision is atomic across workers: after the instances are inserted (in the same
 transaction, so nobody else sees them yet), the transaction takes a transaction-level
 advisory lock per (workflow, key), in one order, and reads the key's live instances in a
-statement that starts after the locks are granted, locking them ``FOR SHARE`` (their
+statement that starts after the locks are granted, locking them ``FOR UPDATE`` (their
 finishers do not take the key's lock, but they do take the row's). A second worker
 creating a job of the same key waits for the lock, i.e. for this transaction's commit,
 and then sees its instance: two jobs of one key created at once cannot both be the live one. (A hash
@@ -95,11 +95,14 @@ SELECT count(pg_advisory_xact_lock(CAST(:space AS integer), h)) FROM (
 # Read in a statement of its own, after the locks: its snapshot has every instance of
 # these keys that an earlier holder of the lock committed. The key's lock is not one an
 # instance's finisher takes (an engine completing or failing it, an operator's
-# terminate), so the live rows are locked too (FOR SHARE, in job-id order like every
-# other row lock on instances): a finisher that has its row waits for this decision's
-# commit, or this read waits for the finisher's and re-reads the row as committed (READ
-# COMMITTED), dropping it when it is no longer live. A skipped one never names an
-# instance that finished before the skip committed.
+# terminate), so the live rows are locked too, in job-id order: a finisher that comes
+# later waits for this decision's commit, one that holds the row makes this read wait
+# for its commit and re-read the row as committed (READ COMMITTED), dropping it when it
+# is no longer live. A skipped one never names an instance that finished before the
+# skip committed. FOR UPDATE, not FOR SHARE: an engine's checkpoint write takes FOR
+# SHARE and upgrades it in the same statement (execution.py), which only works while
+# every other locker takes FOR UPDATE - a share held here would let the engine in, and
+# the cancel's FOR UPDATE below and the engine's upgrade would wait for each other.
 _LIVE_OF_KEYS = sa.text(
     """
 SELECT i.job_id, i.workflow, i.singleton_key, i.cancelled_by IS NOT NULL AS superseded,
@@ -109,7 +112,7 @@ WHERE (i.workflow, i.singleton_key) IN (
         SELECT * FROM unnest(CAST(:workflows AS text[]), CAST(:keys AS text[])))
   AND i.singleton_key IS NOT NULL AND i.status = ANY(CAST(:live AS text[]))
 ORDER BY i.job_id
-FOR SHARE OF i
+FOR UPDATE OF i
 """
 )
 
