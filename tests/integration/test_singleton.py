@@ -252,3 +252,23 @@ def test_skip_against_a_live_one_being_terminated_waits_for_its_finisher(db):
     assert got["sf_live"].status == "terminated"
     # the live one was no longer live when the decision committed: the new one runs
     assert (got["sf_new"].status, got["sf_new"].skipped_for) == ("queued", None)
+
+
+def test_a_retried_cancelled_instance_is_live_again_and_cancelled_by_the_next_one(db):
+    """A retry makes a superseded (terminated) instance live again: out of the decision
+    that stopped it, like a restart. Kept, its ``cancelled_by`` would mark it as being
+    stopped already, and the next new instance of its key would not cancel it."""
+    create(db, wf.CANCEL, [("rt_a", {"customer": "c1"})])
+    create(db, wf.CANCEL, [("rt_b", {"customer": "c1"})])
+    control.retry(db, wf.CANCEL, "rt_a")
+    got = instances(db, "rt_a")["rt_a"]
+    assert (got.status, got.cancelled_by) == ("queued", None)
+    assert describe_instance(db, "rt_a").singleton_note is None
+    create(db, wf.CANCEL, [("rt_c", {"customer": "c1"})])
+    got = instances(db, "rt_")
+    assert {j: r.status for j, r in got.items()} == {
+        "rt_a": "terminated",
+        "rt_b": "terminated",
+        "rt_c": "queued",
+    }
+    assert got["rt_a"].cancelled_by is not None

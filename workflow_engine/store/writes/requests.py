@@ -219,7 +219,10 @@ RETURNING failed.position, failed.name, failed.attempts
 _RETRY = sa.text(
     "UPDATE onceflow_instances SET status = :queued, run_after = now(), finished_at = NULL,"
     " result = NULL, error = NULL, failed_position = NULL, requested_action = NULL,"
-    " retry_count = retry_count + 1, updated_at = now() WHERE job_id = :j"
+    " retry_count = retry_count + 1, updated_at = now(),"
+    # live again, out of the singleton decision that stopped it (as a restart): kept,
+    # cancelled_by would mark it as being stopped, and no newer instance would cancel it
+    " cancelled_by = NULL WHERE job_id = :j"
 )
 
 
