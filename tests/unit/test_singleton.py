@@ -3,9 +3,11 @@ loads, mapped onto the claim's per-key limit, and what creating an instance deci
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
-from onceflow.vocabulary import SingletonMode
+from onceflow.vocabulary import InstanceStatus, SingletonMode
 from workflow_engine import Singleton
 from workflow_engine.model import (
     FlowControl,
@@ -15,6 +17,7 @@ from workflow_engine.model import (
     flow_control,
     singleton_policy,
 )
+from workflow_engine.store.views.describe import InstanceView
 
 
 async def _fn(ctx, params):
@@ -104,3 +107,26 @@ def test_only_deciding_modes_reach_the_create_path():
     assert cancel.mode == SingletonMode.CANCEL_IN_PROGRESS and cancel.key == ("k",)
     assert _registry("w", Singleton("params.k", "queue")).singleton("w") is None
     assert Registry().singleton("w") is None
+
+
+@pytest.mark.parametrize(
+    ("status", "note"),
+    [
+        ("terminated", "cancelled by new_1, a newer instance of key 'c1'"),
+        ("running", "being cancelled (at its next step) by new_1, a newer instance of key 'c1'"),
+        # its last step finished before the engine saw the request: it completed
+        (
+            "complete",
+            "complete before its cancellation took effect; superseded by new_1,"
+            " a newer instance of key 'c1'",
+        ),
+    ],
+)
+def test_the_note_of_a_superseded_instance_says_how_far_the_cancellation_got(status, note):
+    view = InstanceView(
+        *("old_1", "w", InstanceStatus(status), {}, datetime.now(UTC), None, None, None, None),
+        *(None, None, "http", 0, 0, 0, 0, []),
+        singleton_key="c1",
+        cancelled_by="new_1",
+    )
+    assert view.singleton_note == note

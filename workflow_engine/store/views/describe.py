@@ -102,9 +102,22 @@ class InstanceView:
                 f" {self.singleton_key!r} was active"
             )
         if self.cancelled_by is not None:
-            done = "cancelled" if self.status.terminal else "being cancelled (at its next step)"
-            return f"{done} by {self.cancelled_by}, a newer instance of key {self.singleton_key!r}"
+            return (
+                f"{self.cancel_outcome} by {self.cancelled_by}, a newer instance of key"
+                f" {self.singleton_key!r}"
+            )
         return None
+
+    @property
+    def cancel_outcome(self) -> str:
+        """How far a singleton cancellation (``cancelled_by``) got: a running instance is
+        stopped at its next step, and one that finishes its last step first keeps its
+        outcome (the request is void), so only a terminated one was cancelled."""
+        if self.status == InstanceStatus.TERMINATED:
+            return "cancelled"
+        if self.status.terminal:
+            return f"{self.status} before its cancellation took effect; superseded"
+        return "being cancelled (at its next step)"
 
     @property
     def waiting_for_engine(self) -> str | None:
