@@ -272,3 +272,34 @@ def test_a_retried_cancelled_instance_is_live_again_and_cancelled_by_the_next_on
         "rt_c": "queued",
     }
     assert got["rt_a"].cancelled_by is not None
+
+
+def test_skip_does_not_give_way_to_an_instance_being_cancelled(db):
+    """An instance already superseded (``cancelled_by`` set while its engine stops it: the
+    workflow was ``cancel_in_progress`` until a deploy made it ``skip``) is not the key's
+    live one: a new job skipped for it would leave nothing of the key running once it
+    stops. Its running state is set directly: the engine's part is not what is tested."""
+    create(db, wf.SKIP, [("ss_dying", {"customer": "c1"})])
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE onceflow_instances SET status = 'running', started_at = now(),"
+                " lease_owner = 'e1', lease_expires_at = now() + interval '1 minute',"
+                " cancelled_by = 'ss_newer', requested_action = 'terminate'"
+                " WHERE job_id = 'ss_dying'"
+            )
+        )
+    create(db, wf.SKIP, [("ss_new", {"customer": "c1"}), ("ss_after", {"customer": "c1"})])
+    got = instances(db, "ss_")
+    assert (got["ss_new"].status, got["ss_new"].skipped_for) == ("queued", None)
+    assert (got["ss_after"].status, got["ss_after"].skipped_for) == ("skipped", "ss_new")
+
+
+def test_within_a_batch_consumption_order_decides_not_the_job_ids(db):
+    create(db, wf.SKIP, [("co_z", {"customer": "c1"}), ("co_a", {"customer": "c1"})])
+    create(db, wf.CANCEL, [("cq_z", {"customer": "c1"}), ("cq_a", {"customer": "c1"})])
+    got = instances(db, "c")
+    assert (got["co_z"].status, got["co_z"].skipped_for) == ("queued", None)
+    assert (got["co_a"].status, got["co_a"].skipped_for) == ("skipped", "co_z")
+    assert (got["cq_z"].status, got["cq_z"].cancelled_by) == ("terminated", "cq_a")
+    assert (got["cq_a"].status, got["cq_a"].cancelled_by) == ("queued", None)

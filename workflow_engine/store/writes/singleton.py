@@ -182,7 +182,8 @@ def decide(
     locked = conn.execute(_LIVE_OF_KEYS, {**args, "live": [str(s) for s in LIVE]}).all()
     live_rows = sorted(locked, key=lambda r: (r.created_at, r.job_id))  # locked by job id
     failpoints.hit("singleton.after_decide", next(iter(policies)))
-    order = {job_id: n for n, job_id in enumerate(created)}
+    # consumption order (the deliveries'), not ``created``'s (the statement's, job ids)
+    order = {job_id: n for n, job_id in enumerate(policies)}
     by_key: dict[tuple[str, str], list[_Live]] = {}
     for r in live_rows:
         by_key.setdefault((r.workflow, r.singleton_key), []).append(
@@ -217,11 +218,14 @@ def _plan_skip(
     key: tuple[str, str], live: list[_Live], skips: dict[str, tuple[str, tuple[str, str]]]
 ) -> list[tuple[str, str]]:
     """skip: the oldest live instance stays the one; every new one after it is skipped
-    (two older live ones, a restart or a child's, are not this batch's to undo)."""
-    active = live[0].job_id
-    skipped = [x.job_id for x in live[1:] if x.new]
+    (two older live ones, a restart or a child's, are not this batch's to undo). One
+    already superseded (the workflow was cancel_in_progress before a deploy) is being
+    stopped: never the one to give way to (this batch's own rows never are)."""
+    staying = [x for x in live if not x.superseded]
+    active = staying[0].job_id
+    skipped = [x.job_id for x in staying[1:] if x.new]
     skips.update((job_id, (active, key)) for job_id in skipped)
-    decisions = [(key[0], str(SingletonDecision.ACTIVE))] if live[0].new else []
+    decisions = [(key[0], str(SingletonDecision.ACTIVE))] if staying[0].new else []
     return decisions + [(key[0], str(SingletonDecision.SKIPPED))] * len(skipped)
 
 
