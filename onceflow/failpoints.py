@@ -57,6 +57,8 @@ POINTS: dict[str, str] = {
     "webhooks.before_commit": "webhook dispatcher: a batch's deliveries committed, offsets not yet",
     "webhooks.after_claim": "webhook dispatcher: a delivery claimed (attempt opened), not sent",
     "webhooks.before_record": "webhook dispatcher: an attempt sent, its outcome not recorded",
+    "singleton.after_decide": "worker: a singleton key locked and its live instances read,"
+    " the decision not committed",
     "operations.after_lock": "operator action: the instance locked, its status read, not changed",
 }
 

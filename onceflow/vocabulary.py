@@ -22,6 +22,9 @@ class InstanceStatus(StrEnum):
     COMPLETE = "complete"
     ERRORED = "errored"
     TERMINATED = "terminated"
+    # Never ran: a singleton policy (``skip``) found another instance of its key active
+    # when it was created (``skipped_for`` names it; migration 0024).
+    SKIPPED = "skipped"
 
     @property
     def terminal(self) -> bool:
@@ -34,7 +37,12 @@ class InstanceStatus(StrEnum):
 
 #: An instance in one of these never runs again (short of ``restart`` or ``retry``).
 TERMINAL_STATUSES = frozenset(
-    {InstanceStatus.COMPLETE, InstanceStatus.ERRORED, InstanceStatus.TERMINATED}
+    {
+        InstanceStatus.COMPLETE,
+        InstanceStatus.ERRORED,
+        InstanceStatus.TERMINATED,
+        InstanceStatus.SKIPPED,
+    }
 )
 #: The claim picks instances in these once ``run_after`` is due (the partial index
 #: ``onceflow_instances_runnable_idx`` covers exactly these).
@@ -289,6 +297,11 @@ class LifecycleEvent(StrEnum):
     TERMINATED = "instance.terminated"
     RESTARTED = "instance.restarted"
     RETRIED = "instance.retried"  # an operator's retry from the failed step (issue 26)
+    # A singleton policy's decision at creation (issue 26): ``skipped`` (final: it never
+    # runs) and ``superseded`` (a newer instance of its key cancels it; its
+    # ``instance.terminated`` follows when it stops).
+    SKIPPED = "instance.skipped"
+    SUPERSEDED = "instance.superseded"
 
     @property
     def ce_type(self) -> str:
@@ -305,8 +318,33 @@ class LifecycleEvent(StrEnum):
 EVENT_TYPE_PREFIX = "dev.onceflow."
 #: The events that answer a start-and-wait caller: the instance's final status.
 FINAL_EVENTS = frozenset(
-    {LifecycleEvent.COMPLETE, LifecycleEvent.ERRORED, LifecycleEvent.TERMINATED}
+    {
+        LifecycleEvent.COMPLETE,
+        LifecycleEvent.ERRORED,
+        LifecycleEvent.TERMINATED,
+        LifecycleEvent.SKIPPED,
+    }
 )
+
+
+class SingletonMode(StrEnum):
+    """``@workflow(singleton=Singleton(key, mode))``: what a new instance does while
+    another instance of its key is live (README, "Flow control")."""
+
+    QUEUE = "queue"  # waits its turn: one running per key (max_per_key=1, held while waiting)
+    SKIP = "skip"  # recorded skipped (terminal), naming the live one
+    CANCEL_IN_PROGRESS = "cancel_in_progress"  # the live ones are terminated, it runs
+    # Hatchet's name for skip: the newest (the arriving one) is the one that gives way.
+    CANCEL_NEWEST = "cancel_newest"
+
+
+class SingletonDecision(StrEnum):
+    """What the creating transaction decided for a new singleton instance (the
+    ``onceflow_streams_singleton_decisions_total`` counter's ``decision`` label)."""
+
+    ACTIVE = "active"  # no other live instance of its key: it is the one
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"  # an older live instance it superseded (one per older one)
 
 
 class WebhookStatus(StrEnum):

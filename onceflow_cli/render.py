@@ -65,6 +65,8 @@ def render_instance(view: InstanceView) -> str:
     if view.scheduled_start:
         lines.append(f"scheduled to start at: {view.scheduled_start.isoformat()}")
     lines += _time_limits(view)
+    if view.singleton_note:
+        lines.append(view.singleton_note)
     if view.waiting_for_engine:
         lines.append(view.waiting_for_engine)
     if view.held_because:

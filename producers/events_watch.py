@@ -41,18 +41,13 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from onceflow import failpoints
 from onceflow.settings import Settings
+from onceflow.vocabulary import FINAL_EVENTS
 from producers.metrics import DEPENDENCY_UP, EVENTS_CONSUMED
 
 log = logging.getLogger(__name__)
 
 #: The contract's final kinds (``ce_type``): a start-and-wait caller's answer.
-FINAL_TYPES = frozenset(
-    {
-        b"dev.onceflow.instance.complete",
-        b"dev.onceflow.instance.errored",
-        b"dev.onceflow.instance.terminated",
-    }
-)
+FINAL_TYPES = frozenset(kind.ce_type.encode() for kind in FINAL_EVENTS)
 #: A consumer that has not come back from a poll for this long is stuck: not ready.
 STALE_SECONDS = 5.0
 #: How often the partitions are looked up again (a topic grown, or one that was missing).

@@ -44,6 +44,7 @@ from streams.metrics import (
     IN_FLIGHT,
     MISMATCHES,
     RECORDS,
+    SINGLETON_DECISIONS,
 )
 from streams.records import (
     DeadLetter,
@@ -244,6 +245,8 @@ class BatchHandler:
         DUPLICATES.labels("redelivery").inc(result.redeliveries)
         DUPLICATES.labels("resubmission").inc(result.duplicates - result.redeliveries)
         MISMATCHES.inc(result.mismatches)
+        for workflow, decision in result.singleton_decisions:
+            SINGLETON_DECISIONS.labels(workflow, decision).inc()
         first = _first_by_job(chunk)
         for job_id in result.created_ids:
             d = first[job_id]

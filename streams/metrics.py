@@ -15,6 +15,12 @@ MISMATCHES = Counter(
     "onceflow_streams_payload_mismatches_total",
     "Duplicate deliveries whose params differ from the first delivery's",
 )
+SINGLETON_DECISIONS = Counter(
+    "onceflow_streams_singleton_decisions_total",
+    "Singleton policy decisions taken when instances are created, by workflow and decision"
+    " (SingletonDecision: active, skipped, cancelled)",
+    ["workflow", "decision"],
+)
 DEAD_LETTERED = Counter(
     "onceflow_streams_dead_lettered_total",
     "Records sent to the dead-letter topic, by reason code (DeadLetterReason)",

@@ -101,6 +101,7 @@ def classify(
                 lane_path=lane,
                 start_after=delay,
                 start_within=within,
+                singleton=registry.singleton(env.workflow) if workflow else None,
             )
         )
     return deliveries, dead

@@ -22,6 +22,7 @@ _EXPORTS = {
     "Context": "workflow_engine.definitions",
     "RetryPolicy": "workflow_engine.definitions",
     "RateLimit": "workflow_engine.model",
+    "Singleton": "workflow_engine.model",
     "WebhookSubscription": "workflow_engine.model",
     "Schedule": "onceflow.ticks",
     "registered_tasks": "workflow_engine.definitions",
@@ -63,6 +64,7 @@ __all__ = [
     "Registry",
     "RetryPolicy",
     "Schedule",
+    "Singleton",
     "StepFailed",
     "StepInfo",
     "StreamLimitReached",
@@ -111,6 +113,7 @@ if TYPE_CHECKING:
         Delivery,
         RateLimit,
         Registry,
+        Singleton,
         WebhookSubscription,
     )
     from workflow_engine.steps import StepInfo, current_step, emit

@@ -25,12 +25,14 @@ from workflow_engine.model import (
     RateLimit,
     Registry,
     ScheduleDef,
+    Singleton,
     TaskDef,
     TaskFn,
     WebhookSubscription,
     WorkflowDef,
     WorkflowFn,
     flow_control,
+    singleton_policy,
 )
 from workflow_engine.versions import check_version, fingerprint
 
@@ -147,6 +149,7 @@ def workflow(
     start_after: float | timedelta | None = None,
     start_within: float | timedelta | None = None,
     execution_timeout: float | timedelta | None = None,
+    singleton: Singleton | None = None,
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register an async function ``(ctx, params)`` as the workflow called ``name``.
 
@@ -154,9 +157,8 @@ def workflow(
     the rest stay queued. Sleeping and waiting instances do not count.
 
     ``version`` names this definition (``"2026-11-30"``); without it, the version is a
-    fingerprint of the function's source (:mod:`workflow_engine.versions`). Every
-    instance records the version it was created with and runs only on engines that
-    have that version.
+    fingerprint of the function's source (:mod:`workflow_engine.versions`); an instance
+    runs only on engines that have the version it was created with.
 
     ``schedule`` starts an instance per tick: a 5-field cron expression read in
     ``timezone``, a ``timedelta``, or a :class:`~onceflow.ticks.Schedule` with its
@@ -166,7 +168,9 @@ def workflow(
     most ``max_per_key`` (default 1) running instances per value of ``concurrency_key``
     (a dotted path on params, ``"params.customer_id"``; sleeping and waiting instances
     keep their slot only with ``hold_while_waiting``); at most ``rate_limit`` starts per
-    period per key; claims rotated round-robin across the values of ``fairness_key``.
+    period per key; claims rotated round-robin across the values of ``fairness_key``;
+    ``singleton`` (:class:`~workflow_engine.model.Singleton`): one live instance per key
+    (a new one queues, is skipped or cancels it; not with another per-key limit).
 
     ``webhooks`` subscribes endpoints (names from ``ONCEFLOW_WEBHOOK_ENDPOINTS``) to its
     lifecycle events: a name gets the endpoint's kinds (by default the final ones), a
@@ -177,15 +181,14 @@ def workflow(
     check_name("workflow name", name)
     timing = _timing(name, start_after, start_within, execution_timeout)
     declared = _declared_schedule(name, schedule, timezone)
-    flow = flow_control(
-        concurrency, concurrency_key, max_per_key, hold_while_waiting, rate_limit, fairness_key
-    )
+    limits = (concurrency, concurrency_key, max_per_key, hold_while_waiting, rate_limit)
+    flow = flow_control(*limits, fairness_key, policy := singleton_policy(singleton))
     subscriptions = _subscriptions(webhooks)
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         given = check_version(version) if version is not None else fingerprint(fn)
         options = (inline_steps, flow, declared, subscriptions)
-        REGISTRY.add_workflow(WorkflowDef(fn, name, given, *options, *timing))
+        REGISTRY.add_workflow(WorkflowDef(fn, name, given, *options, *timing, policy))
         return fn
 
     return register

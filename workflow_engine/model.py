@@ -21,6 +21,7 @@ from onceflow.vocabulary import (
     JobKind,
     Origin,
     OverlapPolicy,
+    SingletonMode,
     StepKind,
     StepStatus,
 )
@@ -47,6 +48,9 @@ class FlowControl:
     rate_period: float = 1.0  # seconds
     rate_key: KeyPath | None = None  # None: one bucket for the whole workflow
     fairness_key: KeyPath | None = None
+    # Set when a singleton policy declared the per-key limit (concurrency_key, one per
+    # key, held while waiting): recorded in the spec (onceflow_flow_controls).
+    singleton: SingletonMode | None = None
 
     @property
     def lane(self) -> KeyPath | None:
@@ -74,7 +78,52 @@ class FlowControl:
             doc["rate_key"] = list(self.rate_key) if self.rate_key is not None else None
         if self.fairness_key is not None:
             doc["fairness_key"] = list(self.fairness_key)
+        if self.singleton is not None:
+            doc["singleton"] = str(self.singleton)
         return doc
+
+
+@dataclass(frozen=True)
+class Singleton:
+    """``@workflow(singleton=Singleton(key="params.customer", mode="skip"))``: at most
+    one live instance per value of ``key`` (a dotted path on params, like
+    ``concurrency_key``; for the decision a missing key is the key ``''``). ``mode``
+    says what a new instance does while another of its key is live (queued, running,
+    sleeping, waiting or paused): ``queue`` waits its turn, ``skip`` (alias
+    ``cancel_newest``) is recorded skipped naming the live one, ``cancel_in_progress``
+    terminates the live ones and runs (README, "Flow control")."""
+
+    key: str
+    mode: SingletonMode | str = SingletonMode.QUEUE
+
+
+@dataclass(frozen=True, slots=True)
+class SingletonPolicy:
+    """A singleton policy as checked at registration: what the creating transaction
+    decides on (``skip`` or ``cancel_in_progress``; ``queue`` needs no decision)."""
+
+    key: KeyPath
+    mode: SingletonMode
+
+    @property
+    def decides(self) -> bool:
+        """Whether creating an instance takes a decision (``queue`` only waits)."""
+        return self.mode != SingletonMode.QUEUE
+
+
+def singleton_policy(singleton: Singleton | None) -> SingletonPolicy | None:
+    """The checked policy (ValueError on an unknown mode or a bad key path);
+    ``cancel_newest`` is ``skip`` under Hatchet's name."""
+    if singleton is None:
+        return None
+    try:
+        mode = SingletonMode(singleton.mode)
+    except ValueError:
+        modes = ", ".join(m.value for m in SingletonMode)
+        raise ValueError(f"singleton mode {singleton.mode!r} is not one of {modes}") from None
+    if mode == SingletonMode.CANCEL_NEWEST:
+        mode = SingletonMode.SKIP
+    return SingletonPolicy(key_path(singleton.key), mode)
 
 
 @dataclass(frozen=True)
@@ -112,9 +161,21 @@ def flow_control(
     hold_while_waiting: bool = False,
     rate_limit: RateLimit | None = None,
     fairness_key: str | None = None,
+    singleton: SingletonPolicy | None = None,
 ) -> FlowControl | None:
     """The flow control ``@workflow``'s arguments declare, checked (ValueError); None
-    when they declare none."""
+    when they declare none. A singleton policy is a per-key limit of one on its key,
+    held while sleeping or waiting, so it cannot be combined with another per-key
+    limit (``concurrency_key``, ``max_per_key``, ``hold_while_waiting``)."""
+    if singleton is not None:
+        if concurrency_key is not None or max_per_key is not None or hold_while_waiting:
+            raise ValueError(
+                "singleton is a per-key limit of its own (one per key, held while waiting):"
+                " it cannot be combined with concurrency_key, max_per_key or"
+                " hold_while_waiting"
+            )
+        concurrency_key = "params." + ".".join(singleton.key)
+        max_per_key, hold_while_waiting = 1, True
     if concurrency is not None and concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     if (max_per_key is not None or hold_while_waiting) and concurrency_key is None:
@@ -133,6 +194,7 @@ def flow_control(
         rate_period=rate_limit.seconds if rate_limit else 1.0,
         rate_key=key_path(rate_limit.key) if rate_limit and rate_limit.key else None,
         fairness_key=key_path(fairness_key) if fairness_key else None,
+        singleton=singleton.mode if singleton is not None else None,
     )
     return None if flow == FlowControl() else flow
 
@@ -195,6 +257,9 @@ class Delivery:
     # The workflow's default start limit in seconds (``@workflow(start_within=)``),
     # applied when the job gives no ``start_within`` of its own.
     start_within: float | None = None
+    # The workflow's singleton policy when creating one takes a decision (skip,
+    # cancel_in_progress: ``Registry.singleton``); None: no decision at creation.
+    singleton: SingletonPolicy | None = None
 
 
 @dataclass(slots=True)
@@ -217,6 +282,10 @@ class CreateResult:
     # Deliveries whose Kafka position was already recorded (as the creating record's
     # redelivery or as a duplicate): a redelivery again, which never counts twice.
     already_recorded: int = 0
+    # Singleton decisions taken for the instances created: (workflow, decision) pairs,
+    # one per created singleton instance (active or skipped) and one per older instance
+    # it cancelled; the worker counts them (onceflow_streams_singleton_decisions_total).
+    singleton_decisions: list[tuple[str, str]] = field(default_factory=list)
 
     def add(self, other: CreateResult) -> None:
         self.created += other.created
@@ -230,6 +299,7 @@ class CreateResult:
         self.workflow_mismatches += other.workflow_mismatches
         self.workflow_mismatch_ids += other.workflow_mismatch_ids
         self.already_recorded += other.already_recorded
+        self.singleton_decisions += other.singleton_decisions
 
 
 # --- history --------------------------------------------------------------------------
@@ -294,6 +364,7 @@ class WorkflowDef:
     # this long after its first start. None: no limit.
     start_within: float | None = None
     execution_timeout: float | None = None
+    singleton: SingletonPolicy | None = None  # ``@workflow(singleton=...)``
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,6 +456,13 @@ class Registry:
             for name, d in self._workflows.items()
             if d.execution_timeout is not None
         }
+
+    def singleton(self, name: str) -> SingletonPolicy | None:
+        """The singleton policy creating an instance of ``name`` decides on (skip,
+        cancel_in_progress), or None (none declared, or ``queue``: the claim's limit)."""
+        definition = self._workflows.get(name)
+        policy = definition.singleton if definition is not None else None
+        return policy if policy is not None and policy.decides else None
 
     def lane_path(self, name: str) -> KeyPath | None:
         """The key new instances of ``name`` store as their fairness lane: ``()`` for a

@@ -12,6 +12,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
 from onceflow import failpoints
 from onceflow_tools.processes import free_port
@@ -425,3 +426,37 @@ def _post_briefly(url: str, job: dict) -> None:
 
 def _get_briefly(url: str, job_id: str) -> None:
     httpx.get(f"{url}/v1/jobs/{job_id}/result", params={"wait": 10}, timeout=0.5)
+
+
+def test_a_skipped_job_answers_its_waiter(wait_settings, db):
+    """``instance.skipped`` (a singleton policy's) is final: the waiter gets 200 with the
+    status at once, not the 202 after the wait."""
+    with served(wait_settings) as (url, app, _), ThreadPoolExecutor(1) as pool:
+        waiters = app.state.ingest.waiters
+        pending = pool.submit(_post, url, _job("w_skip"))
+        until(lambda: waiters.waiting("w_skip") == 1, 10, "the waiter registered")
+        create_instance(db, wait_settings, "w_skip")
+        with db.begin() as conn:
+            row = conn.execute(
+                sa.text(
+                    "UPDATE onceflow_instances SET status = 'skipped', finished_at = now(),"
+                    " skipped_for = 'w_live' WHERE job_id = 'w_skip'"
+                    " RETURNING workflow, version, finished_at"
+                )
+            ).one()
+        singleton = {"key": "k", "mode": "skip", "active_job_id": "w_live"}
+        publish(
+            wait_settings,
+            "w_skip",
+            "instance.skipped",
+            2,
+            row.workflow,
+            row.version,
+            "skipped",
+            row.finished_at,
+            {"singleton": singleton},
+        )
+        r, took = pending.result(20)
+    assert r.status_code == 200, r.text
+    assert (r.json()["status"], r.json()["job_id"]) == ("skipped", "w_skip")
+    assert took < 10

@@ -55,7 +55,7 @@ def seed_for_bench(
         conn.execute(
             sa.text(
                 "INSERT INTO onceflow_instances (job_id, workflow, params, status, created_at,"
-                " updated_at, finished_at, error, attributes)"
+                " updated_at, finished_at, error, attributes, skipped_for)"
                 " SELECT job_id, type_name, '{}'::jsonb, st, at, at + interval '1 second',"
                 " CASE WHEN st = ANY(CAST(:final AS text[]))"
                 "      THEN at + interval '1 second' END,"
@@ -64,7 +64,9 @@ def seed_for_bench(
                 " CASE WHEN :tenants > 0 THEN jsonb_build_object("
                 "   'tenant', 't' || (source_offset % greatest(:tenants, 1)),"
                 "   'tier', (ARRAY['gold', 'silver', 'bronze'])[1 + source_offset % 3])"
-                "   ELSE '{}'::jsonb END"
+                "   ELSE '{}'::jsonb END,"
+                # a skipped instance names the live one it gave way to (migration 0024)
+                f" CASE WHEN st = '{InstanceStatus.SKIPPED}' THEN 'bench-live' END"
                 " FROM (SELECT job_id, type_name, source_offset,"
                 "   (:st)[1 + (source_offset % cardinality(CAST(:st AS text[])))] AS st,"
                 "   now() - (source_offset * interval '30 days' / :n) AS at"

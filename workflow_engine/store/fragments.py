@@ -21,7 +21,7 @@ from workflow_engine.store.lifecycle import ONE_EVENT, outbox_insert
 #: ``onceflow_instances_runnable_idx``, which a parameter array would defeat.
 RUNNABLE = ", ".join(f"'{status}'" for status in sorted(RUNNABLE_STATUSES))
 
-#: ``'complete', 'errored', 'terminated'`` spelled out in the SQL text, for
+#: ``'complete', 'errored', 'skipped', 'terminated'`` spelled out in the SQL text, for
 #: ``status IN (...)`` in statements that take no parameter array for it.
 TERMINAL = ", ".join(f"'{status}'" for status in sorted(TERMINAL_STATUSES))
 

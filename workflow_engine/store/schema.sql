@@ -563,9 +563,12 @@ CREATE TABLE public.onceflow_instances (
     deadline timestamp with time zone,
     start_by timestamp with time zone,
     timeout_kind text,
+    singleton_key text,
+    skipped_for text,
+    cancelled_by text,
     CONSTRAINT onceflow_instances_attributes_shape CHECK (((jsonb_typeof(attributes) = 'object'::text) AND (octet_length((attributes)::text) <= 4096))),
     CONSTRAINT onceflow_instances_callback_length CHECK ((char_length(callback) <= 64)),
-    CONSTRAINT onceflow_instances_finished_check CHECK (((status = ANY (ARRAY['complete'::text, 'errored'::text, 'terminated'::text])) = (finished_at IS NOT NULL))),
+    CONSTRAINT onceflow_instances_finished_check CHECK (((status = ANY (ARRAY['complete'::text, 'errored'::text, 'terminated'::text, 'skipped'::text])) = (finished_at IS NOT NULL))),
     CONSTRAINT onceflow_instances_forked_check CHECK (((forked_from IS NULL) = (forked_at_position IS NULL))),
     CONSTRAINT onceflow_instances_lease_check CHECK (((status = 'running'::text) = ((lease_owner IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
     CONSTRAINT onceflow_instances_mismatched_check CHECK ((duplicated OR (NOT mismatched))),
@@ -573,7 +576,8 @@ CREATE TABLE public.onceflow_instances (
     CONSTRAINT onceflow_instances_parent_close_policy_check CHECK ((parent_close_policy = ANY (ARRAY['terminate'::text, 'abandon'::text]))),
     CONSTRAINT onceflow_instances_priority_check CHECK (((priority >= 1) AND (priority <= 5))),
     CONSTRAINT onceflow_instances_requested_action_check CHECK ((requested_action = ANY (ARRAY['pause'::text, 'terminate'::text, 'restart'::text]))),
-    CONSTRAINT onceflow_instances_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'sleeping'::text, 'waiting'::text, 'paused'::text, 'complete'::text, 'errored'::text, 'terminated'::text]))),
+    CONSTRAINT onceflow_instances_skipped_check CHECK (((status <> 'skipped'::text) OR (skipped_for IS NOT NULL))),
+    CONSTRAINT onceflow_instances_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'sleeping'::text, 'waiting'::text, 'paused'::text, 'complete'::text, 'errored'::text, 'terminated'::text, 'skipped'::text]))),
     CONSTRAINT onceflow_instances_timeout_errored_check CHECK (((timeout_kind IS NULL) OR (status = 'errored'::text))),
     CONSTRAINT onceflow_instances_timeout_kind_check CHECK ((timeout_kind = ANY (ARRAY['start_timeout'::text, 'timed_out'::text])))
 );
@@ -997,6 +1001,8 @@ CREATE INDEX onceflow_instances_leased_idx ON public.onceflow_instances USING bt
 CREATE INDEX onceflow_instances_parent_idx ON public.onceflow_instances USING btree (parent_job_id) WHERE (parent_job_id IS NOT NULL);
 
 CREATE INDEX onceflow_instances_runnable_idx ON public.onceflow_instances USING btree (run_after) WHERE (status = ANY (ARRAY['queued'::text, 'sleeping'::text, 'waiting'::text]));
+
+CREATE INDEX onceflow_instances_singleton_idx ON public.onceflow_instances USING btree (workflow, singleton_key, created_at) WHERE ((singleton_key IS NOT NULL) AND (status = ANY (ARRAY['queued'::text, 'running'::text, 'sleeping'::text, 'waiting'::text, 'paused'::text])));
 
 CREATE INDEX onceflow_instances_start_by_idx ON public.onceflow_instances USING btree (start_by) WHERE ((start_by IS NOT NULL) AND (started_at IS NULL) AND (status = 'queued'::text));
 

@@ -93,6 +93,37 @@ class InstanceView:
     streams: dict[str, int] = field(default_factory=dict)
     # Searchable attributes (migration 0022): set at submit, ctx.set_attributes.
     attributes: dict[str, Any] = field(default_factory=dict)
+    # Singleton policies (migration 0024): the key's value (as stored, bounded), the live
+    # instance a skipped one gave way to, the newer instance that cancelled this one.
+    singleton_key: str | None = None
+    skipped_for: str | None = None
+    cancelled_by: str | None = None
+
+    @property
+    def singleton_note(self) -> str | None:
+        """What a singleton policy decided for it, in words (None: nothing)."""
+        if self.skipped_for is not None and self.status == InstanceStatus.SKIPPED:
+            return (
+                f"skipped: another instance {self.skipped_for} of key"
+                f" {self.singleton_key!r} was active"
+            )
+        if self.cancelled_by is not None:
+            return (
+                f"{self.cancel_outcome} by {self.cancelled_by}, a newer instance of key"
+                f" {self.singleton_key!r}"
+            )
+        return None
+
+    @property
+    def cancel_outcome(self) -> str:
+        """How far a singleton cancellation (``cancelled_by``) got: a running instance is
+        stopped at its next step, and one that finishes its last step first keeps its
+        outcome (the request is void), so only a terminated one was cancelled."""
+        if self.status == InstanceStatus.TERMINATED:
+            return "cancelled"
+        if self.status.terminal:
+            return f"{self.status} before its cancellation took effect; superseded"
+        return "being cancelled (at its next step)"
 
     @property
     def waiting_for_engine(self) -> str | None:
@@ -148,7 +179,7 @@ SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
              ORDER BY f.job_id) AS forks,
        {SCHEDULED_START} AS scheduled_start, i.attributes,
        i.deadline, CASE WHEN i.started_at IS NULL THEN i.start_by END AS start_by,
-       i.timeout_kind
+       i.timeout_kind, i.singleton_key, i.skipped_for, i.cancelled_by
 FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
 -- One pass over the job id's duplicate rows, in its one partition (job_received_at,
 -- migration 0012): planning a partitioned table costs per partition and per reference.

@@ -120,7 +120,10 @@ def transition(
 _TERMINATE = sa.text(
     "UPDATE onceflow_instances SET status = :terminated, finished_at = now(),"
     " updated_at = now(), lease_owner = NULL, lease_expires_at = NULL,"
-    " requested_action = NULL, error = 'terminated by operator' WHERE job_id = :j"
+    " requested_action = NULL,"
+    # a singleton's newer instance (store/writes/singleton.py) or an operator
+    " error = coalesce('cancelled by ' || cancelled_by || ' (singleton)',"
+    " 'terminated by operator') WHERE job_id = :j"
     " RETURNING parent_job_id"
 )
 
@@ -175,8 +178,9 @@ _RESTART = sa.text(
     " finished_at = NULL, result = NULL, error = NULL, lease_owner = NULL,"
     " lease_expires_at = NULL, requested_action = NULL, restart_count = restart_count + 1,"
     " failed_position = NULL, deadline = NULL, start_by = NULL, timeout_kind = NULL,"
-    " updated_at = now()"
-    " WHERE job_id = :j"
+    " updated_at = now(),"
+    # a restarted instance is live again, out of any singleton decision it had
+    " skipped_for = NULL, cancelled_by = NULL WHERE job_id = :j"
 )
 
 
@@ -218,7 +222,10 @@ _RETRY = sa.text(
     " result = NULL, error = NULL, failed_position = NULL, requested_action = NULL,"
     # a fresh execution_timeout from its next start, no start limit (migration 0023)
     " deadline = NULL, start_by = NULL, timeout_kind = NULL,"
-    " retry_count = retry_count + 1, updated_at = now() WHERE job_id = :j"
+    " retry_count = retry_count + 1, updated_at = now(),"
+    # live again, out of the singleton decision that stopped it (as a restart): kept,
+    # cancelled_by would mark it as being stopped, and no newer instance would cancel it
+    " cancelled_by = NULL WHERE job_id = :j"
 )
 
 
