@@ -22,11 +22,17 @@ from onceflow.vocabulary import CatchupPolicy, OverlapPolicy, TickSkipReason, Ti
 from onceflow_tools.processes import ProcessGroup, free_port, onceflow_command
 from producers.models import ErrorBody
 from tests.conftest import settings_env
-from tests.integration.scheduled_workflow import NAME as TICKED
 from workflow_engine.model import ScheduleDef
 from workflow_engine.store import operations, views, writes
 
 T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+
+#: The workflow of tests/integration/scheduled_workflow.py, which only the engine
+#: processes load (ONCEFLOW_WORKFLOW_MODULES). Not imported here: imported, it joins the
+#: test process's registry at collection, and every in-process engine of every other
+#: test would upsert its schedule and fire its ticks in that test's database (seen: a
+#: test counting its 300 completions found 419).
+TICKED = "tick-workflow"
 
 
 def _scalar(db, sql: str, **params):
