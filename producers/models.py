@@ -383,12 +383,7 @@ def _check_start(job: JobIn, index: int | None) -> None:
         job_start(job, datetime.now(UTC))
     except ValueError as exc:
         field = _field(index, "run_at" if job.run_at is not None else "start_after")
-        raise RequestError(
-            422,
-            "invalid_request",
-            f"invalid {field}: {exc}",
-            [FieldError(field=field, reason=str(exc))],
-        ) from None
+        raise _refusal(field, "invalid_request", f"invalid {field}: {exc}", exc) from None
 
 
 def _check_attributes(attributes: dict[str, Any], index: int | None) -> None:
@@ -397,12 +392,7 @@ def _check_attributes(attributes: dict[str, Any], index: int | None) -> None:
         check_attributes(attributes)
     except ValueError as exc:
         field = _field(index, "attributes")
-        raise RequestError(
-            422,
-            "invalid_attributes",
-            f"invalid {field}: {exc}",
-            [FieldError(field=field, reason=str(exc))],
-        ) from None
+        raise _refusal(field, "invalid_attributes", f"invalid {field}: {exc}", exc) from None
 
 
 def _check_start_within(job: JobIn, index: int | None) -> None:
@@ -411,12 +401,12 @@ def _check_start_within(job: JobIn, index: int | None) -> None:
         time_limit("start_within", job.start_within)
     except ValueError as exc:
         field = _field(index, "start_within")
-        raise RequestError(
-            422,
-            "invalid_request",
-            f"{field}: {exc}",
-            [FieldError(field=field, reason=str(exc))],
-        ) from None
+        raise _refusal(field, "invalid_request", f"{field}: {exc}", exc) from None
+
+
+def _refusal(field: str, code: str, message: str, exc: ValueError) -> RequestError:
+    """The 422 of one field an envelope rule refused (its reason is the rule's words)."""
+    return RequestError(422, code, message, [FieldError(field=field, reason=str(exc))])
 
 
 MAX_PARAMS_DEPTH = 32

@@ -13,8 +13,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from onceflow.envelope import JobEnvelope
-from onceflow_tools.processes import ProcessGroup, free_port
+from onceflow_tools.processes import ProcessGroup
 from tests.conftest import settings_env
+from tests.integration.engine_processes import start_engine
 from tests.integration.interleavings import rows, scalar, wait_for
 from workflow_engine.model import Delivery
 from workflow_engine.store.views import ENGINE_STALE_SECONDS, live_engines
@@ -23,24 +24,15 @@ from workflow_engine.store.writes import create_instances
 N = 200
 
 
-def _engine(group, name):
-    group.start(
-        name,
-        "engine",
-        env={
-            "ONCEFLOW_ENGINE_METRICS_PORT": str(free_port()),
-            "ONCEFLOW_ENGINE_LEASE_SECONDS": "2",  # the killed engine's runs rescued soon
-            # far longer than the delays: what starts a job is the wait for its timer
-            "ONCEFLOW_ENGINE_POLL_INTERVAL_SECONDS": "30",
-        },
-    )
+# a 30 s poll, far longer than the delays: what starts a job is the wait for its timer
+POLL_SECONDS = 30
 
 
 @pytest.mark.timeout(180)
 def test_delayed_jobs_start_on_time_through_a_sigkilled_engine(settings, db, tmp_path):
     with ProcessGroup(settings_env(settings), tmp_path / "logs") as group:
-        _engine(group, "engine-0")
-        _engine(group, "engine-1")
+        start_engine(group, "engine-0", POLL_SECONDS)
+        start_engine(group, "engine-1", POLL_SECONDS)
         wait_for(lambda: len(live_engines(db, ENGINE_STALE_SECONDS)) == 2, "both engines up", 60)
         base = datetime.now(UTC)
         due = {f"dsk_{i:03d}": base + timedelta(seconds=3 + (i % 50) * 0.1) for i in range(N)}

@@ -12,8 +12,9 @@ import signal
 import pytest
 
 from onceflow.envelope import JobEnvelope
-from onceflow_tools.processes import ProcessGroup, free_port
+from onceflow_tools.processes import ProcessGroup
 from tests.conftest import settings_env
+from tests.integration.engine_processes import start_engine
 from tests.integration.interleavings import check_history, rows, scalar, wait_for
 from tests.integration.retry_workflows import CREATE_EXECUTIONS, WORKFLOW
 from workflow_engine.model import Delivery
@@ -27,16 +28,7 @@ def _count(db, status):
     return scalar(db, "SELECT count(*) FROM onceflow_instances WHERE status = :s", s=status)
 
 
-def _engine(group, name):
-    group.start(
-        name,
-        "engine",
-        env={
-            "ONCEFLOW_ENGINE_METRICS_PORT": str(free_port()),
-            "ONCEFLOW_ENGINE_LEASE_SECONDS": "2",  # the killed engine's runs rescued soon
-            "ONCEFLOW_ENGINE_POLL_INTERVAL_SECONDS": "0.2",
-        },
-    )
+POLL_SECONDS = 0.2
 
 
 @pytest.mark.timeout(240)
@@ -58,8 +50,8 @@ def test_retried_runs_through_a_sigkill_never_rerun_a_completed_step(settings, d
         ),
     }
     with ProcessGroup(env, tmp_path / "logs") as group:
-        _engine(group, "engine-0")
-        _engine(group, "engine-1")
+        start_engine(group, "engine-0", POLL_SECONDS)
+        start_engine(group, "engine-1", POLL_SECONDS)
         wait_for(lambda: _count(db, "errored") == N, "every first run errored at step two", 120)
         for job in jobs:
             assert retry(db, WORKFLOW, job).status == "queued"
