@@ -166,8 +166,10 @@ class WorkflowContext:
         # ends even if workflow code catches it, and replay decides what committed.
         self._broken: BaseException | None = None
         # The children one gather starts (or awaits): one transaction for all of them.
-        self._starts = branches.Coalescer(self._start_children)
-        self._collects = branches.Coalescer(self._collect_children)
+        self._starts: branches.Coalescer[writes.StartChild, bool] = branches.Coalescer()
+        self._collects: branches.Coalescer[writes.Awaited, writes.ChildOutcome | None] = (
+            branches.Coalescer()
+        )
         # Threads running this run's sync step code (``_invoke``).
         self._threads: list[concurrent.futures.Future[Any]] = []
 
@@ -667,7 +669,7 @@ class WorkflowContext:
             self._rt.registry.version(workflow),
             self._rt.registry.lane_path(workflow),
         )
-        created = await self._starts.submit(start)
+        created = await self._starts.submit(start, self._start_children)
         log.info(
             "child %r started",
             name,
@@ -690,7 +692,9 @@ class WorkflowContext:
                 return recorded.result
             if recorded.status == StepStatus.FAILED:
                 raise replay.replayed_failure(self.job_id, recorded)
-        outcome = await self._collects.submit(writes.Awaited(handle.position, handle.job_id))
+        outcome = await self._collects.submit(
+            writes.Awaited(handle.position, handle.job_id), self._collect_children
+        )
         if outcome is None:
             raise Suspend(InstanceStatus.WAITING, None)
         if outcome.status == StepStatus.FAILED:
@@ -741,21 +745,25 @@ class WorkflowContext:
         elif timeout is None and (self.inline_steps if inline is None else inline):
             return self._run_inline(fn, args, kwargs)
         else:
-            # Run sync step code in a thread that carries this step's context. The
-            # thread's own (concurrent) future is kept: it is done only once the code has
-            # returned, while the asyncio future this run awaits is cancelled with the
-            # run (a lost lease) although the thread cannot be stopped. The runner keeps
-            # the id in flight until the thread returns (``step_threads``), so no second
-            # run of the step starts beside it. (This is what ``loop.run_in_executor``
-            # does, plus keeping the future; a second asyncio future or
-            # ``asyncio.shield`` costs a measurable share of the engine's time on quick
-            # steps: BENCHMARKS.md, "The engine before and after issue 23".)
+            # Run sync step code in a thread that carries this step's context. If this
+            # await ends before the code returns (a timeout, or the run cancelled with its
+            # lease lost), the thread's own (concurrent) future is kept: the thread cannot
+            # be stopped, and the runner keeps the id in flight until it returns
+            # (``step_threads``), so no second run of the step starts beside it. A thread
+            # that returned is not kept (nothing needs it, and keeping it kept each
+            # step's futures alive for the whole run). (This is what
+            # ``loop.run_in_executor`` does, plus keeping the future; a second asyncio
+            # future or ``asyncio.shield`` costs a measurable share of the engine's time
+            # on quick steps: BENCHMARKS.md, "The engine before and after issue 23".)
             ctx = contextvars.copy_context()
             thread = self._rt.step_executor.submit(ctx.run, fn, *args, **kwargs)
-            if len(self._threads) >= 32:  # a long run of many steps: keep it small
-                self._threads = [t for t in self._threads if not t.done()]
-            self._threads.append(thread)
-            call = asyncio.wrap_future(thread)
+            try:
+                call = asyncio.wrap_future(thread)
+                return await asyncio.wait_for(call, timeout) if timeout else await call
+            except BaseException:
+                if not thread.done():
+                    self._threads.append(thread)
+                raise
         return await asyncio.wait_for(call, timeout) if timeout else await call
 
     def step_threads(self) -> list[asyncio.Future[Any]]:
