@@ -81,6 +81,8 @@ def render_instance(view: InstanceView) -> str:
     if view.streams:
         counts = ", ".join(f"{name} {n}" for name, n in view.streams.items())
         lines.append(f"output streams: {counts} (GET /v1/jobs/{view.job_id}/stream)")
+    if view.started_at:  # its first claim (a delayed start's line is gone by then)
+        lines.append(f"started: {view.started_at.isoformat()}")
     for step in view.steps:
         state = str(step.status)
         if step.kind == StepKind.STEP and (step.status == StepStatus.RUNNING or step.attempts > 1):

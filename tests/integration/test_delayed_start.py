@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 import onceflow_examples  # noqa: F401  (registers noop-workflow for the engine)
+from onceflow_cli.render import render_instance
 from onceflow_tools.processes import ProcessGroup
 from producers.api import create_app
 from tests.conftest import settings_env
@@ -82,6 +83,10 @@ def test_a_delayed_job_starts_at_its_time_and_bad_start_times_are_refused(settin
             lambda: status(db, "ds_later") == status(db, "ds_past") == "complete", "the runs", 30
         )
         wait_for(lambda: describe_instance(db, "ds_later").duplicates == 1, "the duplicate", 30)
+        done = describe_instance(db, "ds_later")
+    # Once started, describe says when (its scheduled start is no longer shown).
+    assert done is not None and done.started_at is not None
+    assert f"started: {done.started_at.isoformat()}" in render_instance(done)
     for why, answer in refusals.items():
         assert answer.status_code == 422, (why, answer.text)
     assert "no UTC offset" in refusals["naive"].json()["message"]
