@@ -25,6 +25,8 @@ Scenarios (each prints a table, shows progress on stderr and writes JSON):
 * ``engine-flow-control``: workflows/s with every flow control on against the plain
   claim, and a small tenant's submit -> first step behind a big tenant's burst, with
   and without fairness (:mod:`onceflow_tools.flowbench`).
+* ``engine-policies``: created/s and workflows/s of the plain workflow against one each
+  with a singleton policy, time limits, attributes (:mod:`onceflow_tools.policy_bench`).
 * ``claim``: one claim of 32 on a backlog of plain and per-key-limited workflows
   queued together (median, p90; :mod:`onceflow_tools.claimbench`).
 * ``console-list``: the console's queries on 50 instances per ``--jobs`` (1,000,000 at
@@ -944,6 +946,21 @@ def _render_engine_flow_control(result: dict[str, Any]) -> list[str]:
 RENDERERS["engine-flow-control"] = _render_engine_flow_control
 
 
+def _engine_policies(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
+    from onceflow_tools import policy_bench  # imports this module: loaded late
+
+    return policy_bench.engine_policies(base, jobs, log_dir)
+
+
+def _render_engine_policies(result: dict[str, Any]) -> list[str]:
+    from onceflow_tools import policy_bench
+
+    return policy_bench.render(result)
+
+
+RENDERERS["engine-policies"] = _render_engine_policies
+
+
 def _history(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
     """History before/after partitioning (onceflow_tools.history_bench), ``jobs`` rows."""
     from onceflow_tools import history_bench
@@ -993,6 +1010,7 @@ SCENARIOS = {
     "nobuffer-outage": lambda base, jobs, log_dir: nobuffer(base, jobs, log_dir, outage=True),
     "console-list": console_list,
     "engine-flow-control": _engine_flow_control,
+    "engine-policies": _engine_policies,
     "history": _history,
     "claim": _claim,
 }

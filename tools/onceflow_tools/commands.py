@@ -30,6 +30,7 @@ BENCH_SCENARIOS = (
     "scale",
     "console-list",
     "engine-flow-control",
+    "engine-policies",
     "history",
     "claim",
 )

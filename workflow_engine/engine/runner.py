@@ -31,6 +31,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from sqlalchemy.engine import Engine
+from sqlalchemy.pool import QueuePool
 from ulid import ULID
 
 from onceflow import failpoints, tracing
@@ -112,11 +113,20 @@ class EngineRunner:
             registry.check_webhooks(settings.webhook_endpoints)
         # Connections: the group-commit writers, the claim loop, the rescuer and
         # maintenance, and the rare single writes (sleeps, waits) — not one per instance.
+        pool_size = max(6, min(settings.engine_concurrency, 16))
         self.db = db or make_engine(
-            settings.database_url,
-            pool_size=max(6, min(settings.engine_concurrency, 16)),
-            lifecycle_events=settings.lifecycle_events,
+            settings.database_url, pool_size=pool_size, lifecycle_events=settings.lifecycle_events
         )
+        #: The single writes (``call_db``: sleeps, waits, children, attributes...) in
+        #: flight at once: the pool less what the group-commit writers and the engine's
+        #: own loops (claim, rescuer, maintenance, backpressure) hold. Past the pool the
+        #: engine's calls took overflow connections, each opened for one transaction and
+        #: closed after it (a new backend, its prepared statements planned again): at 64
+        #: in flight a workflow with one ``ctx.set_attributes`` ran at 0.24 of the plain
+        #: one (BENCHMARKS.md, "What each run control costs"). Waiting here is free.
+        pool = getattr(self.db, "pool", None)  # a test's stand-in may have none
+        pooled = pool.size() if isinstance(pool, QueuePool) else pool_size
+        self._single_writes = asyncio.Semaphore(max(2, pooled - self.configs.batcher.writers - 3))
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{str(ULID())[-6:]}"
         self.default_retry = default_retry
         self.clock = clock or SystemClock()
@@ -154,7 +164,16 @@ class EngineRunner:
     async def call_db(
         self, fn: Callable[Concatenate[Engine, P], T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
-        """Run a blocking store function off the event loop."""
+        """Run a blocking store function for an instance off the event loop (at most
+        ``_single_writes`` at once)."""
+        async with self._single_writes:
+            return await asyncio.to_thread(fn, self.db, *args, **kwargs)
+
+    async def _loop_db(
+        self, fn: Callable[Concatenate[Engine, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """``call_db`` for the claim loop's own calls (claim, expiry, next timer): one at
+        a time, counted in the pool's reserve, never queued behind the instances'."""
         return await asyncio.to_thread(fn, self.db, *args, **kwargs)
 
     # --- main loops ---------------------------------------------------------------
@@ -253,7 +272,7 @@ class EngineRunner:
         started = time.perf_counter()
         expired: list[tuple[str, str]] = []
         try:
-            claimed = await self.call_db(
+            claimed = await self._loop_db(
                 writes.claim,
                 self.owner,
                 limit,
@@ -283,7 +302,7 @@ class EngineRunner:
             await asyncio.wait_for(self._slot_free.wait(), poll)
             return
         try:
-            expired = await self.call_db(writes.expire_due)
+            expired = await self._loop_db(writes.expire_due)
         except Exception:
             log.exception("expiry failed", extra={"event": "engine.expiry_error"})
             return
@@ -293,7 +312,7 @@ class EngineRunner:
         """Sleep until the next timer falls due, a notification, or the poll interval."""
         poll = self.settings.engine_poll_interval_seconds
         try:
-            due = await self.call_db(writes.seconds_until_next_due, self.clock.db_now())
+            due = await self._loop_db(writes.seconds_until_next_due, self.clock.db_now())
         except Exception:
             return poll
         if due is None or due <= 0:

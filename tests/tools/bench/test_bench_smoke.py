@@ -124,3 +124,15 @@ def test_scale_smoke(base_settings, tmp_path, monkeypatch):
         assert 0 < run["wal_bytes_per_job"] <= run["wal_bytes_cluster_per_job"]
         assert run["wal_commit_records_per_job"] > 0 and run["xact_commits_per_job"] > 0
     assert "WAL B/job" in render(result)
+
+
+@pytest.mark.timeout(300)
+def test_engine_policies_smoke(base_settings, tmp_path):
+    from onceflow_tools.policy_bench import WORKFLOWS, engine_policies
+
+    settings = base_settings.model_copy(update={"state_dir": tmp_path})
+    result = engine_policies(settings, 40, tmp_path, rounds_wanted=1)
+    (runs,) = result["rounds"]
+    assert [r["workflow"] for r in runs] == list(WORKFLOWS)
+    assert all(r["workflows"] == 40 and r["per_second"] > 0 for r in runs)
+    assert "bench-singleton-skip" in render(result)
