@@ -130,3 +130,19 @@ def test_the_note_of_a_superseded_instance_says_how_far_the_cancellation_got(sta
         cancelled_by="new_1",
     )
     assert view.singleton_note == note
+
+
+def test_an_instance_takes_the_policy_of_the_delivery_that_created_it_only():
+    """Found in review: an id first delivered naming a plain workflow (it created the
+    instance) and again in the batch naming a singleton one took the singleton's policy:
+    its row got a key and a decision although the later record is only a duplicate."""
+    from onceflow.envelope import JobEnvelope
+    from workflow_engine.model import Delivery
+    from workflow_engine.store.writes.singleton import _policies
+
+    skip = _registry("s", Singleton("params.k", "skip")).singleton("s")
+    plain_first = Delivery(JobEnvelope("j1", "plain", {"k": "a"}), "t", 0, 0)
+    singleton_later = Delivery(JobEnvelope("j1", "s", {"k": "a"}), "t", 0, 1, singleton=skip)
+    singleton_first = Delivery(JobEnvelope("j2", "s", {"k": "b"}), "t", 0, 2, singleton=skip)
+    found = _policies([plain_first, singleton_later, singleton_first], {"j1", "j2"})
+    assert found == {"j2": skip}

@@ -205,11 +205,18 @@ def decide(
 
 
 def _policies(deliveries: Sequence[Delivery], created: set[str]) -> dict[str, SingletonPolicy]:
-    """The deciding policy of each created instance, in consumption order."""
+    """The deciding policy of each created instance: its first delivery's (the one that
+    created it, in consumption order), none if that one had none. A later delivery of
+    the id is a duplicate, whatever workflow it names (found in review: an id created
+    as a plain workflow took the policy of a later record naming a singleton one)."""
     found: dict[str, SingletonPolicy] = {}
+    seen: set[str] = set()
     for d in deliveries:
         job_id = d.envelope.job_id
-        if d.singleton is not None and job_id in created and job_id not in found:
+        if job_id in seen:
+            continue
+        seen.add(job_id)
+        if d.singleton is not None and job_id in created:
             found[job_id] = d.singleton
     return found
 
