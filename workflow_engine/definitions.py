@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
-from onceflow.envelope import MAX_START_DELAY_SECONDS, time_limit
+from onceflow.envelope import MAX_START_DELAY_SECONDS, id_reuse_policy, time_limit
+from onceflow.vocabulary import IdReuse
 from onceflow.instance_events import MAX_EVENT_TYPE_CHARS  # an awaited type: what may be sent
 from onceflow.ticks import Schedule
 from workflow_engine.model import (
@@ -150,6 +151,7 @@ def workflow(
     start_within: float | timedelta | None = None,
     execution_timeout: float | timedelta | None = None,
     singleton: Singleton | None = None,
+    id_reuse: str = "never",
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register an async function ``(ctx, params)`` as the workflow called ``name``.
 
@@ -177,6 +179,11 @@ def workflow(
     :class:`~workflow_engine.model.WebhookSubscription` the kinds it names (README,
     "Webhooks"); an unknown name stops the engine at start. Its timing (:func:`_timing`):
     a delayed start ``start_after``, time limits ``start_within`` and ``execution_timeout``.
+
+    ``id_reuse`` (:class:`~onceflow.vocabulary.IdReuse`): whether a new submission of a
+    job id whose instance has finished starts a new run of it: ``never`` (a duplicate,
+    the default), ``after_failure`` (after an errored or terminated run),
+    ``after_completion`` (after any finished run); earlier runs are kept and numbered.
     """
     check_name("workflow name", name)
     timing = _timing(name, start_after, start_within, execution_timeout)
@@ -184,14 +191,26 @@ def workflow(
     limits = (concurrency, concurrency_key, max_per_key, hold_while_waiting, rate_limit)
     flow = flow_control(*limits, fairness_key, policy := singleton_policy(singleton))
     subscriptions = _subscriptions(webhooks)
+    reuse = _id_reuse(name, id_reuse)
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         given = check_version(version) if version is not None else fingerprint(fn)
         options = (inline_steps, flow, declared, subscriptions)
-        REGISTRY.add_workflow(WorkflowDef(fn, name, given, *options, *timing, policy))
+        REGISTRY.add_workflow(WorkflowDef(fn, name, given, *options, *timing, policy, reuse))
         return fn
 
     return register
+
+
+def _id_reuse(workflow: str, value: str) -> IdReuse:
+    """``@workflow(id_reuse=)`` checked when the module loads (the envelope's rule)."""
+    try:
+        policy = id_reuse_policy(value)
+    except ValueError as exc:
+        raise ValueError(f"workflow {workflow!r}: {exc}") from None
+    if policy is None:
+        raise ValueError(f"workflow {workflow!r}: id_reuse must be named (default 'never')")
+    return policy
 
 
 def _subscriptions(

@@ -64,7 +64,7 @@ def mark_running(source: str) -> str:
       AND i.job_id <> ALL(CAST(:inflight AS text[]))
     RETURNING {CLAIMED_COLUMNS},
               -- for the started event: set by this statement (now(): this transaction)
-              i.started_at = now() AS first_start, i.event_seq AS seq, i.status"""
+              i.started_at = now() AS first_start, i.event_seq AS seq, i.status, i.run"""
 
 
 #: The columns of a claimed instance the runner takes (``claim.Claimed``), from the CTE

@@ -1,0 +1,177 @@
+"""Id reuse policies (issue 26, item 8): a new submission of a finished job id starts a
+new run of its one instance, the earlier run's history kept and numbered. Every
+property is read back from the database."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import jsonschema
+import sqlalchemy as sa
+
+from onceflow import failpoints
+from onceflow.envelope import JobEnvelope
+from onceflow.vocabulary import IdReuse
+from onceflow_cli.render import render_instance
+from tests.integration import reuse_workflows as wf
+from tests.integration.events_helpers import event_schemas
+from tests.integration.test_flow_control import run_until
+from workflow_engine.definitions import REGISTRY
+from workflow_engine.model import Delivery
+from workflow_engine.store.views import describe_instance
+from workflow_engine.store.writes import create_instances
+
+_OFFSETS = itertools.count()
+
+
+def delivery(workflow, job_id, params, id_reuse=None, offset=None):
+    return Delivery(
+        JobEnvelope(job_id, workflow, params, id_reuse=id_reuse),
+        "t",
+        0,
+        next(_OFFSETS) if offset is None else offset,
+        version=REGISTRY.version(workflow),
+        id_reuse=id_reuse or REGISTRY.id_reuse(workflow),
+    )
+
+
+def submit(db, workflow, job_id, params, **kw):
+    return create_instances(db, [delivery(workflow, job_id, params, **kw)])
+
+
+def instance(db, job_id):
+    sql = "SELECT * FROM onceflow_instances WHERE job_id = :j"
+    with db.connect() as conn:
+        return conn.execute(sa.text(sql), {"j": job_id}).one()
+
+
+def runs(db, job_id):
+    sql = "SELECT * FROM onceflow_runs WHERE job_id = :j ORDER BY run"
+    with db.connect() as conn:
+        return conn.execute(sa.text(sql), {"j": job_id}).all()
+
+
+def finished(db, *job_ids):
+    sql = "SELECT count(*) FROM onceflow_instances WHERE job_id = ANY(:j) AND finished_at IS NOT NULL"
+    with db.connect() as conn:
+        return conn.execute(sa.text(sql), {"j": list(job_ids)}).scalar() == len(job_ids)
+
+
+def events(db, job_id):
+    sql = "SELECT type, payload FROM onceflow_outbox WHERE aggregateid = :j ORDER BY seq"
+    with db.connect() as conn:
+        return [
+            (t.removeprefix("dev.onceflow."), d)
+            for t, d in conn.execute(sa.text(sql), {"j": job_id})
+        ]
+
+
+def valid(kind, data):
+    schemas = event_schemas()
+    jsonschema.validate(data, schemas["common"])
+    jsonschema.validate(data, schemas[f"dev.onceflow.{kind}"])
+
+
+def test_after_failure_starts_run_two_and_keeps_run_one(settings, db):
+    submit(db, wf.AFTER_FAILURE, "rf_a", {"attempt": "first", "fail": True})
+    run_until(settings, db, lambda: finished(db, "rf_a"), events_relay=False)
+    assert instance(db, "rf_a").status == "errored"
+    got = submit(db, wf.AFTER_FAILURE, "rf_a", {"attempt": "second"})
+    assert got.created == 1 and got.new_runs == ["rf_a"] and got.duplicates == 0
+    assert got.id_reuse_decisions == [(wf.AFTER_FAILURE, "new_run")]
+    row = instance(db, "rf_a")
+    assert (row.run, row.status, row.params) == (2, "queued", {"attempt": "second"})
+    # a resubmission while run 2 is live collapses, counted as a duplicate
+    live = submit(db, wf.AFTER_FAILURE, "rf_a", {"attempt": "second"})
+    assert (live.created, live.duplicates) == (0, 1)
+    assert live.id_reuse_decisions == [(wf.AFTER_FAILURE, "live")]
+    run_until(settings, db, lambda: finished(db, "rf_a"), events_relay=False)
+    row = instance(db, "rf_a")
+    assert (row.run, row.status, row.result) == (2, "complete", "two:second")
+    (one, two) = runs(db, "rf_a")
+    assert (one.run, one.status, one.params) == (1, "errored", {"attempt": "first", "fail": True})
+    assert [(s["name"], s["status"]) for s in one.steps] == [("one", "complete"), ("two", "failed")]
+    assert "failed as asked (first)" in one.error
+    assert (two.run, two.status, two.source_partition) == (2, None, 0)  # the current run
+    # after a completed run, after_failure refuses: a duplicate, the history unchanged
+    refused = submit(db, wf.AFTER_FAILURE, "rf_a", {"attempt": "third"})
+    assert (refused.created, refused.duplicates) == (0, 1)
+    assert refused.id_reuse_decisions == [(wf.AFTER_FAILURE, "refused")]
+    assert instance(db, "rf_a").run == 2
+    # the run is visible: describe, the CLI, the events
+    view = describe_instance(db, "rf_a")
+    assert view is not None and view.run == 2
+    assert [(r.run, r.status) for r in view.earlier_runs] == [(1, "errored")]
+    text = render_instance(view)
+    assert "run 2 of job rf_a" in text and "run 1: errored" in text
+    kinds = [(t, d.get("run")) for t, d in events(db, "rf_a")]
+    assert ("instance.created", 2) in kinds and ("instance.complete", 2) in kinds
+    assert ("instance.errored", 1) in kinds
+    for kind, data in events(db, "rf_a"):
+        valid(kind, data)
+
+
+def test_after_completion_follows_any_finished_run_and_never_never(settings, db):
+    submit(db, wf.AFTER_COMPLETION, "rc_a", {"attempt": "first"})
+    submit(db, wf.NEVER, "rn_a", {"attempt": "first", "fail": True})
+    run_until(settings, db, lambda: finished(db, "rc_a", "rn_a"))
+    again = submit(db, wf.AFTER_COMPLETION, "rc_a", {"attempt": "second"})
+    assert again.new_runs == ["rc_a"]
+    never = submit(db, wf.NEVER, "rn_a", {"attempt": "second"})
+    assert (never.created, never.duplicates, never.id_reuse_decisions) == (0, 1, [])
+    # a job may ask for a stricter policy than its workflow's: never, here
+    run_until(settings, db, lambda: finished(db, "rc_a"))
+    strict = submit(db, wf.AFTER_COMPLETION, "rc_a", {"attempt": "x"}, id_reuse=IdReuse.NEVER)
+    assert (strict.created, strict.duplicates) == (0, 1)
+    assert [r.status for r in runs(db, "rc_a")] == ["complete", None]
+    assert instance(db, "rc_a").run == 2 and instance(db, "rn_a").run == 1
+
+
+def test_a_redelivery_never_starts_a_run(settings, db):
+    """Idempotent per Kafka position: the record that created run 1, or started run 2,
+    delivered again after that run failed, starts nothing."""
+    first = delivery(wf.AFTER_FAILURE, "rr_a", {"attempt": "first", "fail": True})
+    create_instances(db, [first])
+    run_until(settings, db, lambda: finished(db, "rr_a"))
+    assert create_instances(db, [first]).new_runs == []  # run 1's record again
+    second = delivery(wf.AFTER_FAILURE, "rr_a", {"attempt": "second", "fail": True})
+    assert create_instances(db, [second]).new_runs == ["rr_a"]
+    run_until(settings, db, lambda: finished(db, "rr_a"))
+    again = create_instances(db, [second])  # run 2's record again, run 2 failed
+    assert (again.created, again.duplicates, again.already_recorded) == (0, 0, 1)
+    assert instance(db, "rr_a").run == 2 and len(runs(db, "rr_a")) == 2
+    # two resubmissions in one batch: the first starts run 3, the second collapses on it
+    batch = [
+        delivery(wf.AFTER_FAILURE, "rr_a", {"attempt": "third"}),
+        delivery(wf.AFTER_FAILURE, "rr_a", {"attempt": "fourth"}),
+    ]
+    got = create_instances(db, batch)
+    assert (got.new_runs, got.duplicates) == (["rr_a"], 1)
+    assert instance(db, "rr_a").params == {"attempt": "third"}
+
+
+def test_concurrent_resubmissions_start_one_new_run(settings, db):
+    """Two workers resubmit one failed id at once; the first is paused after reading the
+    finished run, before locking it: the second starts run 2, and the first, once let
+    go, re-reads the row under its lock and collapses as a duplicate of run 2."""
+    submit(db, wf.AFTER_FAILURE, "rw_a", {"attempt": "first", "fail": True})
+    run_until(settings, db, lambda: finished(db, "rw_a"))
+    point = failpoints.arm("reuse.after_read", "pause", job_id="rw_a")
+    results = {}
+    paused = threading.Thread(
+        target=lambda: results.update(a=submit(db, wf.AFTER_FAILURE, "rw_a", {"attempt": "a"}))
+    )
+    paused.start()
+    try:
+        assert point.reached.wait(10)
+        results["b"] = submit(db, wf.AFTER_FAILURE, "rw_a", {"attempt": "b"})
+    finally:
+        point.release()
+        paused.join(10)
+    assert results["b"].new_runs == ["rw_a"]
+    assert results["a"].new_runs == [] and results["a"].duplicates == 1
+    assert results["a"].id_reuse_decisions == [(wf.AFTER_FAILURE, "live")]
+    row = instance(db, "rw_a")
+    assert (row.run, row.params) == (2, {"attempt": "b"})
+    assert [r.run for r in runs(db, "rw_a")] == [1, 2]

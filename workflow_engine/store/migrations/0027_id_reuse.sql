@@ -1,0 +1,102 @@
+-- onceflow schema, version 27: id reuse policies (issue 26, item 8).
+--
+-- @workflow(id_reuse="never"|"after_failure"|"after_completion") (and a job's own,
+-- stricter id_reuse): whether a new submission of a job id whose instance has finished
+-- starts a new run of it. A job id still maps to one instance row: a new run resets
+-- that row to queued with run = run + 1 and the resubmission's params, in the worker's
+-- creating transaction, under the row's lock (store/writes/reuse.py). The finished run
+-- is archived first, with its steps, as one onceflow_runs row: nothing of its history
+-- is thrown away (an operator's restart forgets it; a reuse keeps it, numbered).
+-- claim_count goes on counting across runs, so an engine that still holds a lease of
+-- run N (a zombie) names a claim no claim of run N+1 can have: its fenced writes miss.
+
+-- 1. The instance's current run, from 1.
+ALTER TABLE onceflow_instances
+    ADD COLUMN run integer NOT NULL DEFAULT 1,
+    ADD CONSTRAINT onceflow_instances_run_check CHECK (run >= 1);
+
+COMMENT ON COLUMN onceflow_instances.run IS
+    'The current run of this job id (1, then one more per id reuse: onceflow_runs).';
+
+-- 2. The runs of a reused job id: one row per run once a second run exists. A run's
+--    row is written when the run after it starts: run N's outcome, result, error and
+--    steps (status not NULL, archived); run N+1's row at the same time, with the Kafka
+--    position of the submission that started it (status NULL while it is the current
+--    run: its outcome is the instance row's). The position's named unique constraint
+--    makes a new run idempotent per Kafka record: a redelivery of the record that
+--    started a run never starts another one. The instance's retention deletes its
+--    runs with it.
+CREATE TABLE onceflow_runs (
+    job_id text NOT NULL,
+    run integer NOT NULL,
+    source_topic text,
+    source_partition integer,
+    source_offset bigint,
+    request_id text,
+    params jsonb NOT NULL,
+    version text,
+    created_at timestamptz NOT NULL,
+    status text,
+    timeout_kind text,
+    started_at timestamptz,
+    finished_at timestamptz,
+    result jsonb,
+    error text,
+    steps jsonb NOT NULL DEFAULT '[]',
+    archived_at timestamptz,
+    CONSTRAINT onceflow_runs_pkey PRIMARY KEY (job_id, run),
+    CONSTRAINT onceflow_runs_position_key UNIQUE (source_topic, source_partition, source_offset),
+    CONSTRAINT onceflow_runs_instance_fkey FOREIGN KEY (job_id)
+        REFERENCES onceflow_instances (job_id) ON DELETE CASCADE,
+    CONSTRAINT onceflow_runs_run_check CHECK (run >= 1),
+    CONSTRAINT onceflow_runs_status_check CHECK (
+        status IN ('complete', 'errored', 'terminated', 'skipped')),
+    CONSTRAINT onceflow_runs_archived_check CHECK ((status IS NULL) = (archived_at IS NULL)),
+    CONSTRAINT onceflow_runs_steps_check CHECK (jsonb_typeof(steps) = 'array')
+);
+
+COMMENT ON TABLE onceflow_runs IS
+    'The numbered runs of a reused job id (id_reuse): each finished run''s outcome and steps.';
+
+-- 3. Every lifecycle event names the run it belongs to ("run": 1, 2, ...): the hot
+--    paths' statements pass it in their event CTEs (store/lifecycle.py); the rarer
+--    changes' events get it here, from the row the bump reads.
+CREATE OR REPLACE FUNCTION onceflow_emit(job_ids text[], kinds text[], extras jsonb[])
+RETURNS integer LANGUAGE sql AS $$
+    WITH input AS (
+        SELECT t.job_id, t.kind, t.extra, t.ord
+        FROM unnest(job_ids, kinds, extras) WITH ORDINALITY AS t(job_id, kind, extra, ord)
+        WHERE onceflow_events_on()
+    ),
+    counts AS (
+        SELECT job_id, count(*)::int AS n FROM input GROUP BY job_id
+    ),
+    locked AS (
+        SELECT i.job_id FROM onceflow_instances i JOIN counts c USING (job_id)
+        ORDER BY i.job_id
+        FOR NO KEY UPDATE OF i
+    ),
+    bumped AS (
+        UPDATE onceflow_instances i SET event_seq = i.event_seq + c.n
+        FROM counts c JOIN locked l USING (job_id)
+        WHERE i.job_id = c.job_id
+        RETURNING i.job_id, i.workflow, i.version, i.status, i.run, i.event_seq - c.n AS base
+    ),
+    numbered AS (
+        SELECT input.*, b.workflow, b.version, b.status, b.run,
+               (b.base + row_number() OVER (PARTITION BY input.job_id ORDER BY input.ord))::int
+                   AS seq
+        FROM input JOIN bumped b USING (job_id)
+    ),
+    written AS (
+        INSERT INTO onceflow_outbox (id, aggregateid, type, seq, workflow, payload)
+        SELECT n.job_id || ':' || n.seq, n.job_id, 'dev.onceflow.' || n.kind, n.seq, n.workflow,
+               onceflow_event_data(n.job_id, n.workflow, n.version, n.seq, n.status, j.origin,
+                                   j.source_topic, j.source_partition, j.source_offset,
+                                   jsonb_build_object('run', n.run) || coalesce(n.extra, '{}'))
+        FROM numbered n LEFT JOIN onceflow_jobs j USING (job_id)
+        ORDER BY n.job_id, n.seq
+        RETURNING 1
+    )
+    SELECT count(*)::int FROM written
+$$;
