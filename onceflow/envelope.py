@@ -428,13 +428,13 @@ def id_reuse_policy(value: Any) -> IdReuse | None:
     ``@workflow(id_reuse=)``'s check at registration."""
     if value is None:
         return None
-    try:
-        return IdReuse(value) if isinstance(value, str) else IdReuse(None)
-    except ValueError:
-        names = ", ".join(p.value for p in IdReuse)
-        raise ValueError(
-            f"invalid id_reuse {str(value)[:40]!r}: one of {names}"
-        ) from None
+    if isinstance(value, str) and value in _ID_REUSE_NAMES:
+        return IdReuse(value)
+    names = ", ".join(p.value for p in IdReuse)
+    raise ValueError(f"invalid id_reuse {str(value)[:40]!r}: one of {names}")
+
+
+_ID_REUSE_NAMES = frozenset(p.value for p in IdReuse)
 
 
 def start_time(run_at: Any, start_after: Any, submitted_at: datetime) -> datetime | None:

@@ -41,11 +41,11 @@ from streams.metrics import (
     DB_LATENCY,
     DB_RETRIES,
     DUPLICATES,
+    ID_REUSE,
     IN_FLIGHT,
     MISMATCHES,
     RECORDS,
     SINGLETON_DECISIONS,
-    ID_REUSE,
 )
 from streams.records import (
     DeadLetter,

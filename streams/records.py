@@ -80,11 +80,7 @@ def classify(
             dead.append(DeadLetter.of(rec, DeadLetterReason.UNKNOWN_TYPE, detail, env.job_id))
             continue
         workflow = kind == JobKind.WORKFLOW
-        refused = (
-            _callback_refusal(env, workflow, callbacks)
-            or _task_refusal(env, workflow)
-            or _id_reuse_refusal(env, registry.id_reuse(env.workflow) if workflow else None)
-        )
+        refused = _refusal(env, workflow, registry, callbacks)
         if refused is not None:
             dead.append(DeadLetter.of(rec, *refused, env.job_id))
             continue
@@ -110,6 +106,18 @@ def classify(
             )
         )
     return deliveries, dead
+
+
+def _refusal(
+    env: JobEnvelope, workflow: bool, registry: Registry, callbacks: frozenset[str]
+) -> tuple[DeadLetterReason, str] | None:
+    """Why a decoded job cannot be created here (its callback, a task's options, its id
+    reuse policy), or None."""
+    return (
+        _callback_refusal(env, workflow, callbacks)
+        or _task_refusal(env, workflow)
+        or _id_reuse_refusal(env, registry.id_reuse(env.workflow) if workflow else None)
+    )
 
 
 def _callback_refusal(

@@ -19,9 +19,9 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
 from onceflow.envelope import MAX_START_DELAY_SECONDS, id_reuse_policy, time_limit
-from onceflow.vocabulary import IdReuse
 from onceflow.instance_events import MAX_EVENT_TYPE_CHARS  # an awaited type: what may be sent
 from onceflow.ticks import Schedule
+from onceflow.vocabulary import IdReuse
 from workflow_engine.model import (
     RateLimit,
     Registry,
@@ -156,11 +156,10 @@ def workflow(
     """Register an async function ``(ctx, params)`` as the workflow called ``name``.
 
     ``concurrency`` caps how many of its instances run at once across all engines;
-    the rest stay queued. Sleeping and waiting instances do not count.
-
-    ``version`` names this definition (``"2026-11-30"``); without it, the version is a
-    fingerprint of the function's source (:mod:`workflow_engine.versions`); an instance
-    runs only on engines that have the version it was created with.
+    the rest stay queued (sleeping and waiting ones do not count). ``id_reuse``: whether
+    a finished job id may run again (:func:`_id_reuse`). ``version`` names this
+    definition (``"2026-11-30"``; default: a fingerprint of the function's source,
+    :mod:`workflow_engine.versions`); an instance runs only on engines that have it.
 
     ``schedule`` starts an instance per tick: a 5-field cron expression read in
     ``timezone``, a ``timedelta``, or a :class:`~onceflow.ticks.Schedule` with its
@@ -179,19 +178,13 @@ def workflow(
     :class:`~workflow_engine.model.WebhookSubscription` the kinds it names (README,
     "Webhooks"); an unknown name stops the engine at start. Its timing (:func:`_timing`):
     a delayed start ``start_after``, time limits ``start_within`` and ``execution_timeout``.
-
-    ``id_reuse`` (:class:`~onceflow.vocabulary.IdReuse`): whether a new submission of a
-    job id whose instance has finished starts a new run of it: ``never`` (a duplicate,
-    the default), ``after_failure`` (after an errored or terminated run),
-    ``after_completion`` (after any finished run); earlier runs are kept and numbered.
     """
     check_name("workflow name", name)
     timing = _timing(name, start_after, start_within, execution_timeout)
     declared = _declared_schedule(name, schedule, timezone)
     limits = (concurrency, concurrency_key, max_per_key, hold_while_waiting, rate_limit)
     flow = flow_control(*limits, fairness_key, policy := singleton_policy(singleton))
-    subscriptions = _subscriptions(webhooks)
-    reuse = _id_reuse(name, id_reuse)
+    subscriptions, reuse = _subscriptions(webhooks), _id_reuse(name, id_reuse)
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         given = check_version(version) if version is not None else fingerprint(fn)
@@ -203,7 +196,11 @@ def workflow(
 
 
 def _id_reuse(workflow: str, value: str) -> IdReuse:
-    """``@workflow(id_reuse=)`` checked when the module loads (the envelope's rule)."""
+    """``@workflow(id_reuse=)`` (:class:`~onceflow.vocabulary.IdReuse`), checked when the
+    module loads (the envelope's rule): whether a new submission of a job id whose
+    instance has finished starts a new run of it: ``never`` (a duplicate, the default),
+    ``after_failure`` (after an errored or terminated run), ``after_completion`` (after
+    any finished run); the earlier runs are kept, numbered (README, Flow control)."""
     try:
         policy = id_reuse_policy(value)
     except ValueError as exc:

@@ -12,15 +12,18 @@ import sqlalchemy as sa
 
 from onceflow import failpoints
 from onceflow.envelope import JobEnvelope
-from onceflow.vocabulary import IdReuse
+from onceflow.vocabulary import IdReuse, InstanceStatus
 from onceflow_cli.render import render_instance
 from tests.integration import reuse_workflows as wf
 from tests.integration.events_helpers import event_schemas
 from tests.integration.test_flow_control import run_until
 from workflow_engine.definitions import REGISTRY
+from workflow_engine.errors import LeaseLost
 from workflow_engine.model import Delivery
+from workflow_engine.store import writes
 from workflow_engine.store.views import describe_instance
-from workflow_engine.store.writes import create_instances
+from workflow_engine.store.writes import FinishInstance, create_instances
+from workflow_engine.store.writes import execution as store
 
 _OFFSETS = itertools.count()
 
@@ -53,7 +56,9 @@ def runs(db, job_id):
 
 
 def finished(db, *job_ids):
-    sql = "SELECT count(*) FROM onceflow_instances WHERE job_id = ANY(:j) AND finished_at IS NOT NULL"
+    sql = (
+        "SELECT count(*) FROM onceflow_instances WHERE job_id = ANY(:j) AND finished_at IS NOT NULL"
+    )
     with db.connect() as conn:
         return conn.execute(sa.text(sql), {"j": list(job_ids)}).scalar() == len(job_ids)
 
@@ -175,3 +180,37 @@ def test_concurrent_resubmissions_start_one_new_run(settings, db):
     row = instance(db, "rw_a")
     assert (row.run, row.params) == (2, {"attempt": "b"})
     assert [r.run for r in runs(db, "rw_a")] == [1, 2]
+
+
+def test_a_zombie_of_run_one_cannot_write_into_run_two(db):
+    """Engine E claims run 1 and stalls past its lease (a zombie); F rescues it and it
+    errors; the id is resubmitted and E itself claims run 2. E's stale write of run 1
+    (same owner, run 1's claim number) misses run 2: claim_count went on counting."""
+    versions = REGISTRY.versions()
+    submit(db, wf.AFTER_FAILURE, "rz_a", {"attempt": "first"})
+    [zombie] = writes.claim(db, "E", 10, 30, versions=versions)
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE onceflow_instances SET lease_expires_at = now() - interval '1 second'"
+                " WHERE job_id = 'rz_a'"
+            )
+        )
+    assert writes.rescue_expired(db) == ["rz_a"]
+    [taker] = writes.claim(db, "F", 10, 30, versions=versions)
+    failed = FinishInstance("rz_a", taker.claim_count, InstanceStatus.ERRORED, error="boom")
+    assert store.write_batch(db, "F", [failed]) == [None]
+    assert submit(db, wf.AFTER_FAILURE, "rz_a", {"attempt": "second"}).new_runs == ["rz_a"]
+    [run2] = writes.claim(db, "E", 10, 30, versions=versions)
+    stale = FinishInstance("rz_a", zombie.claim_count, InstanceStatus.COMPLETE, result=b'"zombie"')
+    [answer] = store.write_batch(db, "E", [stale])
+    assert isinstance(answer, LeaseLost), "the zombie of run 1 wrote into run 2"
+    assert run2.claim_count > zombie.claim_count
+    row = instance(db, "rz_a")
+    assert (row.run, row.status, row.result) == (2, "running", None)
+    # the same write under run 2's own claim applies: the fence, not the write, refused
+    own = FinishInstance("rz_a", run2.claim_count, InstanceStatus.COMPLETE, result=b'"run 2"')
+    assert store.write_batch(db, "E", [own]) == [None]
+    row = instance(db, "rz_a")
+    assert (row.run, row.status, row.result) == (2, "complete", "run 2")
+    assert [(r.run, r.status) for r in runs(db, "rz_a")] == [(1, "errored"), (2, None)]

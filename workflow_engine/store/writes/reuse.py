@@ -178,6 +178,9 @@ RETURNING i.job_id, i.workflow, i.run
 """
 )
 
+# The runs being archived, as they ended (for the new run's instance.created).
+_OUTCOMES = sa.text("SELECT job_id, run, status FROM onceflow_instances WHERE job_id = ANY(:ids)")
+
 _NEW_RUN_COLUMNS = (
     "job_id",
     "params",
@@ -208,9 +211,7 @@ def start_new_runs(
         return set(), [], []
     ids = sorted({deliveries[n].envelope.job_id for n in asking})
     first = {r.job_id: r for r in conn.execute(_CANDIDATES, {"ids": ids})}
-    finished = sorted(
-        j for j, r in first.items() if InstanceStatus(r.status) in TERMINAL_STATUSES
-    )
+    finished = sorted(j for j, r in first.items() if InstanceStatus(r.status) in TERMINAL_STATUSES)
     if finished:
         failpoints.hit("reuse.after_read", finished[0])
         conn.execute(_LOCK_JOBS, {"ids": finished})
@@ -254,9 +255,7 @@ def _decide(
         if status not in TERMINAL_STATUSES:
             decisions.append((d.envelope.workflow, str(IdReuseDecision.LIVE)))
         elif (
-            status in d.id_reuse.reusable
-            and not row.child
-            and row.workflow == d.envelope.workflow
+            status in d.id_reuse.reusable and not row.child and row.workflow == d.envelope.workflow
         ):
             chosen[job_id] = n
             skip.add(n)
@@ -292,13 +291,7 @@ def _apply(conn: Connection, rows: Sequence[dict[str, Any]], chosen: dict[str, i
         | {"topic": r["topic"], "part": r["part"], "off": r["off"]}
         for r in rows
     ]
-    outcomes = {
-        r.job_id: (r.run, r.status)
-        for r in conn.execute(
-            sa.text("SELECT job_id, run, status FROM onceflow_instances WHERE job_id = ANY(:ids)"),
-            {"ids": ids},
-        )
-    }
+    outcomes = {r.job_id: (r.run, r.status) for r in conn.execute(_OUTCOMES, {"ids": ids})}
     conn.execute(_ARCHIVE, {"rows": orjson.dumps(archive).decode()})
     for statement in _FORGET:
         conn.execute(statement, {"ids": ids})
