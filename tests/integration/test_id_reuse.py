@@ -9,7 +9,9 @@ import threading
 
 import jsonschema
 import sqlalchemy as sa
+from fastapi.testclient import TestClient
 
+from console import create_app
 from onceflow import failpoints
 from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import IdReuse, InstanceStatus
@@ -21,7 +23,8 @@ from workflow_engine.definitions import REGISTRY
 from workflow_engine.errors import LeaseLost
 from workflow_engine.model import Delivery
 from workflow_engine.store import writes
-from workflow_engine.store.views import describe_instance
+from workflow_engine.store.views import InstanceFilter, describe_instance, job_status, list_page
+from workflow_engine.store.views.outcomes import job_outcomes
 from workflow_engine.store.writes import FinishInstance, create_instances
 from workflow_engine.store.writes import execution as store
 
@@ -115,6 +118,19 @@ def test_after_failure_starts_run_two_and_keeps_run_one(settings, db):
     assert ("instance.errored", 1) in kinds
     for kind, data in events(db, "rf_a"):
         valid(kind, data)
+    # GET /v1/jobs/{id} (job_status), start-and-wait's outcome, the console, the list
+    status = job_status(db, "rf_a")
+    assert status is not None and status["run"] == 2
+    assert [r["status"] for r in status["earlier_runs"]] == ["errored"]
+    assert job_outcomes(db, ["rf_a"])["rf_a"].to_dict()["run"] == 2
+    with TestClient(create_app(settings, db), base_url="http://testserver") as client:
+        page = client.get("/instances/rf_a")
+        assert page.status_code == 200 and "run 2 of job rf_a" in page.text
+        assert 'class="earlier-run">run 1: <span class="status s-errored">' in page.text
+        listing = client.get("/instances?workflow=" + wf.AFTER_FAILURE)
+        assert '<span class="muted run">run 2</span>' in listing.text
+    [listed] = list_page(db, InstanceFilter(workflow=wf.AFTER_FAILURE)).rows
+    assert listed.run == 2
 
 
 def test_after_completion_follows_any_finished_run_and_never_never(settings, db):

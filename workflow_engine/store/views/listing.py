@@ -427,6 +427,7 @@ class InstanceRow:
     # A delayed start not reached yet (run_at / start_after): when it becomes claimable.
     scheduled_start: datetime | None = None
     attributes: dict[str, Any] = field(default_factory=dict)  # searchable (migration 0022)
+    run: int = 1  # the job id's current run (id reuse, migration 0027)
 
 
 #: When a queued instance that has never run will become claimable, if that is still
@@ -484,8 +485,8 @@ def _list_sql(
         params["c_at"], params["c_job"] = after
     page = (
         "SELECT i.job_id, i.workflow, i.status, i.created_at, i.updated_at, i.error,"
-        f" i.finished_at, i.version, {SCHEDULED_START} AS scheduled_start, i.attributes"
-        f" FROM onceflow_instances i WHERE {where}"
+        f" i.finished_at, i.version, {SCHEDULED_START} AS scheduled_start, i.attributes,"
+        f" i.run FROM onceflow_instances i WHERE {where}"
         f" ORDER BY i.{column} DESC, i.job_id DESC LIMIT :limit"
     )
     # Duplicate counts only for the rows of the page.
@@ -530,6 +531,7 @@ def list_page(
             version=r.version,
             scheduled_start=r.scheduled_start,
             attributes=r.attributes,
+            run=r.run,
         )
         for r in found[:limit]
     ]
