@@ -56,9 +56,12 @@ def test_the_decorator_records_the_policy_default_never():
 
     assert REGISTRY.id_reuse("test-unit-reuse") is IdReuse.AFTER_COMPLETION
     assert REGISTRY.id_reuse("no-such-workflow") is IdReuse.NEVER
-    assert JobEnvelope.decode(
-        None, orjson.dumps({"job_id": "j", "workflow": "w", "params": {}})
-    ).id_reuse is None
+    assert (
+        JobEnvelope.decode(
+            None, orjson.dumps({"job_id": "j", "workflow": "w", "params": {}})
+        ).id_reuse
+        is None
+    )
 
 
 def _registry() -> Registry:
