@@ -131,6 +131,11 @@ def test_after_failure_starts_run_two_and_keeps_run_one(settings, db):
         assert '<span class="muted run">run 2</span>' in listing.text
     [listed] = list_page(db, InstanceFilter(workflow=wf.AFTER_FAILURE)).rows
     assert listed.run == 2
+    with db.connect() as conn:
+        trace = conn.execute(sa.text("SELECT event, detail FROM job_trace('rf_a')")).all()
+    events_of = [e for e, _ in trace]
+    assert events_of.index("run 1 ended") < events_of.index("run 2 started")
+    assert dict(trace)["run 1 ended"].startswith("errored: ")
 
 
 def test_after_completion_follows_any_finished_run_and_never_never(settings, db):

@@ -25,6 +25,21 @@ SELECT t.at, t.event, t.detail, t.layer FROM (
            'webhooks', d.attempts + 1, 1
     FROM onceflow_webhook_deliveries d
     WHERE d.job_id = p_job_id AND d.status = 'dead'
+    UNION ALL
+    SELECT r.finished_at, 'run ' || r.run || ' ended',
+           r.status || coalesce(' (' || r.timeout_kind || ')', '')
+             || coalesce(': ' || r.error, '') || ', '
+             || jsonb_array_length(r.steps) || ' step(s) kept',
+           'engine', r.run, 2
+    FROM onceflow_runs r WHERE r.job_id = p_job_id AND r.status IS NOT NULL
+    UNION ALL
+    SELECT r.created_at, 'run ' || r.run || ' started',
+           'id reuse: a new submission'
+             || coalesce(' from ' || r.source_topic || '/' || r.source_partition
+                         || '@' || r.source_offset, '')
+             || coalesce(', request ' || r.request_id, ''),
+           'streams', r.run, 2
+    FROM onceflow_runs r WHERE r.job_id = p_job_id AND r.run > 1
 ) AS t
 ORDER BY date_trunc('milliseconds', t.at), t.src, t.ord, t.at
 $$;

@@ -100,3 +100,47 @@ RETURNS integer LANGUAGE sql AS $$
     )
     SELECT count(*)::int FROM written
 $$;
+
+-- 4. The job's timeline (job_trace) names its runs: each new run's start (the record
+--    that started it) and each earlier run's end, archived with it. The steps the
+--    timeline lists are the current run's (the earlier ones are in onceflow_runs.steps).
+CREATE OR REPLACE FUNCTION job_trace(p_job_id text)
+RETURNS TABLE(at timestamptz, event text, detail text, layer text)
+LANGUAGE sql STABLE AS $$
+SELECT t.at, t.event, t.detail, t.layer FROM (
+    SELECT b.at, b.event, b.detail, b.layer, b.n AS ord, 0 AS src
+    FROM job_trace_without_webhooks(p_job_id) WITH ORDINALITY AS b(at, event, detail, layer, n)
+    UNION ALL
+    SELECT a.started_at, 'webhook ' || coalesce(a.outcome, 'sending'),
+           d.endpoint || ' ' || d.kind || ' (attempt ' || a.attempt
+             || coalesce(', HTTP ' || a.response_code, '')
+             || coalesce(', ' || round(a.latency_ms::numeric, 1) || ' ms', '')
+             || coalesce(': ' || a.error, '') || ')',
+           'webhooks', a.attempt, 1
+    FROM onceflow_webhook_deliveries d
+    JOIN onceflow_webhook_attempts a ON a.delivery_id = d.id
+    WHERE d.job_id = p_job_id
+    UNION ALL
+    SELECT d.finished_at, 'webhook dead', d.endpoint || ' ' || d.kind || ': ' || d.dead_reason
+             || coalesce(' (' || d.last_error || ')', ''),
+           'webhooks', d.attempts + 1, 1
+    FROM onceflow_webhook_deliveries d
+    WHERE d.job_id = p_job_id AND d.status = 'dead'
+    UNION ALL
+    SELECT r.finished_at, 'run ' || r.run || ' ended',
+           r.status || coalesce(' (' || r.timeout_kind || ')', '')
+             || coalesce(': ' || r.error, '') || ', '
+             || jsonb_array_length(r.steps) || ' step(s) kept',
+           'engine', r.run, 2
+    FROM onceflow_runs r WHERE r.job_id = p_job_id AND r.status IS NOT NULL
+    UNION ALL
+    SELECT r.created_at, 'run ' || r.run || ' started',
+           'id reuse: a new submission'
+             || coalesce(' from ' || r.source_topic || '/' || r.source_partition
+                         || '@' || r.source_offset, '')
+             || coalesce(', request ' || r.request_id, ''),
+           'streams', r.run, 2
+    FROM onceflow_runs r WHERE r.job_id = p_job_id AND r.run > 1
+) AS t
+ORDER BY date_trunc('milliseconds', t.at), t.src, t.ord, t.at
+$$;
