@@ -139,7 +139,9 @@ def test_two_runs_of_one_id_never_at_once_through_a_sigkill(settings, db, tmp_pa
     )
     print(
         f"\n{sampler.samples} samples, violations {sampler.violations}, {at_kill} running at"
-        f" the kill, {again} run-2 steps executed again after it"
+        f" the kill, {again} run-2 steps executed again after it,"
+        f" {scalar(db, 'SELECT count(*) FROM onceflow_duplicate_deliveries WHERE redelivery')}"
+        " redeliveries"
     )
     assert sampler.samples > 20 and sampler.violations == 0
     got = rows(db, "SELECT job_id, run, status, result FROM onceflow_instances ORDER BY job_id")
@@ -153,8 +155,13 @@ def test_two_runs_of_one_id_never_at_once_through_a_sigkill(settings, db, tmp_pa
         (j, n, s) for j in ids for n, s in ((1, "errored"), (2, None))
     ]
     assert all([s["name"] for s in r.steps] == ["one", "two"] for r in history if r.run == 1)
-    dups = Counter(r.job_id for r in rows(db, "SELECT job_id FROM onceflow_duplicate_deliveries"))
-    assert dups == Counter({j: 1 for j in ids})
+    found = rows(
+        db,
+        "SELECT job_id, redelivery, source_partition, source_offset, params_match"
+        " FROM onceflow_duplicate_deliveries ORDER BY job_id, source_offset",
+    )
+    dups = Counter(r.job_id for r in found if not r.redelivery)
+    assert dups == Counter({j: 1 for j in ids}), found[:6]
     spread = scalar(db, "SELECT count(DISTINCT source_partition) FROM onceflow_runs WHERE run = 2")
     assert spread >= 2  # both workers started new runs
     # run 1 never executed after run 2 began: the first label's last execution per id

@@ -85,9 +85,14 @@ FROM unnest(CAST(:ords AS int[]), CAST(:ids AS text[]), CAST(:topics AS text[]),
 """
 )
 # The decision's lock: the job ids' registry rows first, then their instances, each in
-# job-id order, the order the creating statement and its duplicate flags take them.
+# job-id order, the order (and, for the registry rows, the strength: ON CONFLICT DO
+# UPDATE's) the creating statement and its duplicate flags take them. The creating
+# statement that follows locks the batch's other ids' registry rows after these, so two
+# batches sharing ids can still deadlock; PostgreSQL aborts one (40P01) and the worker
+# runs its transaction again, as it does for every conflict.
 _LOCK_JOBS = sa.text(
-    "SELECT job_id FROM onceflow_jobs WHERE job_id = ANY(:ids) ORDER BY job_id FOR UPDATE"
+    "SELECT job_id FROM onceflow_jobs WHERE job_id = ANY(:ids) ORDER BY job_id"
+    " FOR NO KEY UPDATE"
 )
 _LOCK = sa.text(
     "SELECT job_id, run, status, workflow, parent_job_id IS NOT NULL AS child"
@@ -171,8 +176,8 @@ SET run = i.run + 1, status = :queued, params = input.params, version = input.ve
     started_at = NULL, finished_at = NULL, result = NULL, error = NULL, lease_owner = NULL,
     lease_expires_at = NULL, requested_action = NULL, failed_position = NULL,
     deadline = NULL, timeout_kind = NULL, retry_count = 0, restart_count = 0,
-    singleton_key = NULL, skipped_for = NULL, cancelled_by = NULL,
-    duplicated = false, mismatched = false, updated_at = now()
+    -- (duplicated and mismatched stay: they tell of the job id's deliveries, all runs')
+    singleton_key = NULL, skipped_for = NULL, cancelled_by = NULL, updated_at = now()
 FROM input WHERE i.job_id = input.job_id
 RETURNING i.job_id, i.workflow, i.run
 """
