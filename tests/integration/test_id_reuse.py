@@ -226,7 +226,7 @@ def test_a_zombie_of_run_one_cannot_write_into_run_two(db):
     stale = FinishInstance("rz_a", zombie.claim_count, InstanceStatus.COMPLETE, result=b'"zombie"')
     [answer] = store.write_batch(db, "E", [stale])
     assert isinstance(answer, LeaseLost), "the zombie of run 1 wrote into run 2"
-    assert run2.claim_count > zombie.claim_count
+    assert run2.claim_count > zombie.claim_count and (zombie.run, run2.run) == (1, 2)
     row = instance(db, "rz_a")
     assert (row.run, row.status, row.result) == (2, "running", None)
     # the same write under run 2's own claim applies: the fence, not the write, refused

@@ -436,6 +436,7 @@ class EngineRunner:
                 "job_id": inst.job_id,
                 "workflow": inst.workflow,
                 "claim": inst.claim_count,
+                "run": inst.run,
             },
         )
         try:
@@ -530,6 +531,7 @@ class EngineRunner:
             extra={
                 "event": f"instance.{wait.status}",
                 "job_id": inst.job_id,
+                "run": inst.run,
                 "wake_at": wait.wake_at,
                 "delay": wait.delay,
                 "runnable": runnable,  # what it waits for was already there
@@ -573,6 +575,7 @@ class EngineRunner:
             extra={
                 "event": f"instance.{action or seen}",
                 "job_id": inst.job_id,
+                "run": inst.run,
                 "status": new_status,
             },
         )
@@ -610,6 +613,7 @@ class EngineRunner:
                 "event": f"instance.{status}",
                 "job_id": inst.job_id,
                 "workflow": inst.workflow,
+                "run": inst.run,
                 "error": error,
             },
         )

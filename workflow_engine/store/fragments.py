@@ -64,7 +64,7 @@ def mark_running(source: str) -> str:
       AND i.job_id <> ALL(CAST(:inflight AS text[]))
     RETURNING {CLAIMED_COLUMNS},
               -- for the started event: set by this statement (now(): this transaction)
-              i.started_at = now() AS first_start, i.event_seq AS seq, i.status, i.run"""
+              i.started_at = now() AS first_start, i.event_seq AS seq, i.status"""
 
 
 #: The columns of a claimed instance the runner takes (``claim.Claimed``), from the CTE
@@ -74,11 +74,12 @@ def mark_running(source: str) -> str:
 #: sleep, runnable at once, claimed again until the server's clock caught up).
 CLAIMED_COLUMNS = (
     "i.job_id, i.workflow, i.params, i.created_at, j.submitted_at, i.claim_count,"
-    f" j.traceparent, i.version, i.deadline, coalesce(i.deadline <= {NOW}, false) AS overdue"
+    f" j.traceparent, i.version, i.deadline, coalesce(i.deadline <= {NOW}, false) AS overdue,"
+    " i.run"
 )
 CLAIMED_OUT = (
     "job_id, workflow, params, created_at, submitted_at, claim_count, traceparent, version,"
-    " deadline, overdue"
+    " deadline, overdue, run"
 )
 
 #: The CTE body writing ``instance.started`` for the first claims among ``claimed``.

@@ -91,8 +91,7 @@ FROM unnest(CAST(:ords AS int[]), CAST(:ids AS text[]), CAST(:topics AS text[]),
 # batches sharing ids can still deadlock; PostgreSQL aborts one (40P01) and the worker
 # runs its transaction again, as it does for every conflict.
 _LOCK_JOBS = sa.text(
-    "SELECT job_id FROM onceflow_jobs WHERE job_id = ANY(:ids) ORDER BY job_id"
-    " FOR NO KEY UPDATE"
+    "SELECT job_id FROM onceflow_jobs WHERE job_id = ANY(:ids) ORDER BY job_id FOR NO KEY UPDATE"
 )
 _LOCK = sa.text(
     "SELECT job_id, run, status, workflow, parent_job_id IS NOT NULL AS child"
