@@ -270,7 +270,7 @@ def _db():
     help="An instance filter instead of the options above, e.g."
     " 'workflow=order-workflow,status=errored,created_before=2026-11-30T10:00:00Z,prefix=ord_'"
     " (keys: workflow, status, created_from, created_to, job_id, prefix, has_duplicates,"
-    " payload_mismatch, error_contains, version, attr.<key>).",
+    " payload_mismatch, error_contains, version, scheduled, reused, attr.<key>).",
 )
 @click.option(
     "--sort", default="created", type=click.Choice(["created", "updated"]), help="Newest first by."

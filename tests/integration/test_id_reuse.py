@@ -131,6 +131,12 @@ def test_after_failure_starts_run_two_and_keeps_run_one(settings, db):
         assert '<span class="muted run">run 2</span>' in listing.text
     [listed] = list_page(db, InstanceFilter(workflow=wf.AFTER_FAILURE)).rows
     assert listed.run == 2
+    submit(db, wf.NEVER, "rf_other", {})
+    assert [r.job_id for r in list_page(db, InstanceFilter.parse("reused=true")).rows] == ["rf_a"]
+    assert [r.job_id for r in list_page(db, InstanceFilter.parse("reused=no")).rows] == ["rf_other"]
+    with TestClient(create_app(settings, db), base_url="http://testserver") as client:
+        page = client.get("/instances?reused=true")
+        assert "rf_a" in page.text and "rf_other" not in page.text
     with db.connect() as conn:
         trace = conn.execute(sa.text("SELECT event, detail FROM job_trace('rf_a')")).all()
     events_of = [e for e, _ in trace]
