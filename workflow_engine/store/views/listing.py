@@ -102,8 +102,9 @@ class InstanceFilter:
         ``since``), ``created_to`` (or ``created_before``, ``until``), ``job_id``,
         ``job_id_prefix`` (or ``prefix``), ``has_duplicates``, ``payload_mismatch``,
         ``error_contains`` (or ``error``), ``version``, ``scheduled``, ``reused`` (a later
-        run of an id reuse), and ``attr.<key>`` for each searchable attribute. A comma or backslash inside a value is
-        written ``\\,`` / ``\\\\``. The empty text is the empty filter (everything).
+        run of an id reuse), and ``attr.<key>`` for each searchable attribute. A comma or
+        backslash inside a value is written ``\\,`` / ``\\\\``.
+        The empty text is the empty filter (everything).
         """
         pairs: dict[str, str] = {}
         for part in _split(text):
