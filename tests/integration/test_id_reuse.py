@@ -23,6 +23,7 @@ from workflow_engine.definitions import REGISTRY
 from workflow_engine.errors import LeaseLost
 from workflow_engine.model import Delivery
 from workflow_engine.store import writes
+from workflow_engine.store.operations import control
 from workflow_engine.store.views import InstanceFilter, describe_instance, job_status, list_page
 from workflow_engine.store.views.outcomes import job_outcomes
 from workflow_engine.store.writes import FinishInstance, create_instances
@@ -241,3 +242,42 @@ def test_a_zombie_of_run_one_cannot_write_into_run_two(db):
     row = instance(db, "rz_a")
     assert (row.run, row.status, row.result) == (2, "complete", "run 2")
     assert [(r.run, r.status) for r in runs(db, "rz_a")] == [(1, "errored"), (2, None)]
+
+
+def test_what_counts_as_a_failure(db):
+    """after_failure follows an operator's terminate and a start_timeout (errored by a
+    time limit), not a skip (a singleton decision: it never ran); after_completion
+    follows a skip too."""
+    submit(db, wf.AFTER_FAILURE, "rt_term", {"attempt": "first"})
+    control.terminate(db, wf.AFTER_FAILURE, "rt_term")
+    assert instance(db, "rt_term").status == "terminated"
+    assert submit(db, wf.AFTER_FAILURE, "rt_term", {"attempt": "b"}).new_runs == ["rt_term"]
+    for job_id, workflow in (
+        ("rt_slow", wf.AFTER_FAILURE),
+        ("rt_skip", wf.AFTER_FAILURE),
+        ("rt_skip2", wf.AFTER_COMPLETION),
+    ):
+        submit(db, workflow, job_id, {"attempt": "first"})
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE onceflow_instances SET status = 'errored', timeout_kind = 'start_timeout',"
+                " error = 'not started in time', finished_at = now() WHERE job_id = 'rt_slow'"
+            )
+        )
+        conn.execute(
+            sa.text(
+                "UPDATE onceflow_instances SET status = 'skipped', skipped_for = 'other',"
+                " finished_at = now() WHERE job_id IN ('rt_skip', 'rt_skip2')"
+            )
+        )
+    assert submit(db, wf.AFTER_FAILURE, "rt_slow", {"attempt": "b"}).new_runs == ["rt_slow"]
+    assert [(r.status, r.timeout_kind) for r in runs(db, "rt_slow")] == [
+        ("errored", "start_timeout"),
+        (None, None),
+    ]
+    skipped = submit(db, wf.AFTER_FAILURE, "rt_skip", {"attempt": "b"})
+    assert skipped.id_reuse_decisions == [(wf.AFTER_FAILURE, "refused")]
+    assert submit(db, wf.AFTER_COMPLETION, "rt_skip2", {"attempt": "b"}).new_runs == ["rt_skip2"]
+    row = instance(db, "rt_skip2")
+    assert (row.run, row.status, row.skipped_for) == (2, "queued", None)
