@@ -8,6 +8,7 @@ import itertools
 import threading
 
 import jsonschema
+import orjson
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
@@ -20,6 +21,7 @@ from tests.integration import reuse_workflows as wf
 from tests.integration.events_helpers import event_schemas
 from tests.integration.test_flow_control import run_until
 from workflow_engine.definitions import REGISTRY
+from workflow_engine.engine.webhook_events import deliveries_for, parse_event
 from workflow_engine.errors import LeaseLost
 from workflow_engine.model import Delivery
 from workflow_engine.store import writes
@@ -281,3 +283,63 @@ def test_what_counts_as_a_failure(db):
     assert submit(db, wf.AFTER_COMPLETION, "rt_skip2", {"attempt": "b"}).new_runs == ["rt_skip2"]
     row = instance(db, "rt_skip2")
     assert (row.run, row.status, row.skipped_for) == (2, "queued", None)
+
+
+def _relayed(db, job_id, kind):
+    """The outbox row of ``job_id``'s latest ``kind`` event, as the webhook dispatcher
+    reads it off the events topic."""
+    sql = (
+        "SELECT aggregateid, seq, type, workflow, payload FROM onceflow_outbox"
+        " WHERE aggregateid = :j AND type = :t ORDER BY seq DESC LIMIT 1"
+    )
+    with db.connect() as conn:
+        row = conn.execute(sa.text(sql), {"j": job_id, "t": "dev.onceflow." + kind}).one()
+    headers = [
+        ("ce_type", row.type.encode()),
+        ("ce_id", f"{row.aggregateid}:{row.seq}".encode()),
+        ("ce_jobid", row.aggregateid.encode()),
+        ("ce_workflow", row.workflow.encode()),
+        ("ce_sequence", str(row.seq).encode()),
+    ]
+    event = parse_event(headers, orjson.dumps(row.payload))
+    assert event is not None
+    return event
+
+
+def test_run_one_final_event_goes_to_run_one_callback(db):
+    """A dispatcher behind the relay reads run 1's final event after run 2 started with
+    another callback: the event goes to run 1's callback, never run 2's."""
+    first = Delivery(
+        JobEnvelope("rcb_a", wf.AFTER_FAILURE, {"attempt": "first"}, callback="hook-one"),
+        "t",
+        0,
+        next(_OFFSETS),
+        version=REGISTRY.version(wf.AFTER_FAILURE),
+        id_reuse=REGISTRY.id_reuse(wf.AFTER_FAILURE),
+    )
+    create_instances(db, [first])
+    control.terminate(db, wf.AFTER_FAILURE, "rcb_a")
+    ended = _relayed(db, "rcb_a", "instance.terminated")
+    second = Delivery(
+        JobEnvelope("rcb_a", wf.AFTER_FAILURE, {"attempt": "second"}, callback="hook-two"),
+        "t",
+        0,
+        next(_OFFSETS),
+        version=REGISTRY.version(wf.AFTER_FAILURE),
+        id_reuse=REGISTRY.id_reuse(wf.AFTER_FAILURE),
+    )
+    assert create_instances(db, [second]).new_runs == ["rcb_a"]
+    with db.connect() as conn:
+        callbacks = writes.webhook_callbacks(conn, [(ended.job_id, ended.run)])
+    rows = deliveries_for([ended], callbacks, REGISTRY, {})
+    assert [r.endpoint for r in rows] == ["hook-one"], "run 1's end went to run 2's callback"
+    control.terminate(db, wf.AFTER_FAILURE, "rcb_a")
+    ended_two = _relayed(db, "rcb_a", "instance.terminated")
+    assert ended_two.sequence > ended.sequence
+    with db.connect() as conn:
+        callbacks = writes.webhook_callbacks(conn, [(e.job_id, e.run) for e in (ended, ended_two)])
+    rows = deliveries_for([ended, ended_two], callbacks, REGISTRY, {})
+    assert [(r.sequence, r.endpoint) for r in rows] == [
+        (ended.sequence, "hook-one"),
+        (ended_two.sequence, "hook-two"),
+    ]

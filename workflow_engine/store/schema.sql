@@ -721,6 +721,7 @@ CREATE TABLE public.onceflow_runs (
     request_id text,
     params jsonb NOT NULL,
     version text,
+    callback text,
     created_at timestamp with time zone NOT NULL,
     status text,
     timeout_kind text,
@@ -737,6 +738,8 @@ CREATE TABLE public.onceflow_runs (
 );
 
 COMMENT ON TABLE public.onceflow_runs IS 'The numbered runs of a reused job id (id_reuse): each finished run''s outcome and steps.';
+
+COMMENT ON COLUMN public.onceflow_runs.callback IS 'A finished run''s callback: its events the dispatcher reads late still go there.';
 
 CREATE TABLE public.onceflow_schedule_ticks (
     schedule text NOT NULL,

@@ -35,6 +35,7 @@ CREATE TABLE onceflow_runs (
     request_id text,
     params jsonb NOT NULL,
     version text,
+    callback text,
     created_at timestamptz NOT NULL,
     status text,
     timeout_kind text,
@@ -57,6 +58,9 @@ CREATE TABLE onceflow_runs (
 
 COMMENT ON TABLE onceflow_runs IS
     'The numbered runs of a reused job id (id_reuse): each finished run''s outcome and steps.';
+
+COMMENT ON COLUMN onceflow_runs.callback IS
+    'A finished run''s callback: its events the dispatcher reads late still go there.';
 
 -- 3. Every lifecycle event names the run it belongs to ("run": 1, 2, ...): the hot
 --    paths' statements pass it in their event CTEs (store/lifecycle.py); the rarer

@@ -120,17 +120,19 @@ steps AS (
 archived AS (
     INSERT INTO onceflow_runs AS r (
         job_id, run, source_topic, source_partition, source_offset, request_id, params,
-        version, created_at, status, timeout_kind, started_at, finished_at, result, error,
-        steps, archived_at)
+        version, callback, created_at, status, timeout_kind, started_at, finished_at,
+        result, error, steps, archived_at)
     SELECT i.job_id, i.run, j.source_topic, j.source_partition, j.source_offset,
-           j.request_id, i.params, i.version, i.created_at, i.status, i.timeout_kind,
+           j.request_id, i.params, i.version, i.callback, i.created_at, i.status,
+           i.timeout_kind,
            i.started_at, i.finished_at, i.result, i.error, coalesce(st.steps, '[]'), now()
     FROM onceflow_instances i JOIN input USING (job_id)
     JOIN onceflow_jobs j USING (job_id) LEFT JOIN steps st USING (job_id)
     ORDER BY i.job_id
     -- run 1 has no row yet; a later run has the one its start wrote (its position kept)
     ON CONFLICT ON CONSTRAINT onceflow_runs_pkey DO UPDATE
-        SET status = excluded.status, timeout_kind = excluded.timeout_kind,
+        SET status = excluded.status, callback = excluded.callback,
+            timeout_kind = excluded.timeout_kind,
             started_at = excluded.started_at, finished_at = excluded.finished_at,
             result = excluded.result, error = excluded.error, steps = excluded.steps,
             archived_at = excluded.archived_at
