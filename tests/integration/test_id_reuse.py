@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from console import create_app
 from onceflow import failpoints
 from onceflow.envelope import JobEnvelope
-from onceflow.vocabulary import IdReuse, InstanceStatus
+from onceflow.vocabulary import BulkAction, IdReuse, InstanceStatus
 from onceflow_cli.render import render_instance
 from tests.integration import reuse_workflows as wf
 from tests.integration.events_helpers import event_schemas
@@ -26,6 +26,7 @@ from workflow_engine.errors import LeaseLost
 from workflow_engine.model import Delivery
 from workflow_engine.store import writes
 from workflow_engine.store.operations import control
+from workflow_engine.store.operations.bulk import run_bulk, start_bulk
 from workflow_engine.store.views import InstanceFilter, describe_instance, job_status, list_page
 from workflow_engine.store.views.outcomes import job_outcomes
 from workflow_engine.store.writes import FinishInstance, create_instances
@@ -343,3 +344,19 @@ def test_run_one_final_event_goes_to_run_one_callback(db):
         (ended.sequence, "hook-one"),
         (ended_two.sequence, "hook-two"),
     ]
+
+
+def test_a_bulk_operation_applies_to_the_run_it_selected(db):
+    """A bulk restart of the terminated instances snapshots run 1 of an id; before its
+    batch runs, a resubmission starts run 2 (queued): the batch skips run 2, which the
+    operator's filter never matched, instead of restarting it."""
+    submit(db, wf.AFTER_FAILURE, "rb_a", {"attempt": "first"})
+    control.terminate(db, wf.AFTER_FAILURE, "rb_a")
+    op = start_bulk(db, BulkAction.RESTART, InstanceFilter.parse("status=terminated"))
+    assert op.total == 1
+    assert submit(db, wf.AFTER_FAILURE, "rb_a", {"attempt": "second"}).new_runs == ["rb_a"]
+    done = run_bulk(db, op.id)
+    assert (done.done, done.skipped) == (0, 1), "the bulk restart applied to run 2"
+    row = instance(db, "rb_a")
+    assert (row.run, row.status, row.restart_count) == (2, "queued", 0)
+    assert ("instance.restarted", 2) not in [(t, d.get("run")) for t, d in events(db, "rb_a")]

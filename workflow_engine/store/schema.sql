@@ -403,7 +403,8 @@ $_$;
 
 CREATE TABLE public.onceflow_bulk_operation_items (
     operation_id bigint NOT NULL,
-    job_id text NOT NULL
+    job_id text NOT NULL,
+    run integer DEFAULT 1 NOT NULL
 );
 
 CREATE TABLE public.onceflow_bulk_operations (

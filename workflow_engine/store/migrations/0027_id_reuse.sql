@@ -62,6 +62,11 @@ COMMENT ON TABLE onceflow_runs IS
 COMMENT ON COLUMN onceflow_runs.callback IS
     'A finished run''s callback: its events the dispatcher reads late still go there.';
 
+-- 2b. A bulk operation's snapshot names the run its filter matched: a batch applied
+--     after a resubmission started the id's next run skips it (the operator selected
+--     the earlier run, not this one). Items written before this migration are run 1's.
+ALTER TABLE onceflow_bulk_operation_items ADD COLUMN run integer NOT NULL DEFAULT 1;
+
 -- 3. Every lifecycle event names the run it belongs to ("run": 1, 2, ...): the hot
 --    paths' statements pass it in their event CTEs (store/lifecycle.py); the rarer
 --    changes' events get it here, from the row the bump reads.
