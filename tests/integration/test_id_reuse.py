@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from datetime import UTC, datetime
 
 import jsonschema
 import orjson
@@ -360,3 +361,31 @@ def test_a_bulk_operation_applies_to_the_run_it_selected(db):
     row = instance(db, "rb_a")
     assert (row.run, row.status, row.restart_count) == (2, "queued", 0)
     assert ("instance.restarted", 2) not in [(t, d.get("run")) for t, d in events(db, "rb_a")]
+
+
+def test_a_new_run_is_claimed_with_its_own_submission(db):
+    """The engine's submission-to-completion histogram and the spans' parent come from
+    the claim (submitted_at, traceparent): run 2's are its resubmission's, not run 1's."""
+    versions = REGISTRY.versions()
+
+    def envelope(params, at, trace):
+        return JobEnvelope("rs_a", wf.AFTER_FAILURE, params, submitted_at=at, traceparent=trace)
+
+    first_at = datetime(2026, 1, 1, tzinfo=UTC)
+    one = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    two = "00-1bf7651916cd43dd8448eb211c80319c-c7ad6b7169203331-01"
+    create_instances(db, [Delivery(envelope({"attempt": "a"}, first_at, one), "t", 0, 900)])
+    control.terminate(db, wf.AFTER_FAILURE, "rs_a")
+    second_at = datetime.now(UTC).replace(microsecond=0)
+    again = Delivery(
+        envelope({"attempt": "b"}, second_at, two),
+        "t",
+        0,
+        901,
+        version=REGISTRY.version(wf.AFTER_FAILURE),
+        id_reuse=REGISTRY.id_reuse(wf.AFTER_FAILURE),
+    )
+    assert create_instances(db, [again]).new_runs == ["rs_a"]
+    [claimed] = writes.claim(db, "E", 10, 30, versions=versions)
+    assert claimed.run == 2
+    assert (claimed.submitted_at, claimed.traceparent) == (second_at, two), "run 1's submission"

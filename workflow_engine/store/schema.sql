@@ -720,6 +720,8 @@ CREATE TABLE public.onceflow_runs (
     source_partition integer,
     source_offset bigint,
     request_id text,
+    submitted_at timestamp with time zone,
+    traceparent text,
     params jsonb NOT NULL,
     version text,
     callback text,
@@ -739,6 +741,10 @@ CREATE TABLE public.onceflow_runs (
 );
 
 COMMENT ON TABLE public.onceflow_runs IS 'The numbered runs of a reused job id (id_reuse): each finished run''s outcome and steps.';
+
+COMMENT ON COLUMN public.onceflow_runs.submitted_at IS 'When the run''s submission was made (the claim''s, for a run after the first).';
+
+COMMENT ON COLUMN public.onceflow_runs.traceparent IS 'The run''s submission''s W3C trace context: the parent of the run''s spans.';
 
 COMMENT ON COLUMN public.onceflow_runs.callback IS 'A finished run''s callback: its events the dispatcher reads late still go there.';
 

@@ -33,6 +33,8 @@ CREATE TABLE onceflow_runs (
     source_partition integer,
     source_offset bigint,
     request_id text,
+    submitted_at timestamptz,
+    traceparent text,
     params jsonb NOT NULL,
     version text,
     callback text,
@@ -59,6 +61,10 @@ CREATE TABLE onceflow_runs (
 COMMENT ON TABLE onceflow_runs IS
     'The numbered runs of a reused job id (id_reuse): each finished run''s outcome and steps.';
 
+COMMENT ON COLUMN onceflow_runs.submitted_at IS
+    'When the run''s submission was made (the claim''s, for a run after the first).';
+COMMENT ON COLUMN onceflow_runs.traceparent IS
+    'The run''s submission''s W3C trace context: the parent of the run''s spans.';
 COMMENT ON COLUMN onceflow_runs.callback IS
     'A finished run''s callback: its events the dispatcher reads late still go there.';
 

@@ -106,7 +106,7 @@ _ARCHIVE = sa.text(
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
         job_id text, params jsonb, params_digest text, version text, request_id text,
-        topic text, part integer, off bigint)
+        submitted_at timestamptz, traceparent text, topic text, part integer, off bigint)
 ),
 steps AS (
     SELECT s.job_id, jsonb_agg(jsonb_build_object(
@@ -119,13 +119,13 @@ steps AS (
 ),
 archived AS (
     INSERT INTO onceflow_runs AS r (
-        job_id, run, source_topic, source_partition, source_offset, request_id, params,
-        version, callback, created_at, status, timeout_kind, started_at, finished_at,
-        result, error, steps, archived_at)
+        job_id, run, source_topic, source_partition, source_offset, request_id,
+        submitted_at, traceparent, params, version, callback, created_at, status,
+        timeout_kind, started_at, finished_at, result, error, steps, archived_at)
     SELECT i.job_id, i.run, j.source_topic, j.source_partition, j.source_offset,
-           j.request_id, i.params, i.version, i.callback, i.created_at, i.status,
-           i.timeout_kind,
-           i.started_at, i.finished_at, i.result, i.error, coalesce(st.steps, '[]'), now()
+           j.request_id, j.submitted_at, j.traceparent, i.params, i.version, i.callback,
+           i.created_at, i.status, i.timeout_kind, i.started_at, i.finished_at, i.result,
+           i.error, coalesce(st.steps, '[]'), now()
     FROM onceflow_instances i JOIN input USING (job_id)
     JOIN onceflow_jobs j USING (job_id) LEFT JOIN steps st USING (job_id)
     ORDER BY i.job_id
@@ -140,9 +140,10 @@ archived AS (
 ),
 next_run AS (
     INSERT INTO onceflow_runs (job_id, run, source_topic, source_partition, source_offset,
-                               request_id, params, version, created_at)
+                               request_id, submitted_at, traceparent, params, version,
+                               created_at)
     SELECT i.job_id, i.run + 1, input.topic, input.part, input.off, input.request_id,
-           input.params, input.version, now()
+           input.submitted_at, input.traceparent, input.params, input.version, now()
     FROM onceflow_instances i JOIN input USING (job_id)
     ORDER BY i.job_id
     RETURNING job_id
@@ -293,7 +294,18 @@ def _apply(conn: Connection, rows: Sequence[dict[str, Any]], chosen: dict[str, i
     deliveries' creating rows), with an ``instance.created`` event naming the run."""
     ids = sorted(chosen)
     archive = [
-        {k: r[k] for k in ("job_id", "params", "params_digest", "version", "request_id")}
+        {
+            k: r[k]
+            for k in (
+                "job_id",
+                "params",
+                "params_digest",
+                "version",
+                "request_id",
+                "submitted_at",
+                "traceparent",
+            )
+        }
         | {"topic": r["topic"], "part": r["part"], "off": r["off"]}
         for r in rows
     ]
