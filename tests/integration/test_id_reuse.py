@@ -32,6 +32,7 @@ from workflow_engine.store.views import InstanceFilter, describe_instance, job_s
 from workflow_engine.store.views.outcomes import job_outcomes
 from workflow_engine.store.writes import FinishInstance, create_instances
 from workflow_engine.store.writes import execution as store
+from workflow_engine.store.writes.maintenance import prune
 
 _OFFSETS = itertools.count()
 
@@ -389,3 +390,23 @@ def test_a_new_run_is_claimed_with_its_own_submission(db):
     [claimed] = writes.claim(db, "E", 10, 30, versions=versions)
     assert claimed.run == 2
     assert (claimed.submitted_at, claimed.traceparent) == (second_at, two), "run 1's submission"
+
+
+def test_retention_removes_earlier_runs_past_it(db):
+    """An id reused again and again keeps a live instance, which retention never
+    deletes: its earlier runs (their steps, results, params) go on their own once past
+    the job-id retention, the current run's row (its starting record) stays."""
+    submit(db, wf.AFTER_FAILURE, "rp_a", {"attempt": "first"})
+    control.terminate(db, wf.AFTER_FAILURE, "rp_a")
+    assert submit(db, wf.AFTER_FAILURE, "rp_a", {"attempt": "second"}).new_runs == ["rp_a"]
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE onceflow_runs SET finished_at = now() - interval '400 days'"
+                " WHERE job_id = 'rp_a' AND run = 1"
+            )
+        )
+    pruned = prune(db, 7 * 86400, 30 * 86400)
+    assert [r.run for r in runs(db, "rp_a")] == [2], "run 1's history outlived retention"
+    assert pruned["earlier_runs"] == 1
+    assert instance(db, "rp_a").run == 2

@@ -1082,6 +1082,8 @@ CREATE INDEX onceflow_operator_actions_job_idx ON public.onceflow_operator_actio
 
 CREATE INDEX onceflow_rate_starts_idx ON public.onceflow_rate_starts USING btree (workflow, started_at);
 
+CREATE INDEX onceflow_runs_finished_idx ON public.onceflow_runs USING btree (finished_at) WHERE (status IS NOT NULL);
+
 CREATE INDEX onceflow_schedules_due_idx ON public.onceflow_schedules USING btree (next_fire_at) WHERE (NOT paused);
 
 CREATE INDEX onceflow_webhook_deliveries_dead_idx ON public.onceflow_webhook_deliveries USING btree (endpoint, id) WHERE (status = 'dead'::text);

@@ -25,7 +25,7 @@ COMMENT ON COLUMN onceflow_instances.run IS
 --    run: its outcome is the instance row's). The position's named unique constraint
 --    makes a new run idempotent per Kafka record: a redelivery of the record that
 --    started a run never starts another one. The instance's retention deletes its
---    runs with it.
+--    runs with it; an earlier run past the job-id retention goes on its own.
 CREATE TABLE onceflow_runs (
     job_id text NOT NULL,
     run integer NOT NULL,
@@ -57,6 +57,11 @@ CREATE TABLE onceflow_runs (
     CONSTRAINT onceflow_runs_archived_check CHECK ((status IS NULL) = (archived_at IS NULL)),
     CONSTRAINT onceflow_runs_steps_check CHECK (jsonb_typeof(steps) = 'array')
 );
+
+-- Retention deletes the earlier runs past the job-id retention (an id reused again
+-- and again keeps a live instance: store/writes/maintenance.py).
+CREATE INDEX onceflow_runs_finished_idx ON onceflow_runs (finished_at)
+    WHERE status IS NOT NULL;
 
 COMMENT ON TABLE onceflow_runs IS
     'The numbered runs of a reused job id (id_reuse): each finished run''s outcome and steps.';
