@@ -410,3 +410,30 @@ def test_retention_removes_earlier_runs_past_it(db):
     assert [r.run for r in runs(db, "rp_a")] == [2], "run 1's history outlived retention"
     assert pruned["earlier_runs"] == 1
     assert instance(db, "rp_a").run == 2
+
+
+def test_describe_shows_the_current_run_submission(db):
+    """describe names run 2's submission (its request, time and record), not run 1's;
+    run 1's stays in its earlier run's entry."""
+
+    def sent(params, request_id, offset):
+        env = JobEnvelope("rd_a", wf.AFTER_FAILURE, params, request_id=request_id)
+        return Delivery(
+            env,
+            "t",
+            0,
+            offset,
+            version=REGISTRY.version(wf.AFTER_FAILURE),
+            id_reuse=REGISTRY.id_reuse(wf.AFTER_FAILURE),
+        )
+
+    create_instances(db, [sent({"attempt": "a"}, "req_one", 7001)])
+    control.terminate(db, wf.AFTER_FAILURE, "rd_a")
+    again = sent({"attempt": "b"}, "req_two", 7002)
+    assert create_instances(db, [again]).new_runs == ["rd_a"]
+    view = describe_instance(db, "rd_a")
+    assert view is not None and view.run == 2
+    assert (view.request_id, view.source) == ("req_two", "t/0@7002"), "run 1's submission"
+    assert view.submitted_at == again.envelope.submitted_at
+    [one] = view.earlier_runs
+    assert one.source == "t/0@7001"

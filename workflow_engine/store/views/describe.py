@@ -193,8 +193,14 @@ class InstanceView:
 _DESCRIBE_SQL = sa.text(
     f"""
 SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
-       i.finished_at, i.error, i.result, j.request_id, j.submitted_at,
-       j.source_topic || '/' || j.source_partition || '@' || j.source_offset AS source,
+       i.finished_at, i.error, i.result,
+       -- a run after the first (id reuse): the submission that started it
+       CASE WHEN cr.run IS NULL THEN j.request_id ELSE cr.request_id END AS request_id,
+       CASE WHEN cr.run IS NULL THEN j.submitted_at ELSE cr.submitted_at END AS submitted_at,
+       CASE WHEN cr.run IS NULL
+            THEN j.source_topic || '/' || j.source_partition || '@' || j.source_offset
+            ELSE cr.source_topic || '/' || cr.source_partition || '@' || cr.source_offset
+       END AS source,
        dd.duplicates, dd.redeliveries, dd.mismatches,
        i.restart_count,
        dd.workflow_mismatches,
@@ -215,6 +221,7 @@ SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
        i.deadline, CASE WHEN i.started_at IS NULL THEN i.start_by END AS start_by,
        i.timeout_kind, i.singleton_key, i.skipped_for, i.cancelled_by, i.run
 FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
+LEFT JOIN onceflow_runs cr ON cr.job_id = i.job_id AND cr.run = i.run AND i.run > 1
 -- One pass over the job id's duplicate rows, in its one partition (job_received_at,
 -- migration 0012): planning a partitioned table costs per partition and per reference.
 LEFT JOIN LATERAL (
