@@ -437,3 +437,28 @@ def test_describe_shows_the_current_run_submission(db):
     assert view.submitted_at == again.envelope.submitted_at
     [one] = view.earlier_runs
     assert one.source == "t/0@7001"
+
+
+def test_an_operator_retry_meanwhile_makes_the_resubmission_a_duplicate(db):
+    """A worker reads run 1 terminated, then is paused before its lock; an operator's
+    retry queues run 1 again meanwhile: the worker, once let go, decides on the locked
+    row (live) and collapses as a duplicate, run 1 goes on with its history."""
+    submit(db, wf.AFTER_FAILURE, "ro_a", {"attempt": "first"})
+    control.terminate(db, wf.AFTER_FAILURE, "ro_a")
+    point = failpoints.arm("reuse.after_read", "pause", job_id="ro_a")
+    results = {}
+    paused = threading.Thread(
+        target=lambda: results.update(a=submit(db, wf.AFTER_FAILURE, "ro_a", {"attempt": "b"}))
+    )
+    paused.start()
+    try:
+        assert point.reached.wait(10)
+        assert control.retry(db, wf.AFTER_FAILURE, "ro_a").status == InstanceStatus.QUEUED
+    finally:
+        point.release()
+        paused.join(10)
+    assert (results["a"].new_runs, results["a"].duplicates) == ([], 1)
+    assert results["a"].id_reuse_decisions == [(wf.AFTER_FAILURE, "live")]
+    row = instance(db, "ro_a")
+    assert (row.run, row.status, row.params) == (1, "queued", {"attempt": "first"})
+    assert runs(db, "ro_a") == []
