@@ -18,7 +18,9 @@ is ``run_at`` (an RFC 3339 time with its offset) or ``start_after`` (seconds aft
 are the instance's searchable attributes (:func:`check_attributes` has their bounds),
 refused whole, never trimmed, when they do not fit. A start limit
 is ``start_within`` (seconds, more than 0 and at most a year): an instance not started
-by its start time + that long is errored as ``start_timeout``. The README's "The
+by its start time + that long is errored as ``start_timeout``. ``id_reuse`` (``never``,
+``after_failure``, ``after_completion``: :func:`id_reuse_policy`) is the job's own id
+reuse policy, at most as loose as its workflow's (the worker's check). The README's "The
 record format" section is the documentation of this module, including the rule for
 evolving ``v``.
 
@@ -43,7 +45,7 @@ import orjson
 from onceflow.errors import InvalidEnvelope
 from onceflow.exact_numbers import exact_loads, first_inexact, floats_in, may_be_inexact
 from onceflow.ids import is_valid_job_id
-from onceflow.vocabulary import DeadLetterReason, Origin
+from onceflow.vocabulary import DeadLetterReason, IdReuse, Origin
 from onceflow.webhooks import callback_problem
 
 #: The newest record format this code reads and the one it writes. Records without
@@ -140,6 +142,9 @@ class JobEnvelope:
     #: Errored as ``start_timeout`` if not started this many seconds after its start
     #: time; None: the workflow's own ``start_within``, if any.
     start_within: float | None = None
+    #: The job's id reuse policy (only as strict as its workflow's, or stricter); None:
+    #: the workflow's (``@workflow(id_reuse=)``).
+    id_reuse: IdReuse | None = None
 
     @property
     def origin(self) -> Origin:
@@ -171,6 +176,8 @@ class JobEnvelope:
             doc["attributes"] = self.attributes
         if self.start_within is not None:
             doc["start_within"] = self.start_within
+        if self.id_reuse is not None:
+            doc["id_reuse"] = str(self.id_reuse)
         return orjson.dumps(doc)
 
     def headers(self) -> KafkaHeaders:
@@ -239,6 +246,7 @@ class JobEnvelope:
             run_at=run_at,
             attributes=attributes,
             start_within=start_within,
+            id_reuse=_id_reuse(doc.get("id_reuse")),
         )
 
 
@@ -405,6 +413,28 @@ def _callback(value: Any) -> str | None:
     if problem is not None:
         raise InvalidEnvelope(DeadLetterReason.INVALID_CALLBACK, problem[1])
     return str(value)
+
+
+def _id_reuse(value: Any) -> IdReuse | None:
+    try:
+        return id_reuse_policy(value)
+    except ValueError as exc:
+        raise InvalidEnvelope(DeadLetterReason.INVALID_ID_REUSE, str(exc)) from None
+
+
+def id_reuse_policy(value: Any) -> IdReuse | None:
+    """An id reuse policy by its name (None: not given), or ValueError saying why not:
+    the one rule of ingest's 422, the worker's dead letter (``invalid_id_reuse``) and
+    ``@workflow(id_reuse=)``'s check at registration."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value in _ID_REUSE_NAMES:
+        return IdReuse(value)
+    names = ", ".join(p.value for p in IdReuse)
+    raise ValueError(f"invalid id_reuse {str(value)[:40]!r}: one of {names}")
+
+
+_ID_REUSE_NAMES = frozenset(p.value for p in IdReuse)
 
 
 def start_time(run_at: Any, start_after: Any, submitted_at: datetime) -> datetime | None:

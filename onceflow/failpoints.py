@@ -59,6 +59,7 @@ POINTS: dict[str, str] = {
     "webhooks.before_record": "webhook dispatcher: an attempt sent, its outcome not recorded",
     "singleton.after_decide": "worker: a singleton key locked and its live instances read,"
     " the decision not committed",
+    "reuse.after_read": "worker: finished runs of resubmitted job ids read, not yet locked",
     "operations.after_lock": "operator action: the instance locked, its status read, not changed",
 }
 

@@ -150,6 +150,8 @@ class DeadLetterReason(StrEnum):
     INVALID_CALLBACK = "invalid_callback"  # a job's callback is not an endpoint name
     UNKNOWN_CALLBACK = "unknown_callback"  # ... or names no configured endpoint
     INVALID_ATTRIBUTES = "invalid_attributes"  # attributes out of bounds, or on a task
+    # id_reuse: not a policy's name, on a task, or looser than its workflow's
+    INVALID_ID_REUSE = "invalid_id_reuse"
 
 
 class Origin(StrEnum):
@@ -345,6 +347,50 @@ class SingletonDecision(StrEnum):
     ACTIVE = "active"  # no other live instance of its key: it is the one
     SKIPPED = "skipped"
     CANCELLED = "cancelled"  # an older live instance it superseded (one per older one)
+
+
+class IdReuse(StrEnum):
+    """``@workflow(id_reuse=...)`` and a job's ``id_reuse``: whether a new submission of
+    a job id whose instance has finished starts a new run of it (README, "Flow
+    control"). Temporal's WorkflowIdReusePolicy: RejectDuplicate, AllowDuplicateFailedOnly,
+    AllowDuplicate."""
+
+    NEVER = "never"  # a job id runs once (within retention): every resubmission collapses
+    AFTER_FAILURE = "after_failure"  # a new run after a run that ended in FAILED_STATUSES
+    AFTER_COMPLETION = "after_completion"  # a new run after any finished run
+
+    @property
+    def strictness(self) -> int:
+        """Higher is stricter: a job may ask for its workflow's policy or a stricter one."""
+        return _ID_REUSE_STRICTNESS[self]
+
+    @property
+    def reusable(self) -> frozenset[InstanceStatus]:
+        """The statuses of a finished run that a new submission may follow."""
+        if self is IdReuse.AFTER_FAILURE:
+            return FAILED_STATUSES
+        if self is IdReuse.AFTER_COMPLETION:
+            return TERMINAL_STATUSES
+        return frozenset()
+
+
+_ID_REUSE_STRICTNESS = {IdReuse.AFTER_COMPLETION: 0, IdReuse.AFTER_FAILURE: 1, IdReuse.NEVER: 2}
+
+#: A run that ended in one of these failed (``after_failure`` may start a new run):
+#: errored (a step's failure, or a time limit: start_timeout, timed_out - both are
+#: ``errored`` with a ``timeout_kind``) or terminated (an operator, a parent's close
+#: policy, a singleton cancel_in_progress). ``skipped`` is not a failure: it never ran
+#: because another instance of its key was live (only ``after_completion`` follows it).
+FAILED_STATUSES = frozenset({InstanceStatus.ERRORED, InstanceStatus.TERMINATED})
+
+
+class IdReuseDecision(StrEnum):
+    """What creating decided for a resubmission of a job id under a reuse policy (the
+    ``onceflow_streams_id_reuse_total`` counter's ``decision`` label)."""
+
+    NEW_RUN = "new_run"  # its finished run allowed it: run N+1 started
+    LIVE = "live"  # the run is not finished: a duplicate, as always
+    REFUSED = "refused"  # finished, but not in a way the policy follows: a duplicate
 
 
 class WebhookStatus(StrEnum):

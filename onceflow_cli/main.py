@@ -270,7 +270,7 @@ def _db():
     help="An instance filter instead of the options above, e.g."
     " 'workflow=order-workflow,status=errored,created_before=2026-11-30T10:00:00Z,prefix=ord_'"
     " (keys: workflow, status, created_from, created_to, job_id, prefix, has_duplicates,"
-    " payload_mismatch, error_contains, version, attr.<key>).",
+    " payload_mismatch, error_contains, version, scheduled, reused, attr.<key>).",
 )
 @click.option(
     "--sort", default="created", type=click.Choice(["created", "updated"]), help="Newest first by."
@@ -308,9 +308,9 @@ def instances_list(
 
 # What each form of ``instances list`` prints of a row: its JSON keys and its table line.
 _BRIEF: tuple[tuple[str, ...], Callable[[InstanceRow], str]] = (
-    ("job_id", "workflow", "status", "created_at", "finished_at", "version", "attributes"),
+    ("job_id", "workflow", "status", "created_at", "finished_at", "version", "attributes", "run"),
     lambda row: (
-        f"{row.job_id}\t{row.workflow}\t{row.status}\t{row.created_at:%Y-%m-%d %H:%M:%S}"
+        f"{row.job_id}\t{row.workflow}\t{_status(row)}\t{row.created_at:%Y-%m-%d %H:%M:%S}"
         f"\t{row.version or '-'}"
     ),
 )
@@ -325,13 +325,19 @@ _FILTERED: tuple[tuple[str, ...], Callable[[InstanceRow], str]] = (
         "mismatches",
         "error",
         "attributes",
+        "run",
     ),
     lambda row: (
-        f"{row.job_id}\t{row.workflow}\t{row.status}"
+        f"{row.job_id}\t{row.workflow}\t{_status(row)}"
         f"\t{row.created_at:%Y-%m-%d %H:%M:%S}\t{row.duplicates} dup"
         f"\t{row.mismatches} mismatch\t{row.error or '-'}"
     ),
 )
+
+
+def _status(row: InstanceRow) -> str:
+    """A listed instance's status, with its run once an id reuse started a second."""
+    return str(row.status) if row.run == 1 else f"{row.status} (run {row.run})"
 
 
 def _control(op: str, workflow: str, job_id: str) -> None:

@@ -45,6 +45,18 @@ def _time_limits(view: InstanceView) -> list[str]:
     return lines
 
 
+def _runs(view: InstanceView) -> list[str]:
+    """``run 2 of job X`` and each earlier run's outcome (id reuse), once there are runs."""
+    if view.run == 1:
+        return []
+    lines = [f"{view.run_note} (earlier runs kept: id reuse)"]
+    for run in view.earlier_runs:
+        lines.append(f"    {run.summary}")
+        if run.error:
+            lines.append(f"        error: {run.error}")
+    return lines
+
+
 def render_instance(view: InstanceView) -> str:
     lines = [
         f"job id: {view.job_id}",
@@ -64,7 +76,7 @@ def render_instance(view: InstanceView) -> str:
         lines.append(f"attributes: {shown}")
     if view.scheduled_start:
         lines.append(f"scheduled to start at: {view.scheduled_start.isoformat()}")
-    lines += _time_limits(view)
+    lines += _runs(view) + _time_limits(view)
     if view.singleton_note:
         lines.append(view.singleton_note)
     if view.waiting_for_engine:

@@ -40,13 +40,22 @@ class JobResult:
     error: str | None = None
     location: str | None = None
     body: Any = None
+    #: The job id's run the answer is about (id reuse: README, Flow control).
+    run: int = 1
 
     @classmethod
     def of(cls, job_id: str, response: httpx.Response) -> JobResult:
         body = response.json()
         if response.status_code == 200:
             return cls(
-                job_id, True, body["status"], body.get("result"), body.get("error"), None, body
+                job_id,
+                True,
+                body["status"],
+                body.get("result"),
+                body.get("error"),
+                None,
+                body,
+                body.get("run", 1),
             )
         location = response.headers.get("Location", f"/v1/jobs/{job_id}")
         return cls(job_id, False, body.get("status"), location=location, body=body)
@@ -56,7 +65,9 @@ class IngestClient:
     """``IngestClient("http://127.0.0.1:8080").submit([{"workflow": ..., "params": ...}])``.
 
     ``submit`` retries a 503 (Kafka not acknowledging) after its ``Retry-After``, up to
-    ``retries`` times: resubmitting is safe because a job id never makes two workflows.
+    ``retries`` times: resubmitting is safe because a job id never makes two workflows
+    at once (under an id reuse policy, a resubmission that lands after its run failed
+    starts the next run, as the policy asks).
     Jobs without an id get one assigned here, so that a retry resubmits the same ids.
     """
 

@@ -15,6 +15,7 @@ from onceflow.envelope import (
     PRIORITY_HIGHEST,
     PRIORITY_LOWEST,
     check_attributes,
+    id_reuse_policy,
     start_time,
     time_limit,
 )
@@ -84,6 +85,14 @@ class JobIn(BaseModel):
         " seconds after its start time (more than 0, at most a year); overrides the"
         " workflow's own start_within (README, Time limits).",
         examples=[300],
+    )
+    id_reuse: str | None = Field(
+        default=None,
+        max_length=32,
+        description="This submission's id reuse policy: never, after_failure or"
+        " after_completion; at most as loose as the workflow's own (README, Flow control)."
+        " Whether a resubmission of a finished job id starts a new run of it.",
+        examples=["never"],
     )
 
 
@@ -345,6 +354,8 @@ def _check_job(
         _check_attributes(job.attributes, index)
     if job.start_within is not None:
         _check_start_within(job, index)
+    if job.id_reuse is not None:
+        _check_id_reuse(job, index)
     if known_types is not None and job.workflow not in known_types:
         field = _field(index, "workflow")
         raise RequestError(
@@ -402,6 +413,15 @@ def _check_start_within(job: JobIn, index: int | None) -> None:
     except ValueError as exc:
         field = _field(index, "start_within")
         raise _refusal(field, "invalid_request", f"{field}: {exc}", exc) from None
+
+
+def _check_id_reuse(job: JobIn, index: int | None) -> None:
+    """The envelope's rule (:func:`onceflow.envelope.id_reuse_policy`), as a 422."""
+    try:
+        id_reuse_policy(job.id_reuse)
+    except ValueError as exc:
+        field = _field(index, "id_reuse")
+        raise _refusal(field, "invalid_id_reuse", f"{field}: {exc}", exc) from None
 
 
 def _refusal(field: str, code: str, message: str, exc: ValueError) -> RequestError:

@@ -323,4 +323,5 @@ def outcome_of_event(job_id: str, data: dict[str, Any] | None) -> JobOutcome | N
         error if isinstance(error, str) or error is None else str(error),
         data.get("version"),
         finished,
+        run=data["run"] if isinstance(data.get("run"), int) else 1,
     )

@@ -41,6 +41,7 @@ from streams.metrics import (
     DB_LATENCY,
     DB_RETRIES,
     DUPLICATES,
+    ID_REUSE,
     IN_FLIGHT,
     MISMATCHES,
     RECORDS,
@@ -247,7 +248,10 @@ class BatchHandler:
         MISMATCHES.inc(result.mismatches)
         for workflow, decision in result.singleton_decisions:
             SINGLETON_DECISIONS.labels(workflow, decision).inc()
+        for workflow, decision in result.id_reuse_decisions:
+            ID_REUSE.labels(workflow, decision).inc()
         first = _first_by_job(chunk)
+        new_runs = set(result.new_runs)
         for job_id in result.created_ids:
             d = first[job_id]
             what = "instance" if d.kind == JobKind.WORKFLOW else "task_run"
@@ -261,6 +265,7 @@ class BatchHandler:
                     "topic": d.topic,
                     "partition": d.partition,
                     "offset": d.offset,
+                    "new_run": job_id in new_runs,
                 },
             )
         mismatched = set(result.mismatch_ids)

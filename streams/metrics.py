@@ -21,6 +21,12 @@ SINGLETON_DECISIONS = Counter(
     " (SingletonDecision: active, skipped, cancelled)",
     ["workflow", "decision"],
 )
+ID_REUSE = Counter(
+    "onceflow_streams_id_reuse_total",
+    "Resubmissions of an existing job id under an id reuse policy other than never, by"
+    " workflow and decision (IdReuseDecision: new_run, live, refused)",
+    ["workflow", "decision"],
+)
 DEAD_LETTERED = Counter(
     "onceflow_streams_dead_lettered_total",
     "Records sent to the dead-letter topic, by reason code (DeadLetterReason)",

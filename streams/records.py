@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from onceflow.envelope import JobEnvelope, KafkaHeaders
 from onceflow.errors import InvalidEnvelope
 from onceflow.ids import is_valid_job_id
-from onceflow.vocabulary import DeadLetterReason, JobKind
+from onceflow.vocabulary import DeadLetterReason, IdReuse, JobKind
 from onceflow.webhooks import callback_problem
 from workflow_engine.model import Delivery, Registry
 
@@ -80,7 +80,7 @@ def classify(
             dead.append(DeadLetter.of(rec, DeadLetterReason.UNKNOWN_TYPE, detail, env.job_id))
             continue
         workflow = kind == JobKind.WORKFLOW
-        refused = _callback_refusal(env, workflow, callbacks) or _task_refusal(env, workflow)
+        refused = _refusal(env, workflow, registry, callbacks)
         if refused is not None:
             dead.append(DeadLetter.of(rec, *refused, env.job_id))
             continue
@@ -102,9 +102,22 @@ def classify(
                 start_after=delay,
                 start_within=within,
                 singleton=registry.singleton(env.workflow) if workflow else None,
+                id_reuse=env.id_reuse or registry.id_reuse(env.workflow),
             )
         )
     return deliveries, dead
+
+
+def _refusal(
+    env: JobEnvelope, workflow: bool, registry: Registry, callbacks: frozenset[str]
+) -> tuple[DeadLetterReason, str] | None:
+    """Why a decoded job cannot be created here (its callback, a task's options, its id
+    reuse policy), or None."""
+    return (
+        _callback_refusal(env, workflow, callbacks)
+        or _task_refusal(env, workflow)
+        or _id_reuse_refusal(env, registry.id_reuse(env.workflow) if workflow else None)
+    )
 
 
 def _callback_refusal(
@@ -135,6 +148,26 @@ def _task_refusal(env: JobEnvelope, workflow: bool) -> tuple[DeadLetterReason, s
     if env.attributes:
         detail = f"{env.workflow!r} is a task: attributes are for workflow instances"
         return DeadLetterReason.INVALID_ATTRIBUTES, detail
+    return None
+
+
+def _id_reuse_refusal(
+    env: JobEnvelope, declared: IdReuse | None
+) -> tuple[DeadLetterReason, str] | None:
+    """A job's ``id_reuse`` may only be as strict as its workflow's or stricter: a looser
+    one is refused, not narrowed (nothing submitted is silently changed); a task has no
+    instance to run again."""
+    if env.id_reuse is None:
+        return None
+    if declared is None:
+        detail = f"{env.workflow!r} is a task: id_reuse is for workflow instances"
+        return DeadLetterReason.INVALID_ID_REUSE, detail
+    if env.id_reuse.strictness < declared.strictness:
+        detail = (
+            f"id_reuse {env.id_reuse.value!r} is looser than workflow {env.workflow!r}'s"
+            f" {declared.value!r}: a job may only ask for its workflow's or a stricter one"
+        )
+        return DeadLetterReason.INVALID_ID_REUSE, detail
     return None
 
 

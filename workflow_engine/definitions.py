@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
-from onceflow.envelope import MAX_START_DELAY_SECONDS, time_limit
+from onceflow.envelope import MAX_START_DELAY_SECONDS, id_reuse_policy, time_limit
 from onceflow.instance_events import MAX_EVENT_TYPE_CHARS  # an awaited type: what may be sent
 from onceflow.ticks import Schedule
+from onceflow.vocabulary import IdReuse
 from workflow_engine.model import (
     RateLimit,
     Registry,
@@ -150,15 +151,15 @@ def workflow(
     start_within: float | timedelta | None = None,
     execution_timeout: float | timedelta | None = None,
     singleton: Singleton | None = None,
+    id_reuse: str = "never",
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register an async function ``(ctx, params)`` as the workflow called ``name``.
 
     ``concurrency`` caps how many of its instances run at once across all engines;
-    the rest stay queued. Sleeping and waiting instances do not count.
-
-    ``version`` names this definition (``"2026-11-30"``); without it, the version is a
-    fingerprint of the function's source (:mod:`workflow_engine.versions`); an instance
-    runs only on engines that have the version it was created with.
+    the rest stay queued (sleeping and waiting ones do not count). ``id_reuse``: whether
+    a finished job id may run again (:func:`_id_reuse`). ``version`` names this
+    definition (``"2026-11-30"``; default: a fingerprint of the function's source,
+    :mod:`workflow_engine.versions`); an instance runs only on engines that have it.
 
     ``schedule`` starts an instance per tick: a 5-field cron expression read in
     ``timezone``, a ``timedelta``, or a :class:`~onceflow.ticks.Schedule` with its
@@ -183,15 +184,30 @@ def workflow(
     declared = _declared_schedule(name, schedule, timezone)
     limits = (concurrency, concurrency_key, max_per_key, hold_while_waiting, rate_limit)
     flow = flow_control(*limits, fairness_key, policy := singleton_policy(singleton))
-    subscriptions = _subscriptions(webhooks)
+    subscriptions, reuse = _subscriptions(webhooks), _id_reuse(name, id_reuse)
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         given = check_version(version) if version is not None else fingerprint(fn)
         options = (inline_steps, flow, declared, subscriptions)
-        REGISTRY.add_workflow(WorkflowDef(fn, name, given, *options, *timing, policy))
+        REGISTRY.add_workflow(WorkflowDef(fn, name, given, *options, *timing, policy, reuse))
         return fn
 
     return register
+
+
+def _id_reuse(workflow: str, value: str) -> IdReuse:
+    """``@workflow(id_reuse=)`` (:class:`~onceflow.vocabulary.IdReuse`), checked when the
+    module loads (the envelope's rule): whether a new submission of a job id whose
+    instance has finished starts a new run of it: ``never`` (a duplicate, the default),
+    ``after_failure`` (after an errored or terminated run), ``after_completion`` (after
+    any finished run); the earlier runs are kept, numbered (README, Flow control)."""
+    try:
+        policy = id_reuse_policy(value)
+    except ValueError as exc:
+        raise ValueError(f"workflow {workflow!r}: {exc}") from None
+    if policy is None:
+        raise ValueError(f"workflow {workflow!r}: id_reuse must be named (default 'never')")
+    return policy
 
 
 def _subscriptions(

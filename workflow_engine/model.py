@@ -18,6 +18,7 @@ from onceflow.errors import ConfigurationError, OnceflowError
 from onceflow.ticks import TickSpec, check_name
 from onceflow.vocabulary import (
     CatchupPolicy,
+    IdReuse,
     JobKind,
     Origin,
     OverlapPolicy,
@@ -260,6 +261,9 @@ class Delivery:
     # The workflow's singleton policy when creating one takes a decision (skip,
     # cancel_in_progress: ``Registry.singleton``); None: no decision at creation.
     singleton: SingletonPolicy | None = None
+    # The id reuse policy this delivery is created under: its own ``id_reuse`` if it
+    # gives one (the worker checked it is not looser), else its workflow's.
+    id_reuse: IdReuse = IdReuse.NEVER
 
 
 @dataclass(slots=True)
@@ -286,6 +290,12 @@ class CreateResult:
     # one per created singleton instance (active or skipped) and one per older instance
     # it cancelled; the worker counts them (onceflow_streams_singleton_decisions_total).
     singleton_decisions: list[tuple[str, str]] = field(default_factory=list)
+    # Id reuse decisions taken for resubmissions of finished-or-not job ids under a
+    # policy other than never: (workflow, decision) pairs (IdReuseDecision), counted by
+    # the worker (onceflow_streams_id_reuse_total); ``new_runs`` are the started runs'
+    # job ids, also in ``created_ids`` (a new run is a creation).
+    id_reuse_decisions: list[tuple[str, str]] = field(default_factory=list)
+    new_runs: list[str] = field(default_factory=list)
 
     def add(self, other: CreateResult) -> None:
         self.created += other.created
@@ -300,6 +310,8 @@ class CreateResult:
         self.workflow_mismatch_ids += other.workflow_mismatch_ids
         self.already_recorded += other.already_recorded
         self.singleton_decisions += other.singleton_decisions
+        self.id_reuse_decisions += other.id_reuse_decisions
+        self.new_runs += other.new_runs
 
 
 # --- history --------------------------------------------------------------------------
@@ -365,6 +377,7 @@ class WorkflowDef:
     start_within: float | None = None
     execution_timeout: float | None = None
     singleton: SingletonPolicy | None = None  # ``@workflow(singleton=...)``
+    id_reuse: IdReuse = IdReuse.NEVER  # ``@workflow(id_reuse=...)``
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,6 +469,11 @@ class Registry:
             for name, d in self._workflows.items()
             if d.execution_timeout is not None
         }
+
+    def id_reuse(self, name: str) -> IdReuse:
+        """Workflow ``name``'s id reuse policy (``never`` when not registered)."""
+        definition = self._workflows.get(name)
+        return definition.id_reuse if definition is not None else IdReuse.NEVER
 
     def singleton(self, name: str) -> SingletonPolicy | None:
         """The singleton policy creating an instance of ``name`` decides on (skip,

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Depends, Response
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from onceflow.envelope import JobEnvelope
+from onceflow.envelope import JobEnvelope, id_reuse_policy
 from onceflow.ids import new_job_id, new_request_id, new_traceparent
 from onceflow.logs import EventLog
 from onceflow.settings import Settings
@@ -263,6 +263,7 @@ def _envelopes(jobs: list[JobIn], request_id: str) -> tuple[list[JobEnvelope], i
                 job_start(job, now),
                 job.attributes or {},
                 job.start_within,
+                id_reuse_policy(job.id_reuse),
             )
         )
     return envelopes, len(jobs) - len(envelopes)

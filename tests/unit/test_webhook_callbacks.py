@@ -127,7 +127,7 @@ def test_deliveries_follow_subscriptions_kinds_and_callbacks():
         parse_event(*_event("instance.complete", "j2", 1)),
         parse_event(*_event("instance.complete", "gone", 1)),
     ]
-    callbacks = {"j1": "billing", "j2": "retired"}
+    callbacks = {("j1", None): "billing", ("j2", None): "retired"}
     rows = deliveries_for([e for e in events if e], callbacks, registry, endpoints)
     assert [(r.event_id, r.endpoint, r.dead_reason) for r in rows] == [
         ("j1:2", "audit", None),  # the workflow's subscription: the endpoint's kinds

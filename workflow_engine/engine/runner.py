@@ -456,6 +456,7 @@ class EngineRunner:
                 "job_id": inst.job_id,
                 "workflow": inst.workflow,
                 "claim": inst.claim_count,
+                "run": inst.run,
             },
         )
         try:
@@ -550,6 +551,7 @@ class EngineRunner:
             extra={
                 "event": f"instance.{wait.status}",
                 "job_id": inst.job_id,
+                "run": inst.run,
                 "wake_at": wait.wake_at,
                 "delay": wait.delay,
                 "runnable": runnable,  # what it waits for was already there
@@ -593,6 +595,7 @@ class EngineRunner:
             extra={
                 "event": f"instance.{action or seen}",
                 "job_id": inst.job_id,
+                "run": inst.run,
                 "status": new_status,
             },
         )
@@ -630,6 +633,7 @@ class EngineRunner:
                 "event": f"instance.{status}",
                 "job_id": inst.job_id,
                 "workflow": inst.workflow,
+                "run": inst.run,
                 "error": error,
             },
         )

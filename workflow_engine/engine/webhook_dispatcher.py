@@ -273,7 +273,7 @@ class WebhookDispatcher(Service):
 
     def _store(self, events: list[LifecycleEvent]) -> tuple[int, int]:
         with self.db.begin() as conn:
-            callbacks = webhook_callbacks(conn, [e.job_id for e in events])
+            callbacks = webhook_callbacks(conn, [(e.job_id, e.run) for e in events])
             rows = deliveries_for(events, callbacks, self.registry, self.endpoints)
             created = add_webhook_deliveries(conn, rows, self.config.retry_seconds)
         return created, len({r.event_id for r in rows})

@@ -32,6 +32,7 @@ class LifecycleEvent:
     workflow: str
     sequence: int
     body: str  # the webhook payload, exactly as it will be sent and signed
+    run: int | None = None  # the run the event is of (id reuse); None: not named
 
 
 def _headers(headers: Iterable[tuple[str, Any]] | None) -> dict[str, str]:
@@ -62,14 +63,17 @@ def parse_event(
         return None
     try:
         sequence = int(h.get("ce_sequence", ""))
-        if value is None or not isinstance(orjson.loads(value), dict):
+        if value is None or not isinstance(doc := orjson.loads(value), dict):
             return None
         data = value.decode()
     except (ValueError, UnicodeDecodeError):
         return None
+    run = doc.get("run")
+    if not isinstance(run, int) or isinstance(run, bool) or run < 1:
+        run = None
     head = orjson.dumps({"type": ce_type, "timestamp": h.get("ce_time", "")}).decode()
     body = f'{head[:-1]},"data":{data}}}'
-    return LifecycleEvent(event_id, kind, job_id, workflow, sequence, body)
+    return LifecycleEvent(event_id, kind, job_id, workflow, sequence, body, run)
 
 
 def _wanted(
@@ -98,19 +102,21 @@ def _wanted(
 
 def deliveries_for(
     events: Sequence[LifecycleEvent],
-    callbacks: Mapping[str, str | None],
+    callbacks: Mapping[tuple[str, int | None], str | None],
     registry: Registry,
     endpoints: Mapping[str, WebhookEndpoint],
 ) -> list[NewDelivery]:
     """The deliveries ``events`` make. ``callbacks``: each existing instance's callback
-    by job id (an event of an instance not in it delivers nothing: it is gone). An
+    by (job id, run), the run's own (an event of an instance not in it delivers
+    nothing: it is gone). An
     endpoint no longer configured gets its delivery created dead (visible, re-drivable
     once it is configured again)."""
     rows: list[NewDelivery] = []
     for event in events:
-        if event.job_id not in callbacks:
+        key = (event.job_id, event.run)
+        if key not in callbacks:
             continue
-        for name in _wanted(registry, endpoints, event, callbacks[event.job_id]):
+        for name in _wanted(registry, endpoints, event, callbacks[key]):
             dead = None if name in endpoints else WebhookDeadReason.UNKNOWN_ENDPOINT
             rows.append(
                 NewDelivery(

@@ -72,13 +72,22 @@ def mark_running(source: str) -> str:
 #: (``run_after <= NOW``; a test clock's ``:now``): a sleep capped at its deadline is due
 #: exactly when it is overdue, never due and not overdue (replayed into the same capped
 #: sleep, runnable at once, claimed again until the server's clock caught up).
+#: A run after the first (id reuse) is the submission that started it: its own
+#: submitted_at and traceparent (``onceflow_runs``), one key probe per such claim.
+_RUN_SUBMISSION = (
+    "CASE WHEN i.run > 1 THEN (SELECT r.{c} FROM onceflow_runs r"
+    " WHERE r.job_id = i.job_id AND r.run = i.run) ELSE j.{c} END AS {c}"
+)
 CLAIMED_COLUMNS = (
-    "i.job_id, i.workflow, i.params, i.created_at, j.submitted_at, i.claim_count,"
-    f" j.traceparent, i.version, i.deadline, coalesce(i.deadline <= {NOW}, false) AS overdue"
+    "i.job_id, i.workflow, i.params, i.created_at,"
+    f" {_RUN_SUBMISSION.format(c='submitted_at')}, i.claim_count,"
+    f" {_RUN_SUBMISSION.format(c='traceparent')}, i.version, i.deadline,"
+    f" coalesce(i.deadline <= {NOW}, false) AS overdue,"
+    " i.run"
 )
 CLAIMED_OUT = (
     "job_id, workflow, params, created_at, submitted_at, claim_count, traceparent, version,"
-    " deadline, overdue"
+    " deadline, overdue, run"
 )
 
 #: The CTE body writing ``instance.started`` for the first claims among ``claimed``.

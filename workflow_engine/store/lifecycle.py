@@ -58,7 +58,7 @@ def outbox_insert(
 ) -> str:
     """The body of a CTE that writes one event for each row of the CTE ``source``
     (alias ``e``: its columns ``job_id``, ``workflow``, ``version``, ``seq``, ``status``,
-    the instance's after the change), when the session writes events.
+    ``run``, the instance's after the change), when the session writes events.
 
     ``kind``: the SQL of the kind without its prefix (``'step.completed'`` or a CASE);
     ``extra``: the SQL of the jsonb object the kind adds; ``where``: which rows of
@@ -71,7 +71,8 @@ def outbox_insert(
     SELECT e.job_id || ':' || e.seq, e.job_id, '{EVENT_TYPE_PREFIX}' || {kind}, e.seq,
            e.workflow,
            onceflow_event_data(e.job_id, e.workflow, e.version, e.seq, e.status,
-                               {position}, {extra})
+                               {position},
+                               jsonb_build_object('run', e.run) || coalesce({extra}, '{{}}'::jsonb))
     FROM {source} e {join}
     WHERE {EVENTS_ON} AND ({where})
     ORDER BY e.job_id

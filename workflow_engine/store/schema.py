@@ -76,6 +76,7 @@ PRODUCT = MigrationSet(
         "onceflow_webhook_attempts",
         "onceflow_streams",
         "onceflow_stream_values",
+        "onceflow_runs",
     ),
 )
 

@@ -25,6 +25,21 @@ SELECT t.at, t.event, t.detail, t.layer FROM (
            'webhooks', d.attempts + 1, 1
     FROM onceflow_webhook_deliveries d
     WHERE d.job_id = p_job_id AND d.status = 'dead'
+    UNION ALL
+    SELECT r.finished_at, 'run ' || r.run || ' ended',
+           r.status || coalesce(' (' || r.timeout_kind || ')', '')
+             || coalesce(': ' || r.error, '') || ', '
+             || jsonb_array_length(r.steps) || ' step(s) kept',
+           'engine', r.run, 2
+    FROM onceflow_runs r WHERE r.job_id = p_job_id AND r.status IS NOT NULL
+    UNION ALL
+    SELECT r.created_at, 'run ' || r.run || ' started',
+           'id reuse: a new submission'
+             || coalesce(' from ' || r.source_topic || '/' || r.source_partition
+                         || '@' || r.source_offset, '')
+             || coalesce(', request ' || r.request_id, ''),
+           'streams', r.run, 2
+    FROM onceflow_runs r WHERE r.job_id = p_job_id AND r.run > 1
 ) AS t
 ORDER BY date_trunc('milliseconds', t.at), t.src, t.ord, t.at
 $$;
@@ -223,10 +238,10 @@ CREATE FUNCTION public.onceflow_emit(job_ids text[], kinds text[], extras jsonb[
         UPDATE onceflow_instances i SET event_seq = i.event_seq + c.n
         FROM counts c JOIN locked l USING (job_id)
         WHERE i.job_id = c.job_id
-        RETURNING i.job_id, i.workflow, i.version, i.status, i.event_seq - c.n AS base
+        RETURNING i.job_id, i.workflow, i.version, i.status, i.run, i.event_seq - c.n AS base
     ),
     numbered AS (
-        SELECT input.*, b.workflow, b.version, b.status,
+        SELECT input.*, b.workflow, b.version, b.status, b.run,
                (b.base + row_number() OVER (PARTITION BY input.job_id ORDER BY input.ord))::int
                    AS seq
         FROM input JOIN bumped b USING (job_id)
@@ -235,7 +250,8 @@ CREATE FUNCTION public.onceflow_emit(job_ids text[], kinds text[], extras jsonb[
         INSERT INTO onceflow_outbox (id, aggregateid, type, seq, workflow, payload)
         SELECT n.job_id || ':' || n.seq, n.job_id, 'dev.onceflow.' || n.kind, n.seq, n.workflow,
                onceflow_event_data(n.job_id, n.workflow, n.version, n.seq, n.status, j.origin,
-                                   j.source_topic, j.source_partition, j.source_offset, n.extra)
+                                   j.source_topic, j.source_partition, j.source_offset,
+                                   jsonb_build_object('run', n.run) || coalesce(n.extra, '{}'))
         FROM numbered n LEFT JOIN onceflow_jobs j USING (job_id)
         ORDER BY n.job_id, n.seq
         RETURNING 1
@@ -387,7 +403,8 @@ $_$;
 
 CREATE TABLE public.onceflow_bulk_operation_items (
     operation_id bigint NOT NULL,
-    job_id text NOT NULL
+    job_id text NOT NULL,
+    run integer DEFAULT 1 NOT NULL
 );
 
 CREATE TABLE public.onceflow_bulk_operations (
@@ -566,6 +583,7 @@ CREATE TABLE public.onceflow_instances (
     singleton_key text,
     skipped_for text,
     cancelled_by text,
+    run integer DEFAULT 1 NOT NULL,
     CONSTRAINT onceflow_instances_attributes_shape CHECK (((jsonb_typeof(attributes) = 'object'::text) AND (octet_length((attributes)::text) <= 4096))),
     CONSTRAINT onceflow_instances_callback_length CHECK ((char_length(callback) <= 64)),
     CONSTRAINT onceflow_instances_finished_check CHECK (((status = ANY (ARRAY['complete'::text, 'errored'::text, 'terminated'::text, 'skipped'::text])) = (finished_at IS NOT NULL))),
@@ -576,6 +594,7 @@ CREATE TABLE public.onceflow_instances (
     CONSTRAINT onceflow_instances_parent_close_policy_check CHECK ((parent_close_policy = ANY (ARRAY['terminate'::text, 'abandon'::text]))),
     CONSTRAINT onceflow_instances_priority_check CHECK (((priority >= 1) AND (priority <= 5))),
     CONSTRAINT onceflow_instances_requested_action_check CHECK ((requested_action = ANY (ARRAY['pause'::text, 'terminate'::text, 'restart'::text]))),
+    CONSTRAINT onceflow_instances_run_check CHECK ((run >= 1)),
     CONSTRAINT onceflow_instances_skipped_check CHECK (((status <> 'skipped'::text) OR (skipped_for IS NOT NULL))),
     CONSTRAINT onceflow_instances_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'sleeping'::text, 'waiting'::text, 'paused'::text, 'complete'::text, 'errored'::text, 'terminated'::text, 'skipped'::text]))),
     CONSTRAINT onceflow_instances_timeout_errored_check CHECK (((timeout_kind IS NULL) OR (status = 'errored'::text))),
@@ -598,6 +617,8 @@ COMMENT ON COLUMN public.onceflow_instances.deadline IS 'The execution deadline 
 COMMENT ON COLUMN public.onceflow_instances.start_by IS 'Errored as start_timeout if not first claimed by then (start_within).';
 
 COMMENT ON COLUMN public.onceflow_instances.timeout_kind IS 'The time limit that errored the instance: start_timeout or timed_out.';
+
+COMMENT ON COLUMN public.onceflow_instances.run IS 'The current run of this job id (1, then one more per id reuse: onceflow_runs).';
 
 CREATE TABLE public.onceflow_jobs (
     job_id text NOT NULL,
@@ -691,6 +712,41 @@ CREATE TABLE public.onceflow_rate_starts (
     job_id text NOT NULL,
     started_at timestamp with time zone DEFAULT now() NOT NULL
 );
+
+CREATE TABLE public.onceflow_runs (
+    job_id text NOT NULL,
+    run integer NOT NULL,
+    source_topic text,
+    source_partition integer,
+    source_offset bigint,
+    request_id text,
+    submitted_at timestamp with time zone,
+    traceparent text,
+    params jsonb NOT NULL,
+    version text,
+    callback text,
+    created_at timestamp with time zone NOT NULL,
+    status text,
+    timeout_kind text,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    result jsonb,
+    error text,
+    steps jsonb DEFAULT '[]'::jsonb NOT NULL,
+    archived_at timestamp with time zone,
+    CONSTRAINT onceflow_runs_archived_check CHECK (((status IS NULL) = (archived_at IS NULL))),
+    CONSTRAINT onceflow_runs_run_check CHECK ((run >= 1)),
+    CONSTRAINT onceflow_runs_status_check CHECK ((status = ANY (ARRAY['complete'::text, 'errored'::text, 'terminated'::text, 'skipped'::text]))),
+    CONSTRAINT onceflow_runs_steps_check CHECK ((jsonb_typeof(steps) = 'array'::text))
+);
+
+COMMENT ON TABLE public.onceflow_runs IS 'The numbered runs of a reused job id (id_reuse): each finished run''s outcome and steps.';
+
+COMMENT ON COLUMN public.onceflow_runs.submitted_at IS 'When the run''s submission was made (the claim''s, for a run after the first).';
+
+COMMENT ON COLUMN public.onceflow_runs.traceparent IS 'The run''s submission''s W3C trace context: the parent of the run''s spans.';
+
+COMMENT ON COLUMN public.onceflow_runs.callback IS 'A finished run''s callback: its events the dispatcher reads late still go there.';
 
 CREATE TABLE public.onceflow_schedule_ticks (
     schedule text NOT NULL,
@@ -930,6 +986,12 @@ ALTER TABLE ONLY public.onceflow_operator_actions
 ALTER TABLE ONLY public.onceflow_outbox
     ADD CONSTRAINT onceflow_outbox_pkey PRIMARY KEY ("position");
 
+ALTER TABLE ONLY public.onceflow_runs
+    ADD CONSTRAINT onceflow_runs_pkey PRIMARY KEY (job_id, run);
+
+ALTER TABLE ONLY public.onceflow_runs
+    ADD CONSTRAINT onceflow_runs_position_key UNIQUE (source_topic, source_partition, source_offset);
+
 ALTER TABLE ONLY public.onceflow_schedule_ticks
     ADD CONSTRAINT onceflow_schedule_ticks_job_key UNIQUE (job_id);
 
@@ -1020,6 +1082,8 @@ CREATE INDEX onceflow_operator_actions_job_idx ON public.onceflow_operator_actio
 
 CREATE INDEX onceflow_rate_starts_idx ON public.onceflow_rate_starts USING btree (workflow, started_at);
 
+CREATE INDEX onceflow_runs_finished_idx ON public.onceflow_runs USING btree (finished_at) WHERE (status IS NOT NULL);
+
 CREATE INDEX onceflow_schedules_due_idx ON public.onceflow_schedules USING btree (next_fire_at) WHERE (NOT paused);
 
 CREATE INDEX onceflow_webhook_deliveries_dead_idx ON public.onceflow_webhook_deliveries USING btree (endpoint, id) WHERE (status = 'dead'::text);
@@ -1046,6 +1110,9 @@ ALTER TABLE ONLY public.onceflow_events
 
 ALTER TABLE ONLY public.onceflow_instances
     ADD CONSTRAINT onceflow_instances_job_fkey FOREIGN KEY (job_id) REFERENCES public.onceflow_jobs(job_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.onceflow_runs
+    ADD CONSTRAINT onceflow_runs_instance_fkey FOREIGN KEY (job_id) REFERENCES public.onceflow_instances(job_id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY public.onceflow_schedule_ticks
     ADD CONSTRAINT onceflow_schedule_ticks_job_fkey FOREIGN KEY (job_id) REFERENCES public.onceflow_jobs(job_id) ON DELETE CASCADE;

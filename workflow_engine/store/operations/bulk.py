@@ -21,7 +21,8 @@ Each instance goes through the per-instance rules of
 :func:`workflow_engine.store.writes.requests.transition`: one an engine is running gets
 a ``requested_action`` (the engine applies it at its next step boundary), the others
 change at once. An instance the action does not apply to (resume of one that is not
-paused, terminate of a finished one, one deleted since the snapshot) is counted as
+paused, terminate of a finished one, one deleted since the snapshot, one whose job id
+started a new run since (id reuse: the snapshot names the run it matched)) is counted as
 ``skipped``, not as an error."""
 
 from __future__ import annotations
@@ -150,8 +151,8 @@ def _snapshot_items(where: str) -> sa.TextClause:
     """The snapshot of the job ids a filter matches; built per call, since ``where`` is
     the filter's own WHERE clause (:func:`~workflow_engine.store.views.listing.where_clause`)."""
     return sa.text(
-        "INSERT INTO onceflow_bulk_operation_items (operation_id, job_id)"
-        f" SELECT :op, i.job_id FROM onceflow_instances i WHERE {where}"
+        "INSERT INTO onceflow_bulk_operation_items (operation_id, job_id, run)"
+        f" SELECT :op, i.job_id, i.run FROM onceflow_instances i WHERE {where}"
     )
 
 
@@ -356,7 +357,7 @@ _LOCK_OPERATION = sa.text(
     " FROM onceflow_bulk_operations WHERE id = :id FOR UPDATE"
 )
 _NEXT_ITEMS = sa.text(
-    "SELECT job_id FROM onceflow_bulk_operation_items"
+    "SELECT job_id, run FROM onceflow_bulk_operation_items"
     " WHERE operation_id = :id AND job_id > :last ORDER BY job_id LIMIT :n"
 )
 # The progress commits with the batch it counts; a short batch was the last one.
@@ -377,10 +378,10 @@ def _run_batch(conn: Connection, op_id: int, batch: int) -> tuple[BulkOperation,
             raise BulkOperationNotFound(f"no bulk operation #{op_id}")
         if head.status != BulkStatus.RUNNING:
             return _read(conn, op_id), False
-        job_ids = list(
-            conn.execute(_NEXT_ITEMS, {"id": op_id, "last": head.last, "n": batch}).scalars()
-        )
-        done, skipped = _apply(conn, BulkAction(head.action), job_ids)
+        next_items = conn.execute(_NEXT_ITEMS, {"id": op_id, "last": head.last, "n": batch})
+        items = {r.job_id: r.run for r in next_items}
+        job_ids = list(items)
+        done, skipped = _apply(conn, BulkAction(head.action), items)
         more = len(job_ids) == batch
         conn.execute(
             _RECORD_BATCH,
@@ -422,20 +423,23 @@ def _fail(conn: Connection, op_id: int, error: str) -> None:
 
 
 _LOCK_INSTANCES = sa.text(
-    "SELECT job_id, status, requested_action FROM onceflow_instances"
+    "SELECT job_id, run, status, requested_action FROM onceflow_instances"
     " WHERE job_id = ANY(:ids) ORDER BY job_id FOR UPDATE"
 )
 
 
-def _apply(conn: Connection, action: BulkAction, job_ids: list[str]) -> tuple[int, int]:
-    """Apply ``action`` to each of ``job_ids`` (locked in job-id order, like every
-    multi-row write, to avoid deadlocks); (done, skipped)."""
-    if not job_ids:
+def _apply(conn: Connection, action: BulkAction, items: dict[str, int]) -> tuple[int, int]:
+    """Apply ``action`` to each snapshot item (job id: the run the filter matched;
+    locked in job-id order, like every multi-row write, to avoid deadlocks); (done,
+    skipped)."""
+    if not items:
         return 0, 0
-    rows = conn.execute(_LOCK_INSTANCES, {"ids": job_ids}).all()
+    rows = conn.execute(_LOCK_INSTANCES, {"ids": list(items)}).all()
     done = 0
     wake = False
     for row in rows:
+        if row.run != items[row.job_id]:
+            continue  # a new run of the id since the snapshot (id reuse): not the one matched
         requested = ControlAction(row.requested_action) if row.requested_action else None
         outcome = transition(conn, row.job_id, action, InstanceStatus(row.status), requested)
         if outcome.changed and outcome.refused is None:
@@ -443,5 +447,5 @@ def _apply(conn: Connection, action: BulkAction, job_ids: list[str]) -> tuple[in
             wake = wake or outcome.runnable
     if wake:
         notify_runnable(conn)
-    # Instances deleted since the snapshot (retention) count as skipped.
-    return done, len(job_ids) - done
+    # Instances deleted (retention) or given a new run since the snapshot count as skipped.
+    return done, len(items) - done

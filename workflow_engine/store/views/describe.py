@@ -39,6 +39,31 @@ class StepView:
 
 
 @dataclass(frozen=True)
+class RunView:
+    """An earlier run of a reused job id (``onceflow_runs``, migration 0027): how it
+    ended and what it did, kept when the next run started."""
+
+    run: int
+    status: str
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: str | None
+    result: Any
+    timeout_kind: str | None
+    source: str | None  # the Kafka position of the record that started it
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def summary(self) -> str:
+        """``run 1: errored (step 'two' failed: ...)`` in words, for describe."""
+        failed = next((s for s in self.steps if s.get("status") == StepStatus.FAILED), None)
+        what = f" at step {failed['name']!r}" if failed is not None else ""
+        why = f" ({self.timeout_kind})" if self.timeout_kind else ""
+        return f"run {self.run}: {self.status}{why}{what}, finished {self.finished_at}"
+
+
+@dataclass(frozen=True)
 class InstanceView:
     job_id: str
     workflow: str
@@ -98,6 +123,14 @@ class InstanceView:
     singleton_key: str | None = None
     skipped_for: str | None = None
     cancelled_by: str | None = None
+    # Id reuse (migration 0027): the current run of the job id, and the earlier ones.
+    run: int = 1
+    earlier_runs: list[RunView] = field(default_factory=list)
+
+    @property
+    def run_note(self) -> str:
+        """``run 2 of job X`` (the id reuse policies' run number, from 1)."""
+        return f"run {self.run} of job {self.job_id}"
 
     @property
     def singleton_note(self) -> str | None:
@@ -152,6 +185,7 @@ class InstanceView:
         doc["steps"] = [s.__dict__ for s in self.steps]
         doc["children"] = [asdict(c) for c in self.children]
         doc["deliveries"] = [asdict(d) for d in self.deliveries]
+        doc["earlier_runs"] = [asdict(r) for r in self.earlier_runs]
         doc["provenance"] = self.provenance
         return doc
 
@@ -159,8 +193,14 @@ class InstanceView:
 _DESCRIBE_SQL = sa.text(
     f"""
 SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
-       i.finished_at, i.error, i.result, j.request_id, j.submitted_at,
-       j.source_topic || '/' || j.source_partition || '@' || j.source_offset AS source,
+       i.finished_at, i.error, i.result,
+       -- a run after the first (id reuse): the submission that started it
+       CASE WHEN cr.run IS NULL THEN j.request_id ELSE cr.request_id END AS request_id,
+       CASE WHEN cr.run IS NULL THEN j.submitted_at ELSE cr.submitted_at END AS submitted_at,
+       CASE WHEN cr.run IS NULL
+            THEN j.source_topic || '/' || j.source_partition || '@' || j.source_offset
+            ELSE cr.source_topic || '/' || cr.source_partition || '@' || cr.source_offset
+       END AS source,
        dd.duplicates, dd.redeliveries, dd.mismatches,
        i.restart_count,
        dd.workflow_mismatches,
@@ -179,8 +219,9 @@ SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
              ORDER BY f.job_id) AS forks,
        {SCHEDULED_START} AS scheduled_start, i.attributes,
        i.deadline, CASE WHEN i.started_at IS NULL THEN i.start_by END AS start_by,
-       i.timeout_kind, i.singleton_key, i.skipped_for, i.cancelled_by
+       i.timeout_kind, i.singleton_key, i.skipped_for, i.cancelled_by, i.run
 FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
+LEFT JOIN onceflow_runs cr ON cr.job_id = i.job_id AND cr.run = i.run AND i.run > 1
 -- One pass over the job id's duplicate rows, in its one partition (job_received_at,
 -- migration 0012): planning a partitioned table costs per partition and per reference.
 LEFT JOIN LATERAL (
@@ -224,11 +265,31 @@ def describe_instance(db: Engine, job_id: str) -> InstanceView | None:
         children = list_children(conn, job_id)
         deliveries = deliveries_of(conn, job_id)
         streams = stream_counts(conn, job_id)
+        earlier = earlier_runs(conn, job_id) if row.run > 1 else []
     fields = dict(row._mapping)
     fields["status"] = InstanceStatus(fields["status"])
     return InstanceView(
-        **fields, steps=steps, children=children, deliveries=deliveries, streams=streams
+        **fields,
+        steps=steps,
+        children=children,
+        deliveries=deliveries,
+        streams=streams,
+        earlier_runs=earlier,
     )
+
+
+_EARLIER_RUNS = sa.text(
+    """
+SELECT run, status, created_at, started_at, finished_at, error, result, timeout_kind,
+       source_topic || '/' || source_partition || '@' || source_offset AS source, steps
+FROM onceflow_runs WHERE job_id = :j AND status IS NOT NULL ORDER BY run
+"""
+)
+
+
+def earlier_runs(conn: sa.Connection, job_id: str) -> list[RunView]:
+    """The finished earlier runs of a reused job id, oldest first."""
+    return [RunView(**r._mapping) for r in conn.execute(_EARLIER_RUNS, {"j": job_id})]
 
 
 _TASK_RUN_STATUS = sa.text(

@@ -62,6 +62,7 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "error_contains": ("error_contains", "error"),
     "version": ("version",),
     "scheduled": ("scheduled",),
+    "reused": ("reused",),
 }
 _KEY_OF: dict[str, str] = {alias: key for key, names in _ALIASES.items() for alias in names}
 #: A filter term on a searchable attribute: ``attr.<key>=<value>``.
@@ -88,6 +89,8 @@ class InstanceFilter:
     version: str | None = None  # the definition version it was created with
     # a delayed start not reached yet (queued, never started, claimable only later)
     scheduled: bool | None = None
+    # an id reuse started a later run of it (run > 1, migration 0027)
+    reused: bool | None = None
     # searchable attributes: (key, value text) pairs sorted by key, each must match
     attributes: tuple[tuple[str, str], ...] | None = None
 
@@ -98,9 +101,10 @@ class InstanceFilter:
         Keys: ``workflow``, ``status``, ``created_from`` (or ``created_after``,
         ``since``), ``created_to`` (or ``created_before``, ``until``), ``job_id``,
         ``job_id_prefix`` (or ``prefix``), ``has_duplicates``, ``payload_mismatch``,
-        ``error_contains`` (or ``error``), ``version``, ``scheduled``, and ``attr.<key>``
-        for each searchable attribute. A comma or backslash inside a value is
-        written ``\\,`` / ``\\\\``. The empty text is the empty filter (everything).
+        ``error_contains`` (or ``error``), ``version``, ``scheduled``, ``reused`` (a later
+        run of an id reuse), and ``attr.<key>`` for each searchable attribute. A comma or
+        backslash inside a value is written ``\\,`` / ``\\\\``.
+        The empty text is the empty filter (everything).
         """
         pairs: dict[str, str] = {}
         for part in _split(text):
@@ -197,7 +201,7 @@ class InstanceFilter:
                 values[key] = _status(raw)
             elif key in ("created_from", "created_to"):
                 values[key] = _when(key, raw)
-            elif key in ("has_duplicates", "payload_mismatch", "scheduled"):
+            elif key in ("has_duplicates", "payload_mismatch", "scheduled", "reused"):
                 values[key] = _flag(key, raw)
             else:
                 if not raw:
@@ -395,6 +399,8 @@ def where_clause(f: InstanceFilter) -> tuple[str, dict[str, Any]]:
         terms.append(_MISMATCHED[f.payload_mismatch])
     if f.scheduled is not None:
         terms.append(_SCHEDULED[f.scheduled])
+    if f.reused is not None:
+        terms.append("i.run > 1" if f.reused else "i.run = 1")
     if f.error_contains is not None:
         terms.append("strpos(lower(i.error), lower(:f_error)) > 0")
         params["f_error"] = f.error_contains
@@ -427,6 +433,7 @@ class InstanceRow:
     # A delayed start not reached yet (run_at / start_after): when it becomes claimable.
     scheduled_start: datetime | None = None
     attributes: dict[str, Any] = field(default_factory=dict)  # searchable (migration 0022)
+    run: int = 1  # the job id's current run (id reuse, migration 0027)
 
 
 #: When a queued instance that has never run will become claimable, if that is still
@@ -484,8 +491,8 @@ def _list_sql(
         params["c_at"], params["c_job"] = after
     page = (
         "SELECT i.job_id, i.workflow, i.status, i.created_at, i.updated_at, i.error,"
-        f" i.finished_at, i.version, {SCHEDULED_START} AS scheduled_start, i.attributes"
-        f" FROM onceflow_instances i WHERE {where}"
+        f" i.finished_at, i.version, {SCHEDULED_START} AS scheduled_start, i.attributes,"
+        f" i.run FROM onceflow_instances i WHERE {where}"
         f" ORDER BY i.{column} DESC, i.job_id DESC LIMIT :limit"
     )
     # Duplicate counts only for the rows of the page.
@@ -530,6 +537,7 @@ def list_page(
             version=r.version,
             scheduled_start=r.scheduled_start,
             attributes=r.attributes,
+            run=r.run,
         )
         for r in found[:limit]
     ]

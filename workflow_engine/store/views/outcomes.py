@@ -40,6 +40,8 @@ class JobOutcome:
     #: relay publishes at least once), so a waiter checks a final event against the
     #: status instead of taking its data (producers/waiters.py). Not part of the body.
     restarts: int = 0
+    #: The instance's run (id reuse, migration 0027; 1 for a task run). In the body.
+    run: int = 1
 
     @property
     def final(self) -> bool:
@@ -58,10 +60,11 @@ class JobOutcome:
             "error": self.error,
             "version": self.version,
             "finished_at": self.finished_at,
+            "run": self.run,
         }
         if self.kind is JobKind.TASK:
             doc["task"] = doc.pop("workflow")
-            del doc["result"], doc["version"]
+            del doc["result"], doc["version"], doc["run"]
         return doc
 
 
@@ -69,10 +72,11 @@ class JobOutcome:
 _OUTCOMES = sa.text(
     """
 SELECT i.job_id, 'workflow' AS kind, i.workflow, i.status, i.result, i.error, i.version,
-       i.finished_at, i.restart_count
+       -- a later run, like a restart: an earlier run's final event may still come
+       i.finished_at, i.restart_count + i.run - 1 AS restart_count, i.run
 FROM onceflow_instances i WHERE i.job_id = ANY(:ids)
 UNION ALL
-SELECT t.job_id, 'task', t.task, t.status, NULL, t.error, NULL, t.finished_at, 0
+SELECT t.job_id, 'task', t.task, t.status, NULL, t.error, NULL, t.finished_at, 0, 1
 FROM onceflow_task_runs t WHERE t.job_id = ANY(:ids)
 """
 )
@@ -97,6 +101,7 @@ def job_outcomes(db: Engine, job_ids: Sequence[str]) -> dict[str, JobOutcome]:
             r.version,
             r.finished_at,
             r.restart_count,
+            r.run,
         )
         for r in rows
     }

@@ -149,7 +149,7 @@ inst AS (
            -- the fairness lane, bounded, as the create path stores it (migration 0014)
            onceflow_flow_lane(i.params, i.lane_path), {ONE_EVENT}
     FROM input i JOIN job ON job.job_id = i.child WHERE job.inserted
-    RETURNING job_id, workflow, version, priority, event_seq AS seq, status, parent_job_id
+    RETURNING job_id, workflow, version, priority, event_seq AS seq, status, parent_job_id, run
 ),
 created_events AS ({_CHILD_CREATED_EVENTS}
 ),

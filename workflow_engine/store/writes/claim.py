@@ -55,6 +55,7 @@ class Claimed:
     #: at its deadline, a rescue).
     deadline: datetime | None = None
     overdue: bool = False
+    run: int = 1  # the job id's run (id reuse, migration 0027): in the engine's log lines
 
 
 _HAVE_VERSION = HAVE_VERSION
@@ -286,10 +287,21 @@ def _with_histories(rows: Sequence[Any], history: dict[str, list[RecordedStep]])
             version,
             deadline,
             bool(due),
+            run,
         )
-        for job_id, workflow, params, created, submitted, claims, tp, version, deadline, due in (
-            rows
-        )
+        for (
+            job_id,
+            workflow,
+            params,
+            created,
+            submitted,
+            claims,
+            tp,
+            version,
+            deadline,
+            due,
+            run,
+        ) in rows
     ]
 
 

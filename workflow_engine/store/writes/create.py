@@ -29,7 +29,7 @@ from workflow_engine.model import CreateResult, Delivery
 from workflow_engine.store import lifecycle
 from workflow_engine.store.fragments import RUNNABLE_CHANNEL
 from workflow_engine.store.lifecycle import ONE_EVENT, outbox_insert
-from workflow_engine.store.writes import singleton
+from workflow_engine.store.writes import reuse, singleton
 
 # Duplicate rows are idempotent per Kafka position: the named unique constraint
 # onceflow_duplicate_deliveries_position_key turns a record redelivered again (the
@@ -126,7 +126,7 @@ inst AS (
            GREATEST(f.run_after, now()) + make_interval(secs => f.start_within)
     FROM firsts f JOIN upsert u USING (job_id)
     WHERE u.inserted AND f.kind = :workflow_kind
-    RETURNING job_id, workflow, version, priority, event_seq AS seq, status
+    RETURNING job_id, workflow, version, priority, event_seq AS seq, status, run
 ),
 created_events AS ({_CREATED_EVENTS}
 ),
@@ -240,7 +240,15 @@ def create_instances_in(conn: Connection, deliveries: Sequence[Delivery]) -> Cre
     result = CreateResult()
     if not deliveries:
         return result
-    rows = orjson.dumps([_row(i, d) for i, d in enumerate(deliveries)]).decode()
+    all_rows = [_row(i, d) for i, d in enumerate(deliveries)]
+    # Id reuse first (reuse.py): a resubmission a finished run allows starts the next run
+    # of the id's instance, and the creating statement does not see it.
+    skip, result.new_runs, result.id_reuse_decisions = reuse.start_new_runs(
+        conn, deliveries, all_rows
+    )
+    result.created += len(result.new_runs)
+    result.created_ids += result.new_runs
+    rows = orjson.dumps([r for n, r in enumerate(all_rows) if n not in skip]).decode()
     flags: dict[str, bool] = {}  # job id -> a duplicate of it mismatched
     duplicates: list[Any] = []
     for row in conn.execute(

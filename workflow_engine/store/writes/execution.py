@@ -75,7 +75,7 @@ _LEASE_OF_INPUT = f"""
 lease AS (
     SELECT l.* FROM input CROSS JOIN LATERAL (
         SELECT i.job_id, i.requested_action, i.workflow, i.version, i.event_seq, i.status,
-               coalesce(i.deadline <= now(), false) AS overdue
+               coalesce(i.deadline <= now(), false) AS overdue, i.run
         FROM onceflow_instances i
         WHERE i.job_id = input.job_id AND {held("i", "input.claim")}
         FOR SHARE OF i
@@ -100,12 +100,13 @@ _BUMP_STEPPED = f"""
     UPDATE onceflow_instances i SET event_seq = i.event_seq + 1
     FROM step JOIN input USING (job_id)
     WHERE i.job_id = step.job_id AND NOT input.deferred AND {EVENTS_ON}
-    RETURNING i.job_id, i.workflow, i.version, i.event_seq AS seq, i.status"""
+    RETURNING i.job_id, i.workflow, i.version, i.event_seq AS seq, i.status, i.run"""
 
 _NUMBERED_STEPS = f"""
     SELECT * FROM bumped
     UNION ALL
-    SELECT lease.job_id, lease.workflow, lease.version, lease.event_seq + 1, lease.status
+    SELECT lease.job_id, lease.workflow, lease.version, lease.event_seq + 1, lease.status,
+           lease.run
     FROM step JOIN input USING (job_id) JOIN lease USING (job_id)
     WHERE input.deferred AND {EVENTS_ON}"""
 
@@ -237,7 +238,7 @@ done AS (
     FROM input
     WHERE i.job_id = input.job_id AND {held("i", "input.claim")}
     RETURNING i.job_id, i.parent_job_id, i.workflow, i.version, i.event_seq AS seq, i.status,
-              i.result, i.error, i.timeout_kind
+              i.run, i.result, i.error, i.timeout_kind
 ),
 finish_events AS ({_FINISH_EVENTS}
 )

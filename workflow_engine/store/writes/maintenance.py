@@ -12,7 +12,13 @@ at a time (the others skip that round); each step is its own short transaction:
    not have taken its result yet, and would otherwise fail "child ... gone" although
    the child succeeded; it goes in the first round after its parent has finished;
 4. duplicate-delivery partitions older than the job-id retention are dropped whole;
-5. job-id records past theirs (plus one interval, for the same reason) are deleted;
+5. job-id records past theirs (plus one interval, for the same reason) are deleted, and
+   so are the earlier runs of reused job ids (``onceflow_runs``, migration 0027) that
+   finished as long ago: an id reused again and again keeps a live instance, which
+   step 3 never deletes, so its archived runs go on their own - on the job-id
+   retention, not the instance's, because a run's row also holds the Kafka position of
+   the record that started it, which keeps a redelivery of that record from starting
+   another run for as long as a duplicate of the id collapses;
 6. rows parked in a default partition whose step or job id is gone are deleted (the
    partitioned tables have no foreign key to cascade through);
 7. the operators' audit trail (``onceflow_operator_actions``) older than its own
@@ -102,6 +108,10 @@ _PRUNE_INSTANCES = sa.text(
 _PRUNE_TASK_RUNS = sa.text(
     "DELETE FROM onceflow_task_runs WHERE status <> :pending AND finished_at < :before"
 )
+# An earlier run of a reused id (archived: its status set), finished before the cut.
+_PRUNE_EARLIER_RUNS = sa.text(
+    "DELETE FROM onceflow_runs WHERE status IS NOT NULL AND finished_at < :before"
+)
 # A job-id record goes only once its instance or task run has gone.
 _PRUNE_JOB_IDS = sa.text(
     "DELETE FROM onceflow_jobs j WHERE j.received_at < :before"
@@ -138,6 +148,9 @@ def _prune_locked(
         job_ids = conn.execute(
             _PRUNE_JOB_IDS, {"before": now - job_id_retention - interval}
         ).rowcount
+        runs = conn.execute(
+            _PRUNE_EARLIER_RUNS, {"before": now - job_id_retention - interval}
+        ).rowcount
     orphans = sum(partitions.delete_orphans(conn, t) for t in partitions.PARTITIONED_TABLES)
     with conn.begin():
         actions = operator_audit.delete_older_than(conn, now - operator_action_retention)
@@ -145,6 +158,7 @@ def _prune_locked(
         "instances": instances,
         "task_runs": tasks,
         "job_ids": job_ids,
+        "earlier_runs": runs,
         "partitions_created": len(created),
         "partitions_dropped": len(attempts.dropped) + len(duplicates.dropped),
         "partition_rows_kept": attempts.kept_rows + duplicates.kept_rows,

@@ -29,17 +29,33 @@ from sqlalchemy.engine import Connection, Engine
 
 from onceflow.vocabulary import WebhookDeadReason, WebhookOutcome, WebhookStatus
 
+# The callback of the run an event names (id reuse, migration 0027): the current run's
+# is the instance's, an earlier run's is archived with it (a new run may name another
+# callback, or none, while the earlier run's final event is still on its way here).
+# An event naming no run (written before migration 0027) takes the instance's.
 _CALLBACKS = sa.text(
-    "SELECT job_id, callback FROM onceflow_instances WHERE job_id = ANY(CAST(:ids AS text[]))"
+    """
+SELECT k.job_id, k.run,
+       CASE WHEN k.run IS NULL OR k.run = i.run THEN i.callback ELSE r.callback END
+FROM unnest(CAST(:ids AS text[]), CAST(:runs AS int[])) AS k(job_id, run)
+JOIN onceflow_instances i USING (job_id)
+LEFT JOIN onceflow_runs r ON r.job_id = k.job_id AND r.run = k.run
+"""
 )
 
 
-def webhook_callbacks(conn: Connection, job_ids: Sequence[str]) -> dict[str, str | None]:
-    """The callback of each instance of ``job_ids`` that exists (one query); an id
-    missing from the answer has no instance (any more)."""
-    if not job_ids:
+def webhook_callbacks(
+    conn: Connection, keys: Sequence[tuple[str, int | None]]
+) -> dict[tuple[str, int | None], str | None]:
+    """The callback of each (job id, run) whose instance exists (one query); a key
+    missing from the answer has no instance (any more). ``run`` None: the current run."""
+    if not keys:
         return {}
-    return {j: c for j, c in conn.execute(_CALLBACKS, {"ids": sorted(set(job_ids))})}
+    unique = sorted(set(keys), key=lambda k: (k[0], k[1] or 0))
+    found = conn.execute(
+        _CALLBACKS, {"ids": [j for j, _ in unique], "runs": [r for _, r in unique]}
+    )
+    return {(j, r): c for j, r, c in found}
 
 
 @dataclass(frozen=True, slots=True)
