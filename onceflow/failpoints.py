@@ -59,6 +59,8 @@ POINTS: dict[str, str] = {
     "webhooks.before_record": "webhook dispatcher: an attempt sent, its outcome not recorded",
     "singleton.after_decide": "worker: a singleton key locked and its live instances read,"
     " the decision not committed",
+    "batch.after_lock": "engine: a batch's members locked and re-checked, the batch run"
+    " not created, the members not marked",
     "operations.after_lock": "operator action: the instance locked, its status read, not changed",
 }
 

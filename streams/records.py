@@ -80,7 +80,11 @@ def classify(
             dead.append(DeadLetter.of(rec, DeadLetterReason.UNKNOWN_TYPE, detail, env.job_id))
             continue
         workflow = kind == JobKind.WORKFLOW
-        refused = _callback_refusal(env, workflow, callbacks) or _task_refusal(env, workflow)
+        refused = (
+            _callback_refusal(env, workflow, callbacks)
+            or _task_refusal(env, workflow)
+            or _batch_refusal(env, registry)
+        )
         if refused is not None:
             dead.append(DeadLetter.of(rec, *refused, env.job_id))
             continue
@@ -102,6 +106,7 @@ def classify(
                 start_after=delay,
                 start_within=within,
                 singleton=registry.singleton(env.workflow) if workflow else None,
+                batch_key=registry.batch_key(env.workflow) if workflow else None,
             )
         )
     return deliveries, dead
@@ -136,6 +141,18 @@ def _task_refusal(env: JobEnvelope, workflow: bool) -> tuple[DeadLetterReason, s
         detail = f"{env.workflow!r} is a task: attributes are for workflow instances"
         return DeadLetterReason.INVALID_ATTRIBUTES, detail
     return None
+
+
+def _batch_refusal(env: JobEnvelope, registry: Registry) -> tuple[DeadLetterReason, str] | None:
+    """What a member of a batched workflow cannot have: a start limit (a member is never
+    started on its own; its batch run is, README "Flow control")."""
+    if env.start_within is None or registry.batch_key(env.workflow) is None:
+        return None
+    detail = (
+        f"{env.workflow!r} runs its jobs in batches: a start limit (start_within) is for"
+        " jobs that start on their own"
+    )
+    return DeadLetterReason.INVALID_START_WITHIN, detail
 
 
 def split_by_partition(deliveries: list[Delivery], groups: int) -> list[list[Delivery]]:

@@ -22,6 +22,9 @@ from onceflow.envelope import MAX_START_DELAY_SECONDS, time_limit
 from onceflow.instance_events import MAX_EVENT_TYPE_CHARS  # an awaited type: what may be sent
 from onceflow.ticks import Schedule
 from workflow_engine.model import (
+    Batch,
+    BatchPolicy,
+    FlowControl,
     RateLimit,
     Registry,
     ScheduleDef,
@@ -31,6 +34,7 @@ from workflow_engine.model import (
     WebhookSubscription,
     WorkflowDef,
     WorkflowFn,
+    batch_policy,
     flow_control,
     singleton_policy,
 )
@@ -150,6 +154,7 @@ def workflow(
     start_within: float | timedelta | None = None,
     execution_timeout: float | timedelta | None = None,
     singleton: Singleton | None = None,
+    batch: Batch | None = None,
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register an async function ``(ctx, params)`` as the workflow called ``name``.
 
@@ -177,6 +182,13 @@ def workflow(
     :class:`~workflow_engine.model.WebhookSubscription` the kinds it names (README,
     "Webhooks"); an unknown name stops the engine at start. Its timing (:func:`_timing`):
     a delayed start ``start_after``, time limits ``start_within`` and ``execution_timeout``.
+
+    ``batch`` (:class:`~workflow_engine.model.Batch`): its jobs run in batches of up to
+    ``max_size`` per value of ``key``; the function is called once per batch with
+    ``{"key": ..., "members": [{"job_id": ..., "params": ...}, ...]}`` and returns one
+    result per member (a list in member order, or a dict keyed by member job id). Not
+    with flow control, a singleton policy, a schedule or ``start_within``
+    (:func:`_check_batch`).
     """
     check_name("workflow name", name)
     timing = _timing(name, start_after, start_within, execution_timeout)
@@ -184,14 +196,42 @@ def workflow(
     limits = (concurrency, concurrency_key, max_per_key, hold_while_waiting, rate_limit)
     flow = flow_control(*limits, fairness_key, policy := singleton_policy(singleton))
     subscriptions = _subscriptions(webhooks)
+    batched = _check_batch(name, batch_policy(batch), flow, declared, timing[1])
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         given = check_version(version) if version is not None else fingerprint(fn)
         options = (inline_steps, flow, declared, subscriptions)
-        REGISTRY.add_workflow(WorkflowDef(fn, name, given, *options, *timing, policy))
+        REGISTRY.add_workflow(WorkflowDef(fn, name, given, *options, *timing, policy, batched))
         return fn
 
     return register
+
+
+def _check_batch(
+    workflow: str,
+    batch: BatchPolicy | None,
+    flow: FlowControl | None,
+    schedule: ScheduleDef | None,
+    start_within: float | None,
+) -> BatchPolicy | None:
+    """A batch declaration refused with what makes no sense beside it: flow control and
+    singleton policies (they bound the instances the claim starts, and a member is never
+    claimed: its batch run is, one per batch), a schedule (a tick is one job on its own),
+    a start limit (a member is never started; it is taken into a batch)."""
+    if batch is None:
+        return None
+    clash = (
+        "flow control (concurrency, keys, rate_limit, fairness_key) or a singleton policy"
+        if flow is not None
+        else "a schedule"
+        if schedule is not None
+        else "start_within"
+        if start_within is not None
+        else None
+    )
+    if clash is not None:
+        raise ValueError(f"workflow {workflow!r}: batch cannot be combined with {clash}")
+    return batch
 
 
 def _subscriptions(

@@ -40,6 +40,7 @@ from onceflow.vocabulary import ControlAction, InstanceStatus, Process, TimeoutK
 from workflow_engine.clock import FakeClock, SystemClock
 from workflow_engine.definitions import RetryPolicy, load_workflow_modules
 from workflow_engine.engine.backpressure import Backpressure
+from workflow_engine.engine.batch_former import BatchFormer
 from workflow_engine.engine.batcher import PostgresWrites, WriteBatcher
 from workflow_engine.engine.configs import engine_configs
 from workflow_engine.engine.context import WorkflowContext
@@ -76,7 +77,7 @@ from workflow_engine.errors import (
     WorkflowError,
     failed_step_position,
 )
-from workflow_engine.model import Registry
+from workflow_engine.model import Registry, batch_result_problem
 from workflow_engine.store import (
     check_connection,
     database_ready,
@@ -198,6 +199,8 @@ class EngineRunner:
                     f"{self.owner}:webhooks",
                 )
             )
+        if batched := self.registry.batches():
+            extra.append(BatchFormer(self.db, self.clock, batched))
         return [
             *extra,
             LeaseKeeper(self.batcher, self._inflight, c.lease_keeper),
@@ -440,6 +443,8 @@ class EngineRunner:
         )
         try:
             value = await fn(ctx, inst.params)
+            if definition.batch is not None and (wrong := batch_result_problem(value, inst.params)):
+                return Failed(wrong)
             return Completed(writes.encode_result(value, self.max_result_bytes))
         except Suspend as wait:
             wake_at = cast("datetime | None", wait.wake_at)

@@ -93,11 +93,19 @@ def prune(
             conn.commit()
 
 
+#: A batch run that a member row still names: retention keeps it until its members
+#: have gone (they finished with it, so they go in the same round; the run in the next),
+#: so a member's ``batch_id`` always leads to its run (describe, the console).
+_NAMED_BY_MEMBER = (
+    "i.batch_size IS NOT NULL AND EXISTS (SELECT 1 FROM onceflow_instances m"
+    " WHERE m.batch_id = i.job_id)"
+)
+
 _NOW = sa.text("SELECT now()")
 _PRUNE_INSTANCES = sa.text(
     "DELETE FROM onceflow_instances i"
     " WHERE i.status = ANY(:terminal) AND i.finished_at < :before"
-    f" AND NOT ({_LIVE_PARENT})"
+    f" AND NOT ({_LIVE_PARENT}) AND NOT ({_NAMED_BY_MEMBER})"
 )
 _PRUNE_TASK_RUNS = sa.text(
     "DELETE FROM onceflow_task_runs WHERE status <> :pending AND finished_at < :before"

@@ -1,0 +1,244 @@
+"""Batching (issue 26, item 2): the jobs of a batched workflow wait as members, each its
+own instance, until an engine forms a batch run of up to max_size of one key (max_size
+waiting, or the oldest max_wait old); the run's outcome becomes every member's. Every
+property is read back from the database."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import jsonschema
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from console import create_app
+from onceflow import failpoints
+from onceflow.envelope import JobEnvelope
+from onceflow_cli.render import render_instance
+from tests.integration import batch_workflows as wf
+from tests.integration.events_helpers import event_schemas
+from tests.integration.test_flow_control import run_until
+from workflow_engine.definitions import REGISTRY
+
+from workflow_engine.model import Delivery
+from workflow_engine.store.operations import control
+from workflow_engine.store.operations.control import ControlError
+from workflow_engine.store.views import describe_instance
+from workflow_engine.store.writes import create_instances, form_due
+
+_OFFSETS = itertools.count()
+
+
+def create(db, workflow, jobs):
+    """``jobs``: (job_id, params) pairs, created in one transaction."""
+    return create_instances(
+        db,
+        [
+            Delivery(
+                JobEnvelope(job_id, workflow, params),
+                "t",
+                0,
+                next(_OFFSETS),
+                version=REGISTRY.version(workflow),
+                batch_key=REGISTRY.batch_key(workflow),
+            )
+            for job_id, params in jobs
+        ],
+    )
+
+
+def rows(db, prefix):
+    sql = (
+        "SELECT job_id, status, batch_key, batch_id, batch_index, batch_size, result, error,"
+        " params FROM onceflow_instances WHERE job_id LIKE :p ORDER BY job_id"
+    )
+    with db.connect() as conn:
+        return {r.job_id: r for r in conn.execute(sa.text(sql), {"p": prefix + "%"})}
+
+
+def events(db, job_id):
+    sql = "SELECT type, payload FROM onceflow_outbox WHERE aggregateid = :j ORDER BY seq"
+    with db.connect() as conn:
+        return [
+            (t.removeprefix("dev.onceflow."), d)
+            for t, d in conn.execute(sa.text(sql), {"j": job_id})
+        ]
+
+
+def valid(kind, data):
+    schemas = event_schemas()
+    jsonschema.validate(data, schemas["common"])
+    jsonschema.validate(data, schemas[f"dev.onceflow.{kind}"])
+
+
+def members_and_runs(found):
+    members = {j: r for j, r in found.items() if r.batch_size is None}
+    runs = {j: r for j, r in found.items() if r.batch_size is not None}
+    return members, runs
+
+
+def test_size_trigger_groups_by_key_and_gives_every_member_its_result(settings, db):
+    jobs = [(f"sz_a{i:02}", {"tenant": "a", "n": i}) for i in range(12)]
+    jobs += [(f"sz_b{i:02}", {"tenant": "b", "n": i}) for i in range(3)]
+    create(db, wf.SIZE, jobs)
+    assert {r.status for r in rows(db, "sz_").values()} == {"batching"}
+
+    def done():
+        members, _ = members_and_runs(rows(db, "sz_a"))
+        return sum(r.status == "complete" for r in members.values()) == 10
+
+    run_until(settings, db, done, events_relay=False)
+    members, runs = members_and_runs(rows(db, "sz_"))
+    # two full batches of tenant a; two of a's and all of b's still wait (size only)
+    assert sorted(r.batch_size for r in runs.values()) == [5, 5]
+    assert all(r.status == "complete" for r in runs.values())
+    waiting = sorted(j for j, r in members.items() if r.status == "batching")
+    assert waiting == ["sz_a10", "sz_a11", "sz_b00", "sz_b01", "sz_b02"]
+    for job_id, r in members.items():
+        if r.status != "complete":
+            continue
+        run = runs[r.batch_id]
+        assert run.params["key"] == "a"
+        assert run.params["members"][r.batch_index] == {"job_id": job_id, "params": r.params}
+        assert r.result == {"double": r.params["n"] * 2, "tenant": "a"}
+    # oldest first: the first batch is a00..a04, named after its first member
+    assert set(runs) == {"sz_a00~batch", "sz_a05~batch"}
+    kinds = [k for k, _ in events(db, "sz_a03")]
+    assert kinds == ["instance.created", "instance.batched", "instance.complete"]
+    for kind, data in events(db, "sz_a03") + events(db, "sz_a00~batch"):
+        valid(kind, data)
+    batched = dict(events(db, "sz_a03"))["instance.batched"]
+    assert batched["batch"] == {"batch_id": "sz_a00~batch", "index": 3, "size": 5}
+
+
+def test_wait_trigger_forms_a_partial_batch_and_a_dict_result(settings, db):
+    create(db, wf.WAIT, [(f"wt_{i}", {"n": i}) for i in range(7)])
+
+    def done():
+        return all(r.status == "complete" for r in rows(db, "wt_").values())
+
+    run_until(settings, db, done, events_relay=False)
+    members, runs = members_and_runs(rows(db, "wt_"))
+    assert len(runs) == 1 and next(iter(runs.values())).batch_size == 7
+    assert {j: r.result for j, r in members.items()} == {f"wt_{i}": i + 1 for i in range(7)}
+
+
+def test_a_failed_batch_fails_every_member_and_a_wrong_result_errors_it(settings, db):
+    create(db, wf.FAILING, [(f"fl_{i}", {"n": i}) for i in range(3)])
+    create(db, wf.WRONG, [(f"wr_{i}", {"n": i}) for i in range(3)])
+
+    def done():
+        found = rows(db, "fl_") | rows(db, "wr_")
+        return len(found) == 8 and all(r.status == "errored" for r in found.values())
+
+    run_until(settings, db, done, events_relay=False)
+    failed = rows(db, "fl_")
+    assert {r.error for j, r in failed.items() if j != "fl_0~batch"} == {
+        f"batch fl_0~batch errored: {failed['fl_0~batch'].error}"
+    }
+    assert "the whole batch failed" in failed["fl_0~batch"].error
+    wrong = rows(db, "wr_")
+    assert "a list of 2 results for 3 members" in wrong["wr_0~batch"].error
+    assert wrong["wr_1"].error.startswith("batch wr_0~batch errored: batch result:")
+    kinds = [k for k, _ in events(db, "wr_2")]
+    assert kinds[-1] == "instance.errored"
+
+
+def test_a_member_is_never_in_two_batches_when_two_formers_race(db):
+    """One former paused with the pool's oldest five locked; a second forms meanwhile:
+    it skips the locked ones and takes the next five; the first then commits its own."""
+    policy = REGISTRY.batches()[wf.SIZE]
+    create(db, wf.SIZE, [(f"rc_{i:02}", {"tenant": "r", "n": i}) for i in range(10)])
+    point = failpoints.arm("batch.after_lock", "pause", job_id="rc_00")
+    formed = {}
+
+    def first():
+        formed["first"] = form_due(db, wf.SIZE, policy)
+
+    one = threading.Thread(target=first)
+    one.start()
+    try:
+        point.wait_reached()
+        formed["second"] = form_due(db, wf.SIZE, policy)
+        assert [b.members for b in formed["second"]] == [tuple(f"rc_{i:02}" for i in range(5, 10))]
+    finally:
+        point.release()
+        one.join(30)
+        failpoints.disarm_all()
+    assert [b.members for b in formed["first"]] == [tuple(f"rc_{i:02}" for i in range(5))]
+    members, runs = members_and_runs(rows(db, "rc_"))
+    assert {r.status for r in members.values()} == {"batched"}
+    assert {j: r.batch_id for j, r in members.items()} == {
+        f"rc_{i:02}": "rc_00~batch" if i < 5 else "rc_05~batch" for i in range(10)
+    }
+
+
+def test_a_locked_pool_short_of_max_size_and_not_due_forms_nothing(db):
+    """The re-check under the lock: a pool read as full, of which another former holds
+    some, is not formed short (the oldest is not due)."""
+    policy = REGISTRY.batches()[wf.SIZE]
+    create(db, wf.SIZE, [(f"sh_{i}", {"tenant": "s", "n": i}) for i in range(6)])
+    point = failpoints.arm("batch.after_lock", "pause", job_id="sh_0")
+    formed = {}
+    one = threading.Thread(target=lambda: formed.setdefault("first", form_due(db, wf.SIZE, policy)))
+    one.start()
+    try:
+        point.wait_reached()
+        assert form_due(db, wf.SIZE, policy) == []  # one left unlocked: not five, not due
+    finally:
+        point.release()
+        one.join(30)
+        failpoints.disarm_all()
+    found = rows(db, "sh_")
+    assert [j for j, r in found.items() if r.status == "batching"] == ["sh_5"]
+
+
+def test_operator_actions_on_members(settings, db):
+    policy = REGISTRY.batches()[wf.SIZE]
+    create(db, wf.SIZE, [(f"op_{i}", {"tenant": "o", "n": i}) for i in range(6)])
+    with pytest.raises(ControlError, match="waiting to be batched"):
+        control.pause(db, wf.SIZE, "op_0")
+    assert control.terminate(db, wf.SIZE, "op_0").status == "terminated"
+    with pytest.raises(ControlError, match="never ran"):
+        control.restart(db, wf.SIZE, "op_0")
+    [batch] = form_due(db, wf.SIZE, policy)  # op_0 left the pool: op_1..op_5
+    assert batch.members == tuple(f"op_{i}" for i in range(1, 6))
+    with pytest.raises(ControlError, match=r"in batch op_1~batch \(member 2 of 5\)"):
+        control.terminate(db, wf.SIZE, "op_2")
+    # the batch run is the one to act on: its members follow it
+    control.terminate(db, wf.SIZE, "op_1~batch")
+    found = rows(db, "op_")
+    assert {found[f"op_{i}"].status for i in range(1, 6)} == {"terminated"}
+    assert found["op_3"].error.startswith("batch op_1~batch terminated")
+    with pytest.raises(ControlError, match="retry the batch run instead"):
+        control.retry(db, wf.SIZE, "op_3")
+    control.restart(db, wf.SIZE, "op_1~batch")  # live again: its members are in it again
+    found = rows(db, "op_")
+    assert {found[f"op_{i}"].status for i in range(1, 6)} == {"batched"}
+    run_until(
+        settings, db, lambda: rows(db, "op_5")["op_5"].status == "complete", events_relay=False
+    )
+    assert rows(db, "op_4")["op_4"].result == {"double": 8, "tenant": "o"}
+    assert [k for k, _ in events(db, "op_4")][-2:] == ["instance.batched", "instance.complete"]
+
+
+def test_describe_cli_and_console_say_where_a_member_is(settings, db):
+    policy = REGISTRY.batches()[wf.SIZE]
+    create(db, wf.SIZE, [(f"ds_{i}", {"tenant": "d", "n": i}) for i in range(6)])
+    form_due(db, wf.SIZE, policy)
+    member = describe_instance(db, "ds_3")
+    assert member.batch_note == "in batch ds_0~batch, member 4 of 5"
+    assert "in batch ds_0~batch, member 4 of 5" in render_instance(member)
+    assert describe_instance(db, "ds_5").batch_note == "waiting to be batched (key 'd')"
+    run = describe_instance(db, "ds_0~batch")
+    assert run.batch_members == [f"ds_{i}" for i in range(5)]
+    assert run.provenance.startswith("a batch run")
+    with TestClient(create_app(settings, db), base_url="http://testserver") as client:
+        page = client.get("/instances/ds_3").text
+        assert 'in batch <a href="/instances/ds_0~batch">ds_0~batch</a>, member 4 of 5' in page
+        assert '<a href="/instances/ds_4">ds_4</a>' in client.get("/instances/ds_0~batch").text
+        listed = client.get("/instances", params={"status": "batching"})
+        assert "ds_5" in listed.text and "ds_3" not in listed.text
+        assert ">batched</option>" in listed.text

@@ -1,0 +1,232 @@
+"""Forming batches: the members of a batched workflow (``@workflow(batch=...)``,
+migration 0026) waiting in their key's pool become one batch run.
+
+The worker creates each member as its own instance, ``batching`` (no engine claims
+it), with its key's value in ``batch_key``. :func:`form_due` (an engine's batch former,
+:mod:`workflow_engine.engine.batch_former`) finds the pools that are due - ``max_size``
+members waiting, or the oldest eligible ``max_wait`` ago (eligible: its ``run_after``,
+so a delayed start delays a member) - and forms each batch in ONE transaction:
+
+1. lock up to ``max_size`` of the pool's members ``FOR UPDATE SKIP LOCKED``, oldest
+   first. The status test is re-evaluated on the row as it is when its lock is granted
+   (READ COMMITTED), so a member another engine has just batched, or an operator has
+   just terminated, is not taken; one that is being batched right now is skipped;
+2. re-check the trigger on what was locked (the pool read in step 0 was an earlier
+   statement: another engine may have taken some of those members since): a batch of
+   fewer than ``max_size`` is formed only when its oldest is due;
+3. insert the batch run: a job (origin ``batch``) and an instance whose id is
+   ``<first member>~batch``, through the same unique constraints as every job (a member
+   is in one batch only, so its id names one batch run); its params list the members;
+4. mark every member ``batched`` with ``batch_id`` and ``batch_index``, and write their
+   ``instance.batched`` events and the run's ``instance.created``.
+
+A member can therefore never be in two batches (its row lock and status test), and a
+crash anywhere before the commit leaves the pool as it was. The failpoint
+``batch.after_lock`` stops a former after step 2, with the members locked.
+What happens when the batch run ends is the trigger ``onceflow_batch_outcome``'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from onceflow import failpoints
+from onceflow.envelope import params_digest
+from onceflow.ids import BATCH_SUFFIX
+from onceflow.vocabulary import InstanceStatus, JobKind, LifecycleEvent, Origin
+from workflow_engine.model import BatchPolicy
+from workflow_engine.store import lifecycle
+from workflow_engine.store.fragments import NOW, notify_runnable
+
+#: The most batches one pass forms for one workflow (then the next workflow's turn).
+MAX_BATCHES_PER_PASS = 50
+
+# The pools of one workflow that are due, by (key, version): a batch holds members of
+# one definition version (the version its run is created with). One scan of
+# onceflow_instances_batching_idx over the workflow's waiting members.
+_DUE_POOLS = sa.text(
+    f"""
+SELECT batch_key, version, count(*) >= :size AS full
+FROM onceflow_instances
+WHERE workflow = :workflow AND status = '{InstanceStatus.BATCHING}' AND run_after <= {NOW}
+GROUP BY batch_key, version
+HAVING count(*) >= :size OR min(run_after) <= {NOW} - make_interval(secs => :wait)
+ORDER BY min(run_after)
+LIMIT :pools
+"""
+)
+
+# Step 1: the pool's oldest members, locked; ``due``: the oldest was eligible max_wait ago.
+_LOCK_MEMBERS = sa.text(
+    f"""
+SELECT job_id, params, run_after <= {NOW} - make_interval(secs => :wait) AS due
+FROM onceflow_instances
+WHERE workflow = :workflow AND batch_key = :key AND version IS NOT DISTINCT FROM :version
+  AND status = '{InstanceStatus.BATCHING}' AND run_after <= {NOW}
+ORDER BY run_after, job_id
+LIMIT :size
+FOR UPDATE SKIP LOCKED
+"""
+)
+
+# Steps 3 and 4 in one statement. The job row of the run has no Kafka position.
+_FORM = sa.text(
+    f"""
+WITH job AS (
+    INSERT INTO onceflow_jobs (job_id, kind, type_name, params_digest, submitted_at, origin)
+    VALUES (:batch, '{JobKind.WORKFLOW}', :workflow, :digest, now(), '{Origin.BATCH}')
+    ON CONFLICT ON CONSTRAINT onceflow_jobs_job_id_key DO NOTHING
+    RETURNING job_id
+),
+run AS (
+    INSERT INTO onceflow_instances (job_id, workflow, params, version, batch_size)
+    SELECT job_id, :workflow, CAST(:params AS jsonb), :version, :size FROM job
+    RETURNING job_id
+),
+members AS (
+    SELECT * FROM unnest(CAST(:members AS text[])) WITH ORDINALITY AS t(job_id, ord)
+)
+UPDATE onceflow_instances i
+SET status = '{InstanceStatus.BATCHED}', batch_id = run.job_id,
+    batch_index = members.ord - 1, updated_at = now()
+FROM members, run
+WHERE i.job_id = members.job_id AND i.status = '{InstanceStatus.BATCHING}'
+RETURNING i.job_id
+"""
+)
+
+
+class BatchIdTaken(RuntimeError):
+    """A batch run's id already exists: a member was batched twice (never expected)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FormedBatch:
+    """One batch formed: its run's job id, its workflow, key, members (in order) and
+    what triggered it (``size``: max_size members waited; ``wait``: the oldest was due)."""
+
+    batch_id: str
+    workflow: str
+    key: str
+    members: tuple[str, ...]
+    trigger: str
+
+
+def batch_params(key: str, members: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """A batch run's params: its key, and every member's job id and params in order."""
+    return {"key": key, "members": [{"job_id": j, "params": p} for j, p in members]}
+
+
+def form_due(
+    db: Engine, workflow: str, policy: BatchPolicy, now: datetime | None = None
+) -> list[FormedBatch]:
+    """Form the due batches of one workflow (each in its own transaction), at most
+    :data:`MAX_BATCHES_PER_PASS`; answers what was formed."""
+    formed: list[FormedBatch] = []
+    while len(formed) < MAX_BATCHES_PER_PASS:
+        with db.connect() as conn:
+            pools = conn.execute(
+                _DUE_POOLS, _pool_params(workflow, policy, now, MAX_BATCHES_PER_PASS)
+            ).all()
+        if not pools:
+            break
+        made = [
+            b
+            for key, version, _ in pools
+            if (b := _form_one(db, workflow, policy, key, version, now))
+        ]
+        if not made:
+            break  # every due pool is being formed by another engine (locked) or not due
+        formed += made
+    return formed
+
+
+def _pool_params(
+    workflow: str, policy: BatchPolicy, now: datetime | None, pools: int
+) -> dict[str, Any]:
+    return {
+        "workflow": workflow,
+        "size": policy.max_size,
+        "wait": policy.max_wait,
+        "now": now,
+        "pools": pools,
+    }
+
+
+def _form_one(
+    db: Engine,
+    workflow: str,
+    policy: BatchPolicy,
+    key: str,
+    version: str | None,
+    now: datetime | None,
+) -> FormedBatch | None:
+    """Form one batch of the pool ``(workflow, key, version)`` in one transaction, or
+    None when what could be locked is not due (fewer than max_size, the oldest not
+    max_wait old) or nothing could."""
+    params = {**_pool_params(workflow, policy, now, 0), "key": key, "version": version}
+    with db.begin() as conn:
+        rows = conn.execute(_LOCK_MEMBERS, params).all()
+        full = len(rows) >= policy.max_size
+        if not rows or not (full or rows[0].due):
+            return None  # the rollback releases the locks
+        failpoints.hit("batch.after_lock", rows[0].job_id)
+        members = [(row.job_id, row.params) for row in rows]
+        batch_id = members[0][0] + BATCH_SUFFIX
+        _insert_run(conn, workflow, key, version, batch_id, members)
+        _emit_formed(conn, batch_id, [job_id for job_id, _ in members])
+        notify_runnable(conn)
+    return FormedBatch(
+        batch_id, workflow, key, tuple(j for j, _ in members), "size" if full else "wait"
+    )
+
+
+def _insert_run(
+    conn: Connection,
+    workflow: str,
+    key: str,
+    version: str | None,
+    batch_id: str,
+    members: list[tuple[str, dict[str, Any]]],
+) -> None:
+    run_params = batch_params(key, members)
+    marked = conn.execute(
+        _FORM,
+        {
+            "batch": batch_id,
+            "workflow": workflow,
+            "digest": params_digest(run_params),
+            "params": orjson.dumps(run_params).decode(),
+            "version": version,
+            "size": len(members),
+            "members": [job_id for job_id, _ in members],
+        },
+    ).all()
+    if len(marked) != len(members):
+        # the run's id existed (no member marked) or a locked member was not 'batching':
+        # neither can happen while members are locked and tested; refuse, roll back
+        raise BatchIdTaken(f"batch {batch_id}: {len(marked)} of {len(members)} members marked")
+
+
+def _emit_formed(conn: Connection, batch_id: str, members: list[str]) -> None:
+    """The run's instance.created (naming its members' count) and each member's
+    instance.batched (the run and the member's place in it)."""
+    size = len(members)
+    events: list[tuple[str, LifecycleEvent, dict[str, Any] | None]] = [
+        (batch_id, LifecycleEvent.CREATED, {"priority": 3, "batch_size": size})
+    ]
+    events += [
+        (
+            job_id,
+            LifecycleEvent.BATCHED,
+            {"batch": {"batch_id": batch_id, "index": k, "size": size}},
+        )
+        for k, job_id in enumerate(members)
+    ]
+    lifecycle.emit(conn, events)
