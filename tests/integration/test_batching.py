@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import itertools
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import jsonschema
 import pytest
 import sqlalchemy as sa
@@ -20,8 +22,8 @@ from onceflow_cli.render import render_instance
 from tests.integration import batch_workflows as wf
 from tests.integration.events_helpers import event_schemas
 from tests.integration.test_flow_control import run_until
+from tests.integration.wait_helpers import create_events_topic, served, until
 from workflow_engine.definitions import REGISTRY
-
 from workflow_engine.model import Delivery
 from workflow_engine.store.operations import control
 from workflow_engine.store.operations.control import ControlError
@@ -168,7 +170,7 @@ def test_a_member_is_never_in_two_batches_when_two_formers_race(db):
         one.join(30)
         failpoints.disarm_all()
     assert [b.members for b in formed["first"]] == [tuple(f"rc_{i:02}" for i in range(5))]
-    members, runs = members_and_runs(rows(db, "rc_"))
+    members, _ = members_and_runs(rows(db, "rc_"))
     assert {r.status for r in members.values()} == {"batched"}
     assert {j: r.batch_id for j, r in members.items()} == {
         f"rc_{i:02}": "rc_00~batch" if i < 5 else "rc_05~batch" for i in range(10)
@@ -242,3 +244,31 @@ def test_describe_cli_and_console_say_where_a_member_is(settings, db):
         listed = client.get("/instances", params={"status": "batching"})
         assert "ds_5" in listed.text and "ds_3" not in listed.text
         assert ">batched</option>" in listed.text
+
+
+@pytest.mark.timeout(90)
+def test_start_and_wait_and_get_of_a_member_answer_its_own_outcome(settings, db):
+    """``Prefer: wait`` on a member's POST is answered by the member's own final event
+    (the relay publishes what the batch run's finish wrote for it); ``GET /v1/jobs/{id}``
+    says which batch it was in."""
+    s = settings.model_copy(
+        update={
+            "events_topic": settings.jobs_topic.replace(".jobs", ".events"),
+            "ingest_max_wait_seconds": 20,
+        }
+    )
+    create_events_topic(s)
+    job = {"job_id": "sw_1", "workflow": wf.WAIT, "params": {"n": 41}}
+    with served(s) as (url, app, _), ThreadPoolExecutor(1) as pool:
+        headers = {"Prefer": "wait=20"}
+        pending = pool.submit(httpx.post, f"{url}/v1/jobs", json=job, headers=headers, timeout=30)
+        until(lambda: app.state.ingest.waiters.waiting("sw_1") == 1, 10, "the waiter registered")
+        create(db, wf.WAIT, [("sw_1", {"n": 41}), ("sw_2", {"n": 1})])
+        run_until(s, db, pending.done)
+        answered = pending.result()
+        got = httpx.get(f"{url}/v1/jobs/sw_1", timeout=10)
+    assert answered.status_code == 200, answered.text
+    body = answered.json()
+    assert (body["job_id"], body["status"], body["result"]) == ("sw_1", "complete", 42)
+    assert got.status_code == 200
+    assert (got.json()["batch_id"], got.json()["batch_index"]) == ("sw_1~batch", 0)

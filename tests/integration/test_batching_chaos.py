@@ -14,7 +14,6 @@ import signal
 import time
 
 import pytest
-import sqlalchemy as sa
 
 from onceflow.envelope import JobEnvelope
 from onceflow_tools.processes import ProcessGroup, free_port
@@ -81,7 +80,7 @@ def test_5000_jobs_two_engines_one_sigkilled_every_member_in_one_batch(settings,
     assert {status for _, status, _ in runs.values()} == {"complete"}
     assert sum(size for size, _, _ in runs.values()) == N  # every member in one run
     for job_id, _, batch_id, index, result, params in found:
-        size, _, run_params = runs[batch_id]
+        _, _, run_params = runs[batch_id]
         assert run_params["members"][index]["job_id"] == job_id
         assert run_params["key"] == params["tenant"]
         assert result == {"n": params["n"]}

@@ -149,9 +149,12 @@ def _member_refusal(
     if status == InstanceStatus.BATCHING:
         if action == BulkAction.TERMINATE:
             return None
-        return f"{job_id} is waiting to be batched; it can be terminated (it leaves its pool), not {action}"
+        return (
+            f"{job_id} is waiting to be batched; it can be terminated (it leaves its pool),"
+            f" no {action}"
+        )
     if row.batch_id is None:
-        return f"{job_id} is a batch member that never ran ({status}); it cannot be {action}ed"
+        return f"{job_id} is a batch member that never ran ({status}); no {action}"
     place = f"member {row.batch_index + 1} of {row.batch_size}"
     return f"{job_id} is in batch {row.batch_id} ({place}); {action} the batch run instead"
 

@@ -1,0 +1,77 @@
+"""Batching declarations (issue 26, item 2): checked when the module loads."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from onceflow.ticks import Schedule
+from workflow_engine import Batch, RateLimit, Singleton
+from workflow_engine.definitions import workflow
+from workflow_engine.model import Registry, batch_policy, batch_result_problem
+
+
+async def _fn(ctx, params):
+    return []
+
+
+def test_a_declaration_is_checked_and_kept():
+    policy = batch_policy(Batch(max_size=100, max_wait=timedelta(seconds=2), key="params.tenant"))
+    assert (policy.max_size, policy.max_wait, policy.key) == (100, 2.0, ("tenant",))
+    assert batch_policy(Batch(max_size=2, max_wait=0.5)).key == ()
+
+
+@pytest.mark.parametrize(
+    ("batch", "message"),
+    [
+        (Batch(max_size=1, max_wait=1), "max_size must be an integer from 2"),
+        (Batch(max_size=1001, max_wait=1), "max_size must be an integer from 2"),
+        (Batch(max_size=True, max_wait=1), "max_size"),
+        (Batch(max_size=10, max_wait=0), "max_wait must be more than 0"),
+        (Batch(max_size=10, max_wait=-1), "max_wait"),
+        (Batch(max_size=10, max_wait=86401), "at most a day"),
+        (Batch(max_size=10, max_wait=1, key="tenant"), "a dotted path on params"),
+    ],
+)
+def test_bad_declarations_are_refused(batch, message):
+    with pytest.raises(ValueError, match=message):
+        batch_policy(batch)
+
+
+@pytest.mark.parametrize(
+    ("options", "clash"),
+    [
+        ({"concurrency": 2}, "flow control"),
+        ({"concurrency_key": "params.t"}, "flow control"),
+        ({"rate_limit": RateLimit(5)}, "flow control"),
+        ({"fairness_key": "params.t"}, "flow control"),
+        ({"singleton": Singleton("params.t", "skip")}, "flow control"),
+        ({"schedule": Schedule(timedelta(minutes=5))}, "a schedule"),
+        ({"start_within": 60}, "start_within"),
+    ],
+)
+def test_combinations_that_make_no_sense_are_refused_at_registration(options, clash):
+    with pytest.raises(ValueError, match=f"batch cannot be combined with {clash}"):
+        workflow("unit-batch-clash", batch=Batch(5, 1.0), **options)
+
+
+def test_the_registry_knows_the_batched_workflows(monkeypatch):
+    registry = Registry()
+    monkeypatch.setattr("workflow_engine.definitions.REGISTRY", registry)
+    workflow("unit-batched", batch=Batch(5, 1.0, key="params.t"))(_fn)
+    workflow("unit-plain")(_fn)
+    assert registry.batch_key("unit-batched") == ("t",)
+    assert registry.batch_key("unit-plain") is None
+    assert list(registry.batches()) == ["unit-batched"]
+    assert registry.flows() == {}  # a batched workflow is not flow-controlled
+
+
+def test_a_batch_result_gives_every_member_one():
+    params = {"key": "", "members": [{"job_id": "a", "params": {}}, {"job_id": "b", "params": {}}]}
+    assert batch_result_problem([1, 2], params) is None
+    assert batch_result_problem({"a": 1, "b": None}, params) is None
+    assert "a list of 1 results for 2 members" in batch_result_problem([1], params)
+    assert "missing ['b']" in batch_result_problem({"a": 1}, params)
+    assert "not members ['c']" in batch_result_problem({"a": 1, "b": 2, "c": 3}, params)
+    assert "int, not a list" in batch_result_problem(3, params)
