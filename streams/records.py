@@ -80,11 +80,7 @@ def classify(
             dead.append(DeadLetter.of(rec, DeadLetterReason.UNKNOWN_TYPE, detail, env.job_id))
             continue
         workflow = kind == JobKind.WORKFLOW
-        refused = (
-            _callback_refusal(env, workflow, callbacks)
-            or _task_refusal(env, workflow)
-            or _batch_refusal(env, registry)
-        )
+        refused = _refusal(env, workflow, callbacks, registry)
         if refused is not None:
             dead.append(DeadLetter.of(rec, *refused, env.job_id))
             continue
@@ -110,6 +106,17 @@ def classify(
             )
         )
     return deliveries, dead
+
+
+def _refusal(
+    env: JobEnvelope, workflow: bool, callbacks: frozenset[str], registry: Registry
+) -> tuple[DeadLetterReason, str] | None:
+    """Why a valid envelope of a registered type is dead-lettered, if it is."""
+    return (
+        _callback_refusal(env, workflow, callbacks)
+        or _task_refusal(env, workflow)
+        or _batch_refusal(env, registry)
+    )
 
 
 def _callback_refusal(

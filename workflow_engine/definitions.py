@@ -158,12 +158,10 @@ def workflow(
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register an async function ``(ctx, params)`` as the workflow called ``name``.
 
-    ``concurrency`` caps how many of its instances run at once across all engines;
-    the rest stay queued. Sleeping and waiting instances do not count.
+    ``concurrency`` caps its running instances across all engines (not sleeping, waiting).
 
-    ``version`` names this definition (``"2026-11-30"``); without it, the version is a
-    fingerprint of the function's source (:mod:`workflow_engine.versions`); an instance
-    runs only on engines that have the version it was created with.
+    ``version`` names this definition (``"2026-11-30"``; default: a fingerprint of its
+    source, :mod:`workflow_engine.versions`); an instance runs on engines that have its.
 
     ``schedule`` starts an instance per tick: a 5-field cron expression read in
     ``timezone``, a ``timedelta``, or a :class:`~onceflow.ticks.Schedule` with its
@@ -182,25 +180,18 @@ def workflow(
     :class:`~workflow_engine.model.WebhookSubscription` the kinds it names (README,
     "Webhooks"); an unknown name stops the engine at start. Its timing (:func:`_timing`):
     a delayed start ``start_after``, time limits ``start_within`` and ``execution_timeout``.
-
-    ``batch`` (:class:`~workflow_engine.model.Batch`): its jobs run in batches of up to
-    ``max_size`` per value of ``key``; the function is called once per batch with
-    ``{"key": ..., "members": [{"job_id": ..., "params": ...}, ...]}`` and returns one
-    result per member (a list in member order, or a dict keyed by member job id). Not
-    with flow control, a singleton policy, a schedule or ``start_within``
-    (:func:`_check_batch`).
+    ``batch``: its jobs run in batches (:class:`~workflow_engine.model.Batch`, `_check_batch`).
     """
     check_name("workflow name", name)
     timing = _timing(name, start_after, start_within, execution_timeout)
     declared = _declared_schedule(name, schedule, timezone)
     limits = (concurrency, concurrency_key, max_per_key, hold_while_waiting, rate_limit)
     flow = flow_control(*limits, fairness_key, policy := singleton_policy(singleton))
-    subscriptions = _subscriptions(webhooks)
+    options = (inline_steps, flow, declared, _subscriptions(webhooks))
     batched = _check_batch(name, batch_policy(batch), flow, declared, timing[1])
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         given = check_version(version) if version is not None else fingerprint(fn)
-        options = (inline_steps, flow, declared, subscriptions)
         REGISTRY.add_workflow(WorkflowDef(fn, name, given, *options, *timing, policy, batched))
         return fn
 
@@ -214,7 +205,10 @@ def _check_batch(
     schedule: ScheduleDef | None,
     start_within: float | None,
 ) -> BatchPolicy | None:
-    """A batch declaration refused with what makes no sense beside it: flow control and
+    """A batch declaration (the function is called once per batch with ``{"key": ...,
+    "members": [{"job_id": ..., "params": ...}, ...]}`` and returns one result per
+    member: a list in member order, or a dict keyed by member job id), refused with what
+    makes no sense beside it: flow control and
     singleton policies (they bound the instances the claim starts, and a member is never
     claimed: its batch run is, one per batch), a schedule (a tick is one job on its own),
     a start limit (a member is never started; it is taken into a batch)."""

@@ -651,16 +651,16 @@ class WorkflowContext:
         once; ``child_result`` awaits it. ``on_parent_close``: when this instance is
         terminated, terminate the child too, or abandon it (let it run)."""
         policy = ParentClosePolicy(on_parent_close)
-        if self._rt.registry.batch_key(workflow) is not None:
-            # a member waits for a batch; a child's parent awaits the child itself
-            raise NonRetryableError(
-                f"workflow {workflow!r} runs its jobs in batches: it cannot be started as a child"
-            )
         child_id = writes.child_job_id(self.job_id, name)
         position, recorded = self._next(name, StepKind.CHILD)
         handle = ChildHandle(child_id, name, workflow, position)
         if recorded is not None:
             return handle
+        if self._rt.registry.batch_key(workflow) is not None:
+            # a member waits for a batch; a child's parent awaits the child itself
+            raise NonRetryableError(
+                f"workflow {workflow!r} runs its jobs in batches: it cannot be started as a child"
+            )
         child_params = params or {}
         writes.encode_result(child_params, self._rt.max_result_bytes)  # JSON, bounded
         start = writes.StartChild(
