@@ -272,3 +272,48 @@ def test_start_and_wait_and_get_of_a_member_answer_its_own_outcome(settings, db)
     assert (body["job_id"], body["status"], body["result"]) == ("sw_1", "complete", 42)
     assert got.status_code == 200
     assert (got.json()["batch_id"], got.json()["batch_index"]) == ("sw_1~batch", 0)
+
+
+def test_a_terminate_and_a_formation_of_one_member_are_ordered_by_its_row_lock(db):
+    """A former holding a member's lock makes an operator's terminate wait and then see
+    it batched (refused); an operator holding the lock makes the former skip it."""
+    policy = REGISTRY.batches()[wf.SIZE]
+    create(db, wf.SIZE, [(f"ol_{i}", {"tenant": "l", "n": i}) for i in range(5)])
+    outcome = {}
+
+    def terminate(job_id):
+        try:
+            outcome[job_id] = control.terminate(db, wf.SIZE, job_id).status
+        except ControlError as exc:
+            outcome[job_id] = str(exc)
+
+    point = failpoints.arm("batch.after_lock", "pause", job_id="ol_0")
+    former = threading.Thread(target=lambda: form_due(db, wf.SIZE, policy))
+    former.start()
+    try:
+        point.wait_reached()
+        operator = threading.Thread(target=terminate, args=("ol_2",))
+        operator.start()
+        operator.join(0.5)
+        assert operator.is_alive()  # waits for the former's row lock
+    finally:
+        point.release()
+        former.join(30)
+        operator.join(30)
+        failpoints.disarm_all()
+    assert "is in batch ol_0~batch (member 3 of 5)" in outcome["ol_2"]
+    assert rows(db, "ol_2")["ol_2"].status == "batched"
+
+    create(db, wf.SIZE, [(f"om_{i}", {"tenant": "m", "n": i}) for i in range(5)])
+    point = failpoints.arm("operations.after_lock", "pause", job_id="om_2")
+    operator = threading.Thread(target=terminate, args=("om_2",))
+    operator.start()
+    try:
+        point.wait_reached()
+        assert form_due(db, wf.SIZE, policy) == []  # four unlocked, not due: nothing formed
+    finally:
+        point.release()
+        operator.join(30)
+        failpoints.disarm_all()
+    assert outcome["om_2"] == "terminated"
+    assert {r.status for j, r in rows(db, "om_").items()} == {"batching", "terminated"}

@@ -21,7 +21,7 @@ from workflow_engine.clock import FakeClock, SystemClock
 from workflow_engine.engine.metrics import BATCH_SIZE, BATCHES, labelled
 from workflow_engine.engine.services import Service
 from workflow_engine.model import BatchPolicy
-from workflow_engine.store.writes import form_due
+from workflow_engine.store.writes import form_due, workflows_waiting
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,8 @@ class BatchFormer(Service):
     def form_once(self) -> int:
         """One pass over every batched workflow; how many batches it formed."""
         count = 0
-        for workflow, policy in self.policies.items():
+        for workflow in workflows_waiting(self.db, list(self.policies)):
+            policy = self.policies[workflow]
             for batch in form_due(self.db, workflow, policy, self.clock.db_now()):
                 count += 1
                 labelled(BATCHES, workflow, batch.trigger).inc()

@@ -37,7 +37,7 @@ from workflow_engine.store.partitions import (
     retire_expired,
 )
 from workflow_engine.store.writes.attributes import set_attributes
-from workflow_engine.store.writes.batches import FormedBatch, form_due
+from workflow_engine.store.writes.batches import FormedBatch, form_due, workflows_waiting
 from workflow_engine.store.writes.children import (
     Awaited,
     ChildIdTaken,
@@ -226,6 +226,7 @@ __all__ = [
     "upsert_declared",
     "webhook_callbacks",
     "webhook_counts",
+    "workflows_waiting",
     "write_batch",
     "write_each",
 ]

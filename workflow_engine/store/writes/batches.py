@@ -47,6 +47,23 @@ from workflow_engine.store.fragments import NOW, notify_runnable
 #: The most batches one pass forms for one workflow (then the next workflow's turn).
 MAX_BATCHES_PER_PASS = 50
 
+# Which of the batched workflows have a member waiting: one probe of
+# onceflow_instances_batching_idx per workflow, so an idle pass costs one round trip.
+_WAITING = sa.text(
+    f"""
+SELECT w FROM unnest(CAST(:workflows AS text[])) AS w
+WHERE EXISTS (SELECT 1 FROM onceflow_instances
+              WHERE workflow = w AND status = '{InstanceStatus.BATCHING}')
+"""
+)
+
+
+def workflows_waiting(db: Engine, workflows: list[str]) -> list[str]:
+    """The workflows of ``workflows`` that have members waiting to be batched."""
+    with db.connect() as conn:
+        return list(conn.execute(_WAITING, {"workflows": workflows}).scalars())
+
+
 # The pools of one workflow that are due, by (key, version): a batch holds members of
 # one definition version (the version its run is created with). One scan of
 # onceflow_instances_batching_idx over the workflow's waiting members.
