@@ -75,3 +75,22 @@ def test_a_batch_result_gives_every_member_one():
     assert "missing ['b']" in batch_result_problem({"a": 1}, params)
     assert "not members ['c']" in batch_result_problem({"a": 1, "b": 2, "c": 3}, params)
     assert "int, not a list" in batch_result_problem(3, params)
+
+
+def test_a_member_with_its_own_start_limit_is_dead_lettered_with_a_reason():
+    from onceflow.envelope import JobEnvelope
+    from onceflow.vocabulary import DeadLetterReason
+    from streams.records import RawRecord, classify
+    from workflow_engine.model import WorkflowDef
+
+    registry = Registry()
+    registry.add_workflow(WorkflowDef(_fn, "unit-members", "v1", batch=batch_policy(Batch(5, 1))))
+    envs = [
+        JobEnvelope("m1", "unit-members", {"t": 1}),
+        JobEnvelope("m2", "unit-members", {"t": 1}, start_within=30.0),
+    ]
+    records = [RawRecord("t", 0, i, e.key(), e.encode(), e.headers()) for i, e in enumerate(envs)]
+    deliveries, dead = classify(records, 1_000_000, registry)
+    assert [(d.envelope.job_id, d.batch_key) for d in deliveries] == [("m1", ())]
+    assert [(d.job_id, d.reason) for d in dead] == [("m2", DeadLetterReason.INVALID_START_WITHIN)]
+    assert "runs its jobs in batches" in dead[0].detail
