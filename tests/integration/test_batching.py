@@ -317,3 +317,23 @@ def test_a_terminate_and_a_formation_of_one_member_are_ordered_by_its_row_lock(d
         failpoints.disarm_all()
     assert outcome["om_2"] == "terminated"
     assert {r.status for j, r in rows(db, "om_").items()} == {"batching", "terminated"}
+
+
+def test_retention_keeps_a_batch_run_while_a_member_names_it(db):
+    from workflow_engine.store.writes import prune
+
+    policy = REGISTRY.batches()[wf.SIZE]
+    create(db, wf.SIZE, [(f"rt_{i}", {"tenant": "r", "n": i}) for i in range(5)])
+    form_due(db, wf.SIZE, policy)
+    control.terminate(db, wf.SIZE, "rt_0~batch")  # the run and its members final
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE onceflow_instances SET finished_at = now() - interval '30 days'"
+                " WHERE job_id LIKE 'rt_%'"
+            )
+        )
+    assert prune(db, instance_seconds=0.0, job_id_seconds=0.0)["instances"] == 5
+    assert list(rows(db, "rt_")) == ["rt_0~batch"]  # its members went first
+    assert prune(db, instance_seconds=0.0, job_id_seconds=0.0)["instances"] == 1
+    assert rows(db, "rt_") == {}
