@@ -64,17 +64,47 @@ def workflows_waiting(db: Engine, workflows: list[str]) -> list[str]:
         return list(conn.execute(_WAITING, {"workflows": workflows}).scalars())
 
 
-# The pools of one workflow that are due, by (key, version): a batch holds members of
-# one definition version (the version its run is created with). One scan of
-# onceflow_instances_batching_idx over the workflow's waiting members.
+# The pools of one workflow that are due, oldest first. A loose index scan of
+# onceflow_instances_batching_idx: the distinct keys one probe each (a recursive CTE:
+# no skip scan before PostgreSQL 18), then per key its oldest member and a count of its
+# eligible members that stops at max_size. A GROUP BY over the waiting members read
+# all of them on every pass: 15 ms for 5,000 of 5 keys, against three probes per key.
+# A pool is of one definition version, the oldest member's (a batch run is created with
+# its members' version; another version's members of the key wait until the older
+# ones are formed, or their own oldest is due).
 _DUE_POOLS = sa.text(
     f"""
-SELECT batch_key, version, count(*) >= :size AS full
-FROM onceflow_instances
-WHERE workflow = :workflow AND status = '{InstanceStatus.BATCHING}' AND run_after <= {NOW}
-GROUP BY batch_key, version
-HAVING count(*) >= :size OR min(run_after) <= {NOW} - make_interval(secs => :wait)
-ORDER BY min(run_after)
+WITH RECURSIVE keys AS (
+    (SELECT batch_key FROM onceflow_instances
+     WHERE workflow = :workflow AND status = '{InstanceStatus.BATCHING}'
+     ORDER BY batch_key LIMIT 1)
+    UNION ALL
+    SELECT n.batch_key FROM keys k CROSS JOIN LATERAL (
+        SELECT i.batch_key FROM onceflow_instances i
+        WHERE i.workflow = :workflow AND i.status = '{InstanceStatus.BATCHING}'
+          AND i.batch_key > k.batch_key
+        ORDER BY i.batch_key LIMIT 1
+    ) AS n
+),
+pools AS (
+    SELECT k.batch_key, o.version, o.run_after AS oldest, (
+        SELECT count(*) FROM (
+            SELECT 1 FROM onceflow_instances m
+            WHERE m.workflow = :workflow AND m.batch_key = k.batch_key
+              AND m.status = '{InstanceStatus.BATCHING}' AND m.run_after <= {NOW}
+              AND m.version IS NOT DISTINCT FROM o.version
+            LIMIT :size) AS c) AS eligible
+    FROM keys k CROSS JOIN LATERAL (
+        SELECT i.version, i.run_after FROM onceflow_instances i
+        WHERE i.workflow = :workflow AND i.batch_key = k.batch_key
+          AND i.status = '{InstanceStatus.BATCHING}'
+        ORDER BY i.run_after, i.job_id LIMIT 1
+    ) AS o
+)
+SELECT batch_key, version, eligible >= :size AS full FROM pools
+WHERE oldest <= {NOW}
+  AND (eligible >= :size OR oldest <= {NOW} - make_interval(secs => :wait))
+ORDER BY oldest
 LIMIT :pools
 """
 )
