@@ -1,8 +1,8 @@
 """Batching through Kafka on two engines, one SIGKILLed mid-run (issue 26, item 2): 5,000
 jobs of a batched workflow (max_size 50, five tenants) are produced to the real jobs
 topic; the real streams worker creates their instances; two real engines
-(``onceflow engine``) form the batches and run them; engine-0 is SIGKILLed once a share
-of the members are done. Read back from the database: every batch run holds at most
+(``onceflow engine``) form the batches and run them; engine-0 is SIGKILLed once a third
+of the members are done, while it runs a batch (which engine-1 takes over). Read back from the database: every batch run holds at most
 max_size members of one tenant, every member is in exactly one batch run and its
 result is its own, no member ran in two batch runs, and nothing is lost."""
 
@@ -38,7 +38,7 @@ def test_5000_jobs_two_engines_one_sigkilled_every_member_in_one_batch(settings,
         **settings_env(settings),
         "ONCEFLOW_WORKFLOW_MODULES": json.dumps(["tests.integration.batch_workflows"]),
         "ONCEFLOW_DATABASE_URL": settings.database_url,
-        "BATCH_SECONDS": "0.05",  # a run is in flight long enough for the kill to cut some
+        "BATCH_SECONDS": "0.2",  # a run is in flight long enough for the kill to cut one
     }
     members = f"SELECT count(*) FROM onceflow_instances WHERE workflow = '{wf.CHAOS}'"
     done = members + " AND batch_size IS NULL AND status = 'complete'"
@@ -56,8 +56,17 @@ def test_5000_jobs_two_engines_one_sigkilled_every_member_in_one_batch(settings,
             ],
         )
         wait_for(lambda: scalar(db, done) >= N // 3, "a third of the members done", 120)
+        # killed while it runs a batch (its lease owner is host:pid:...), so the kill
+        # cuts a run in flight, which the survivor must take over and finish
+        pid = group.procs["engine-0"].pid
+        held = (
+            "SELECT min(job_id) FROM onceflow_instances WHERE batch_size IS NOT NULL"
+            f" AND status = 'running' AND lease_owner LIKE '%:{pid}:%'"
+        )
+        wait_for(lambda: scalar(db, held) is not None, "engine-0 running a batch", 60)
         done_at_kill = scalar(db, done)
         group.stop("engine-0", sig=signal.SIGKILL)
+        cut = scalar(db, held)
         started = time.monotonic()
         wait_for(lambda: scalar(db, done) == N, "every member complete", 150)
         after_kill = time.monotonic() - started
@@ -105,6 +114,8 @@ def test_5000_jobs_two_engines_one_sigkilled_every_member_in_one_batch(settings,
         f" {rescued} runs claimed again after the kill"
     )
     assert 0 < done_at_kill < N
+    assert cut is not None and runs[cut][1] == "complete"  # a run the kill cut, finished
+    assert scalar(db, f"SELECT claim_count FROM onceflow_instances WHERE job_id = '{cut}'") > 1
 
 
 @pytest.mark.timeout(120)
