@@ -2,9 +2,10 @@
 jobs of a batched workflow (max_size 50, five tenants) are produced to the real jobs
 topic; the real streams worker creates their instances; two real engines
 (``onceflow engine``) form the batches and run them; engine-0 is SIGKILLed once a third
-of the members are done, while it runs a batch (which engine-1 takes over). Read back from the database: every batch run holds at most
-max_size members of one tenant, every member is in exactly one batch run and its
-result is its own, no member ran in two batch runs, and nothing is lost."""
+of the members are done, while it runs a batch (which engine-1 takes over). Read back
+from the database: every batch run holds at most max_size members of one tenant, every
+member is in exactly one batch run and its result is its own, no member ran in two
+batch runs, and nothing is lost."""
 
 from __future__ import annotations
 
