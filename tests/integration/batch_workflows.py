@@ -68,3 +68,12 @@ async def chaos(ctx: Context, params: dict[str, Any]) -> list[Any]:
     members = [m["job_id"] for m in params["members"]]
     await ctx.step("run", _record, ctx.job_id, members, float(os.environ.get("BATCH_SECONDS", "0")))
     return [{"n": m["params"]["n"]} for m in params["members"]]
+
+
+PARENT = "test-batch-parent"  # starts a batched workflow as its child: refused
+
+
+@workflow(PARENT)
+async def parent(ctx: Context, params: dict[str, Any]) -> Any:
+    handle = await ctx.start_child(SIZE, "member", {"tenant": "x", "n": 1})
+    return await ctx.child_result(handle)

@@ -337,3 +337,14 @@ def test_retention_keeps_a_batch_run_while_a_member_names_it(db):
     assert list(rows(db, "rt_")) == ["rt_0~batch"]  # its members went first
     assert prune(db, instance_seconds=0.0, job_id_seconds=0.0)["instances"] == 1
     assert rows(db, "rt_") == {}
+
+
+def test_a_batched_workflow_cannot_be_started_as_a_child(settings, db):
+    from workflow_engine.store.writes import create_instances as plain_create
+
+    plain_create(db, [Delivery(JobEnvelope("pc_1", wf.PARENT, {}), "t", 0, next(_OFFSETS))])
+    run_until(settings, db, lambda: rows(db, "pc_")["pc_1"].status == "errored")
+    assert (
+        "runs its jobs in batches: it cannot be started as a child" in rows(db, "pc_")["pc_1"].error
+    )
+    assert list(rows(db, "pc_")) == ["pc_1"]  # no child instance
