@@ -348,3 +348,14 @@ def test_a_batched_workflow_cannot_be_started_as_a_child(settings, db):
         "runs its jobs in batches: it cannot be started as a child" in rows(db, "pc_")["pc_1"].error
     )
     assert list(rows(db, "pc_")) == ["pc_1"]  # no child instance
+
+
+def test_a_job_created_without_its_batch_policy_errors_with_the_reason(settings, db):
+    """A worker that does not load the workflow's module creates a plain instance: an
+    engine that has the workflow errors it instead of running a member as a batch."""
+    from workflow_engine.store.writes import create_instances as plain_create
+
+    plain_create(db, [Delivery(JobEnvelope("np_1", wf.WAIT, {"n": 1}), "t", 0, next(_OFFSETS))])
+    assert rows(db, "np_")["np_1"].status == "queued"
+    run_until(settings, db, lambda: rows(db, "np_")["np_1"].status == "errored")
+    assert "runs its jobs in batches, but this job was created" in rows(db, "np_")["np_1"].error

@@ -34,6 +34,7 @@ from ulid import ULID
 
 from onceflow import failpoints, tracing
 from onceflow.health import serve_metrics_and_health
+from onceflow.ids import BATCH_SUFFIX
 from onceflow.logs import setup_logging
 from onceflow.settings import Settings
 from onceflow.vocabulary import ControlAction, InstanceStatus, Process, TimeoutKind
@@ -431,6 +432,12 @@ class EngineRunner:
             # Claimed past its deadline (a sleep or wait woken at it, a rescue, a
             # resume): errored at this boundary, without replaying it.
             return _timed_out("execution deadline passed before it ran again", inst)
+        if definition.batch is not None and not inst.job_id.endswith(BATCH_SUFFIX):
+            # a member created as a plain instance: its worker did not load the module
+            return Failed(
+                f"{inst.workflow!r} runs its jobs in batches, but this job was created to run"
+                " on its own (the worker that created it does not load the workflow's module)"
+            )
         fn = definition.fn
         log.info(
             "instance running",
