@@ -37,7 +37,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from onceflow import failpoints
-from onceflow.envelope import params_digest
+from onceflow.envelope import DEFAULT_PRIORITY, params_digest
 from onceflow.ids import BATCH_SUFFIX
 from onceflow.vocabulary import InstanceStatus, JobKind, LifecycleEvent, Origin
 from workflow_engine.model import BatchPolicy
@@ -266,7 +266,7 @@ def _emit_formed(conn: Connection, batch_id: str, members: list[str]) -> None:
     instance.batched (the run and the member's place in it)."""
     size = len(members)
     events: list[tuple[str, LifecycleEvent, dict[str, Any] | None]] = [
-        (batch_id, LifecycleEvent.CREATED, {"priority": 3, "batch_size": size})
+        (batch_id, LifecycleEvent.CREATED, {"priority": DEFAULT_PRIORITY, "batch_size": size})
     ]
     events += [
         (
