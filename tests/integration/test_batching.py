@@ -146,6 +146,9 @@ def test_a_failed_batch_fails_every_member_and_a_wrong_result_errors_it(settings
     assert wrong["wr_1"].error.startswith("batch wr_0~batch errored: batch result:")
     kinds = [k for k, _ in events(db, "wr_2")]
     assert kinds[-1] == "instance.errored"
+    for kind, data in events(db, "wr_2") + events(db, "fl_1"):
+        valid(kind, data)
+    assert events(db, "fl_1")[-1][1]["batch"] == {"batch_id": "fl_0~batch", "index": 1, "size": 3}
 
 
 def test_a_member_is_never_in_two_batches_when_two_formers_race(db):
@@ -214,6 +217,8 @@ def test_operator_actions_on_members(settings, db):
     found = rows(db, "op_")
     assert {found[f"op_{i}"].status for i in range(1, 6)} == {"terminated"}
     assert found["op_3"].error.startswith("batch op_1~batch terminated")
+    for kind, data in events(db, "op_3"):
+        valid(kind, data)
     with pytest.raises(ControlError, match="retry the batch run instead"):
         control.retry(db, wf.SIZE, "op_3")
     control.restart(db, wf.SIZE, "op_1~batch")  # live again: its members are in it again
