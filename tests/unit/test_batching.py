@@ -94,3 +94,26 @@ def test_a_member_with_its_own_start_limit_is_dead_lettered_with_a_reason():
     assert [(d.envelope.job_id, d.batch_key) for d in deliveries] == [("m1", ())]
     assert [(d.job_id, d.reason) for d in dead] == [("m2", DeadLetterReason.INVALID_START_WITHIN)]
     assert "runs its jobs in batches" in dead[0].detail
+
+
+def test_ingest_refuses_a_members_own_start_limit_with_a_reason():
+    import orjson
+
+    from producers.models import RequestError, parse_submission
+
+    batched = frozenset({"unit-members"})
+    ok = orjson.dumps({"workflow": "unit-members", "params": {}})
+    assert parse_submission(ok, 10, 1000, batched=batched)[0][0].workflow == "unit-members"
+    body = orjson.dumps(
+        {
+            "jobs": [
+                {"workflow": "other", "start_within": 5},
+                {"workflow": "unit-members", "start_within": 5},
+            ]
+        }
+    )
+    with pytest.raises(RequestError) as refused:
+        parse_submission(body, 10, 1000, batched=batched)
+    assert refused.value.status == 422
+    assert refused.value.body.error == "invalid_start_within"
+    assert refused.value.body.fields[0].field == "jobs[1].start_within"
