@@ -364,3 +364,54 @@ def test_a_job_created_without_its_batch_policy_errors_with_the_reason(settings,
     assert rows(db, "np_")["np_1"].status == "queued"
     run_until(settings, db, lambda: rows(db, "np_")["np_1"].status == "errored")
     assert "runs its jobs in batches, but this job was created" in rows(db, "np_")["np_1"].error
+
+
+def test_a_job_id_submitted_again_after_retention_cannot_wedge_the_former(db):
+    """A member's job-id record is kept while its batch run's (``<member>~batch``) is: a
+    job submitted again under that id collapses as a duplicate instead of becoming a
+    member whose batch run's id is taken (every formation of its pool refused)."""
+    from workflow_engine.store.writes import prune
+
+    policy = REGISTRY.batches()[wf.SIZE]
+    jobs = [(f"ru_{i}", {"tenant": "u", "n": i}) for i in range(5)]
+    create(db, wf.SIZE, jobs)
+    form_due(db, wf.SIZE, policy)
+    control.terminate(db, wf.SIZE, "ru_0~batch")
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE onceflow_instances SET finished_at = now() - interval '30 days'"
+                " WHERE job_id LIKE 'ru_%'"
+            )
+        )
+        conn.execute(
+            sa.text(
+                "UPDATE onceflow_jobs SET received_at = now() - interval '30 days'"
+                " WHERE job_id LIKE 'ru_%'"
+            )
+        )
+    prune(db, instance_seconds=0.0, job_id_seconds=0.0)
+    assert list(rows(db, "ru_")) == ["ru_0~batch"]
+    create(db, wf.SIZE, [*jobs, ("ru_5", {"tenant": "u", "n": 5})])  # the same ids again
+    [batch] = form_due(db, wf.SIZE, policy)  # was: BatchIdTaken, "ru_0~batch" taken
+    assert batch.members == tuple(f"ru_{i}" for i in range(1, 6))  # ru_0 collapsed
+    assert "ru_0" not in rows(db, "ru_")
+    control.terminate(db, wf.SIZE, "ru_1~batch")
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE onceflow_instances SET finished_at = now() - interval '30 days'"
+                " WHERE job_id LIKE 'ru_%'"
+            )
+        )
+        conn.execute(
+            sa.text(
+                "UPDATE onceflow_jobs SET received_at = now() - interval '30 days'"
+                " WHERE job_id LIKE 'ru_%'"
+            )
+        )
+    for _ in range(3):  # members; then their runs; then the first members' records
+        prune(db, instance_seconds=0.0, job_id_seconds=0.0)
+    with db.connect() as conn:  # and every record goes in the end
+        left = conn.execute(sa.text("SELECT count(*) FROM onceflow_jobs WHERE job_id LIKE 'ru_%'"))
+        assert left.scalar_one() == 0

@@ -12,7 +12,8 @@ at a time (the others skip that round); each step is its own short transaction:
    not have taken its result yet, and would otherwise fail "child ... gone" although
    the child succeeded; it goes in the first round after its parent has finished;
 4. duplicate-delivery partitions older than the job-id retention are dropped whole;
-5. job-id records past theirs (plus one interval, for the same reason) are deleted;
+5. job-id records past theirs (plus one interval, for the same reason) are deleted (a
+   batch's first member's only after its batch run's, :data:`_PRUNE_JOB_IDS`);
 6. rows parked in a default partition whose step or job id is gone are deleted (the
    partitioned tables have no foreign key to cascade through);
 7. the operators' audit trail (``onceflow_operator_actions``) older than its own
@@ -30,6 +31,7 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from onceflow.ids import BATCH_SUFFIX
 from onceflow.vocabulary import (
     RUNNABLE_STATUSES,
     TERMINAL_STATUSES,
@@ -110,11 +112,16 @@ _PRUNE_INSTANCES = sa.text(
 _PRUNE_TASK_RUNS = sa.text(
     "DELETE FROM onceflow_task_runs WHERE status <> :pending AND finished_at < :before"
 )
-# A job-id record goes only once its instance or task run has gone.
+# A job-id record goes only once its instance or task run has gone, and a batch member's
+# only once its batch run's record has (``<member>~batch``, received when the batch was
+# formed, so it can outlive the member's): the same id submitted again collapses as a
+# duplicate until then, instead of becoming a member whose batch run's id is taken (the
+# former would refuse its pool's every batch). One primary-key probe per candidate.
 _PRUNE_JOB_IDS = sa.text(
     "DELETE FROM onceflow_jobs j WHERE j.received_at < :before"
     " AND NOT EXISTS (SELECT 1 FROM onceflow_instances i WHERE i.job_id = j.job_id)"
     " AND NOT EXISTS (SELECT 1 FROM onceflow_task_runs t WHERE t.job_id = j.job_id)"
+    f" AND NOT EXISTS (SELECT 1 FROM onceflow_jobs b WHERE b.job_id = j.job_id || '{BATCH_SUFFIX}')"
 )
 
 
