@@ -415,3 +415,18 @@ def test_a_job_id_submitted_again_after_retention_cannot_wedge_the_former(db):
     with db.connect() as conn:  # and every record goes in the end
         left = conn.execute(sa.text("SELECT count(*) FROM onceflow_jobs WHERE job_id LIKE 'ru_%'"))
         assert left.scalar_one() == 0
+
+
+def test_a_member_or_a_batch_run_cannot_be_forked(db):
+    """A fork is an instance run on its own: a member's (one job's params) or a batch
+    run's (no member takes its outcome) would be errored by the engine when claimed, so
+    the fork is refused with the reason, and nothing is created."""
+    from workflow_engine.store.operations import fork
+
+    policy = REGISTRY.batches()[wf.SIZE]
+    create(db, wf.SIZE, [(f"fk_{i}", {"tenant": "f", "n": i}) for i in range(6)])
+    form_due(db, wf.SIZE, policy)
+    for job_id in ("fk_2", "fk_5", "fk_0~batch"):  # batched, batching, the batch run
+        with pytest.raises(ControlError, match="runs its jobs in batches"):
+            fork(db, wf.SIZE, job_id, from_position=0)
+    assert not [j for j in rows(db, "fk_") if "~fork" in j]
