@@ -102,6 +102,14 @@ def test_5000_jobs_two_engines_one_sigkilled_every_member_in_one_batch(settings,
     )
     assert two == []
     assert scalar(db, "SELECT count(DISTINCT member) FROM test_batch_runs") == N
+    # each member's lifecycle events (the counter on its row; the relay deletes what it
+    # published): three, created, batched and one final, though the kill cut a run
+    seqs = rows(
+        db,
+        "SELECT event_seq, count(*) FROM onceflow_instances"
+        f" WHERE workflow = '{wf.CHAOS}' AND batch_size IS NULL GROUP BY event_seq",
+    )
+    assert [tuple(r) for r in seqs] == [(3, N)]
     sizes = sorted(size for size, _, _ in runs.values())
     rescued = scalar(
         db,
