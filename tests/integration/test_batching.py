@@ -430,3 +430,26 @@ def test_a_member_or_a_batch_run_cannot_be_forked(db):
         with pytest.raises(ControlError, match="runs its jobs in batches"):
             fork(db, wf.SIZE, job_id, from_position=0)
     assert not [j for j in rows(db, "fk_") if "~fork" in j]
+
+
+def test_a_member_whose_params_hold_a_large_number_is_batched_as_stored(db):
+    """jsonb prints 1e30 as 31 digits, which the driver reads as a Python int that
+    orjson cannot write (over 64 bits): the batch run's params are built from the
+    members' stored JSON, not from the values the driver made of it, so such a member
+    is batched like any other instead of failing its pool's every formation."""
+    policy = REGISTRY.batches()[wf.SIZE]
+    create(
+        db, wf.SIZE, [(f"bn_{i}", {"tenant": "n", "n": 1e30 if i == 2 else i}) for i in range(5)]
+    )
+    [batch] = form_due(db, wf.SIZE, policy)  # was: JSONEncodeError, nothing formed
+    assert batch.members == tuple(f"bn_{i}" for i in range(5))
+    with db.connect() as conn:
+        same = conn.execute(
+            sa.text(
+                "SELECT bool_and(r.params -> 'members' -> m.batch_index"
+                " = jsonb_build_object('job_id', m.job_id, 'params', m.params))"
+                " FROM onceflow_instances m JOIN onceflow_instances r ON r.job_id = m.batch_id"
+                " WHERE m.job_id LIKE 'bn_%' AND m.batch_size IS NULL"
+            )
+        ).scalar_one()
+    assert same is True

@@ -110,9 +110,13 @@ LIMIT :pools
 )
 
 # Step 1: the pool's oldest members, locked; ``due``: the oldest was eligible max_wait ago.
+# Their params as the stored JSON text, copied into the run's as it is (orjson.Fragment):
+# the driver's Python value of a jsonb number can be one orjson cannot write (1e30 is
+# printed as 31 digits, read as an int over 64 bits), which failed every formation.
 _LOCK_MEMBERS = sa.text(
     f"""
-SELECT job_id, params, run_after <= {NOW} - make_interval(secs => :wait) AS due
+SELECT job_id, CAST(params AS text) AS params,
+       run_after <= {NOW} - make_interval(secs => :wait) AS due
 FROM onceflow_instances
 WHERE workflow = :workflow AND batch_key = :key AND version IS NOT DISTINCT FROM :version
   AND status = '{InstanceStatus.BATCHING}' AND run_after <= {NOW}
@@ -165,8 +169,9 @@ class FormedBatch:
     trigger: str
 
 
-def batch_params(key: str, members: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-    """A batch run's params: its key, and every member's job id and params in order."""
+def batch_params(key: str, members: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A batch run's params: its key, and every member's job id and params in order
+    (a member's params: a value orjson writes, here the stored JSON as a Fragment)."""
     return {"key": key, "members": [{"job_id": j, "params": p} for j, p in members]}
 
 
@@ -224,7 +229,7 @@ def _form_one(
         if not rows or not (full or rows[0].due):
             return None  # the rollback releases the locks
         failpoints.hit("batch.after_lock", rows[0].job_id)
-        members = [(row.job_id, row.params) for row in rows]
+        members = [(row.job_id, orjson.Fragment(row.params)) for row in rows]
         batch_id = members[0][0] + BATCH_SUFFIX
         _insert_run(conn, workflow, key, version, batch_id, members)
         _emit_formed(conn, batch_id, [job_id for job_id, _ in members])
@@ -240,7 +245,7 @@ def _insert_run(
     key: str,
     version: str | None,
     batch_id: str,
-    members: list[tuple[str, dict[str, Any]]],
+    members: list[tuple[str, orjson.Fragment]],
 ) -> None:
     run_params = batch_params(key, members)
     marked = conn.execute(
