@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -453,3 +454,32 @@ def test_a_member_whose_params_hold_a_large_number_is_batched_as_stored(db):
             )
         ).scalar_one()
     assert same is True
+
+
+def test_a_pool_that_cannot_be_formed_holds_up_no_other_pool_or_workflow(db, caplog):
+    """A formation that fails (here a failpoint raising in the first pool's, every time)
+    is logged with its pool and rolled back, and the pass goes on: the other key's pool
+    of that workflow and the next workflow's are formed (they were not: the error left
+    form_due and the pass)."""
+    from workflow_engine.clock import SystemClock
+    from workflow_engine.engine.batch_former import BatchFormer
+
+    policies = REGISTRY.batches()
+    create(db, wf.SIZE, [(f"iso_a{i}", {"tenant": "ia", "n": i}) for i in range(5)])
+    create(db, wf.SIZE, [(f"iso_b{i}", {"tenant": "ib", "n": i}) for i in range(5)])
+    create(db, wf.WAIT, [("iso_w0", {"n": 0})])
+    time.sleep(policies[wf.WAIT].max_wait + 0.2)  # the wait pool due
+    former = BatchFormer(
+        db, SystemClock(), {wf.SIZE: policies[wf.SIZE], wf.WAIT: policies[wf.WAIT]}
+    )
+    failpoints.arm("batch.after_lock", "raise", job_id="iso_a0", times=100)
+    try:
+        formed = former.form_once()
+    finally:
+        failpoints.disarm_all()
+    found = rows(db, "iso_")
+    assert {found[f"iso_a{i}"].status for i in range(5)} == {"batching"}  # rolled back
+    assert {found[f"iso_b{i}"].status for i in range(5)} == {"batched"}
+    assert found["iso_w0"].status == "batched"
+    assert formed == 2
+    assert "test-batch-size key 'ia' could not be formed" in caplog.text

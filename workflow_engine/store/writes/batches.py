@@ -28,6 +28,7 @@ What happens when the batch run ends is the trigger ``onceflow_batch_outcome``'s
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -42,7 +43,10 @@ from onceflow.ids import BATCH_SUFFIX
 from onceflow.vocabulary import InstanceStatus, JobKind, LifecycleEvent, Origin
 from workflow_engine.model import BatchPolicy
 from workflow_engine.store import lifecycle
+from workflow_engine.store.db import is_transient
 from workflow_engine.store.fragments import NOW, notify_runnable
+
+log = logging.getLogger(__name__)
 
 #: The most batches one pass forms for one workflow (then the next workflow's turn).
 MAX_BATCHES_PER_PASS = 50
@@ -191,7 +195,7 @@ def form_due(
         made = [
             b
             for key, version, _ in pools
-            if (b := _form_one(db, workflow, policy, key, version, now))
+            if (b := _form_isolated(db, workflow, policy, key, version, now))
         ]
         if not made:
             break  # every due pool is being formed by another engine (locked) or not due
@@ -209,6 +213,31 @@ def _pool_params(
         "now": now,
         "pools": pools,
     }
+
+
+def _form_isolated(
+    db: Engine,
+    workflow: str,
+    policy: BatchPolicy,
+    key: str,
+    version: str | None,
+    now: datetime | None,
+) -> FormedBatch | None:
+    """:func:`_form_one`, a failure logged with its pool and taken as nothing formed:
+    its transaction rolled back (the pool whole), it holds up no other pool or workflow
+    of the pass; a database that cannot answer still ends the pass (the next one tries)."""
+    try:
+        return _form_one(db, workflow, policy, key, version, now)
+    except Exception as exc:
+        if is_transient(exc):
+            raise
+        log.exception(
+            "batch of %s key %r could not be formed",
+            workflow,
+            key,
+            extra={"event": "engine.batch_error", "workflow": workflow, "batch_key": key},
+        )
+        return None
 
 
 def _form_one(
