@@ -483,3 +483,20 @@ def test_a_pool_that_cannot_be_formed_holds_up_no_other_pool_or_workflow(db, cap
     assert found["iso_w0"].status == "batched"
     assert formed == 2
     assert "test-batch-size key 'ia' could not be formed" in caplog.text
+
+
+def test_an_event_sent_to_a_member_is_refused_not_stored(db):
+    """A member never runs (its batch run does), so an event sent to it could never be
+    read: refused with the reason, nothing stored (it was stored, silently unread)."""
+    policy = REGISTRY.batches()[wf.SIZE]
+    create(db, wf.SIZE, [(f"ev_{i}", {"tenant": "e", "n": i}) for i in range(6)])
+    form_due(db, wf.SIZE, policy)
+    for job_id in ("ev_1", "ev_5"):  # batched, batching
+        with pytest.raises(ControlError, match="takes no events"):
+            control.send_event(db, wf.SIZE, job_id, "go", {"x": 1})
+    with db.connect() as conn:
+        stored = conn.execute(
+            sa.text("SELECT count(*) FROM onceflow_events WHERE job_id LIKE 'ev_%'")
+        ).scalar_one()
+    assert stored == 0
+    assert control.send_event(db, wf.SIZE, "ev_0~batch", "go") > 0  # the run takes them
