@@ -482,7 +482,7 @@ def test_a_pool_that_cannot_be_formed_holds_up_no_other_pool_or_workflow(db, cap
     assert {found[f"iso_b{i}"].status for i in range(5)} == {"batched"}
     assert found["iso_w0"].status == "batched"
     assert formed == 2
-    assert "test-batch-size key 'ia' could not be formed" in caplog.text
+    assert caplog.text.count("test-batch-size key 'ia' could not be formed") == 1  # once a pass
 
 
 def test_an_event_sent_to_a_member_is_refused_not_stored(db):

@@ -185,6 +185,7 @@ def form_due(
     """Form the due batches of one workflow (each in its own transaction), at most
     :data:`MAX_BATCHES_PER_PASS`; answers what was formed."""
     formed: list[FormedBatch] = []
+    failed: set[tuple[str, str | None]] = set()  # tried once this pass, not again
     while len(formed) < MAX_BATCHES_PER_PASS:
         with db.connect() as conn:
             pools = conn.execute(
@@ -195,7 +196,8 @@ def form_due(
         made = [
             b
             for key, version, _ in pools
-            if (b := _form_isolated(db, workflow, policy, key, version, now))
+            if (key, version) not in failed
+            and (b := _form_isolated(db, workflow, policy, key, version, now, failed))
         ]
         if not made:
             break  # every due pool is being formed by another engine (locked) or not due
@@ -222,8 +224,10 @@ def _form_isolated(
     key: str,
     version: str | None,
     now: datetime | None,
+    failed: set[tuple[str, str | None]],
 ) -> FormedBatch | None:
-    """:func:`_form_one`, a failure logged with its pool and taken as nothing formed:
+    """:func:`_form_one`, a failure logged with its pool (added to ``failed``) and taken
+    as nothing formed:
     its transaction rolled back (the pool whole), it holds up no other pool or workflow
     of the pass; a database that cannot answer still ends the pass (the next one tries)."""
     try:
@@ -231,6 +235,7 @@ def _form_isolated(
     except Exception as exc:
         if is_transient(exc):
             raise
+        failed.add((key, version))
         log.exception(
             "batch of %s key %r could not be formed",
             workflow,
