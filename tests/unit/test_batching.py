@@ -117,3 +117,18 @@ def test_ingest_refuses_a_members_own_start_limit_with_a_reason():
     assert refused.value.status == 422
     assert refused.value.body.error == "invalid_start_within"
     assert refused.value.body.fields[0].field == "jobs[1].start_within"
+
+
+def test_the_formers_pause_has_a_floor():
+    """A quarter of the shortest max_wait, but not below 20 ms: a legal max_wait of a
+    millisecond made an idle engine probe the database 4,000 times a second."""
+    from workflow_engine.clock import SystemClock
+    from workflow_engine.engine.batch_former import INTERVAL_SECONDS, BatchFormer
+
+    def pause(wait: float) -> float:
+        policy = batch_policy(Batch(max_size=2, max_wait=wait))
+        return BatchFormer(None, SystemClock(), {"w": policy}).interval  # type: ignore[arg-type]
+
+    assert pause(0.001) == 0.02  # was 0.00025
+    assert pause(0.2) == 0.05
+    assert pause(60) == INTERVAL_SECONDS

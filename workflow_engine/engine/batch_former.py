@@ -26,8 +26,12 @@ from workflow_engine.store.writes import form_due, workflows_waiting
 log = logging.getLogger(__name__)
 
 #: The longest pause between passes: a pool is formed at most this late after it is
-#: due (and a quarter of the shortest max_wait, when that is shorter).
+#: due (and a quarter of the shortest max_wait, when that is shorter, down to
+#: :data:`MIN_INTERVAL_SECONDS`).
 INTERVAL_SECONDS = 0.25
+#: The shortest pause: a max_wait of a millisecond (legal) would otherwise make an idle
+#: engine probe the database thousands of times a second.
+MIN_INTERVAL_SECONDS = 0.02
 
 
 class BatchFormer(Service):
@@ -44,7 +48,7 @@ class BatchFormer(Service):
         self.clock = clock
         self.policies = dict(policies)
         shortest = min((p.max_wait for p in self.policies.values()), default=INTERVAL_SECONDS)
-        self.interval = min(INTERVAL_SECONDS, shortest / 4)
+        self.interval = max(MIN_INTERVAL_SECONDS, min(INTERVAL_SECONDS, shortest / 4))
 
     async def run(self) -> None:
         while True:
