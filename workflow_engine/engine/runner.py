@@ -433,10 +433,12 @@ class EngineRunner:
             # resume): errored at this boundary, without replaying it.
             return _timed_out("execution deadline passed before it ran again", inst)
         if definition.batch is not None and not inst.job_id.endswith(BATCH_SUFFIX):
-            # a member created as a plain instance: its worker did not load the module
+            # a member created as a plain instance: its worker did not load the module,
+            # or a schedule made with the CLI or API ticked (a tick is never a member)
             return Failed(
                 f"{inst.workflow!r} runs its jobs in batches, but this job was created to run"
-                " on its own (the worker that created it does not load the workflow's module)"
+                " on its own (by a worker that does not load the workflow's module, or a"
+                " schedule's tick)"
             )
         fn = definition.fn
         log.info(
