@@ -500,3 +500,34 @@ def test_an_event_sent_to_a_member_is_refused_not_stored(db):
         ).scalar_one()
     assert stored == 0
     assert control.send_event(db, wf.SIZE, "ev_0~batch", "go") > 0  # the run takes them
+
+
+def test_bulk_operations_over_members_and_their_run(db):
+    """A bulk terminate, then retry, by a filter matching waiting members, batched
+    members and their batch run alike: the waiting leave their pool, the batched refuse
+    (skipped) and follow their run, each member ends with one final event per end."""
+    from onceflow.vocabulary import BulkAction
+    from workflow_engine.store.operations import run_bulk, start_bulk
+    from workflow_engine.store.views.listing import InstanceFilter
+
+    policy = REGISTRY.batches()[wf.SIZE]
+    create(db, wf.SIZE, [(f"bk_{i}", {"tenant": "k", "n": i}) for i in range(7)])
+    form_due(db, wf.SIZE, policy)  # bk_0..bk_4 in bk_0~batch; bk_5, bk_6 waiting
+    f = InstanceFilter(job_id_prefix="bk_")
+    done = run_bulk(db, start_bulk(db, BulkAction.TERMINATE, f).id)
+    assert (done.total, done.done, done.skipped) == (8, 3, 5)  # the run and the waiting
+    found = rows(db, "bk_")
+    assert {r.status for r in found.values()} == {"terminated"}
+    done = run_bulk(db, start_bulk(db, BulkAction.RETRY, f).id)
+    assert (done.done, done.skipped) == (1, 7)  # the run only
+    found = rows(db, "bk_")
+    assert {found[f"bk_{i}"].status for i in range(5)} == {"batched"}
+    assert found["bk_0~batch"].status == "queued"
+    assert {found[f"bk_{i}"].status for i in (5, 6)} == {"terminated"}
+    kinds = [k for k, _ in events(db, "bk_3")]
+    assert kinds == [
+        "instance.created",
+        "instance.batched",
+        "instance.terminated",
+        "instance.batched",
+    ]
