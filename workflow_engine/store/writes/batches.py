@@ -227,9 +227,9 @@ def _form_isolated(
     failed: set[tuple[str, str | None]],
 ) -> FormedBatch | None:
     """:func:`_form_one`, a failure logged with its pool (added to ``failed``) and taken
-    as nothing formed:
-    its transaction rolled back (the pool whole), it holds up no other pool or workflow
-    of the pass; a database that cannot answer still ends the pass (the next one tries)."""
+    as nothing formed: its transaction rolled back (the pool whole), it holds up no
+    other pool or workflow of the pass; a database that cannot answer still ends the
+    pass (the next one tries)."""
     try:
         return _form_one(db, workflow, policy, key, version, now)
     except Exception as exc:
