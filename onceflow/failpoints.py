@@ -60,6 +60,8 @@ POINTS: dict[str, str] = {
     "singleton.after_decide": "worker: a singleton key locked and its live instances read,"
     " the decision not committed",
     "reuse.after_read": "worker: finished runs of resubmitted job ids read, not yet locked",
+    "batch.after_lock": "engine: a batch's members locked and re-checked, the batch run"
+    " not created, the members not marked",
     "operations.after_lock": "operator action: the instance locked, its status read, not changed",
 }
 

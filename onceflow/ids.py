@@ -24,6 +24,8 @@ def is_valid_job_id(value: str) -> bool:
 #: ``<schedule>@<instant>``; a fork, ``<job id>~fork<k>``). Derived ids carry a character
 #: no client-supplied id has (``@``, ``~``), so they never collide with one.
 MAX_DERIVED_JOB_ID = 200
+#: After a batch's first member's id: the batch run's job id (``<member>~batch``).
+BATCH_SUFFIX = "~batch"
 #: Between an instance's id and its fork's number (``onceflow instances fork``).
 FORK_SEPARATOR = "~fork"
 

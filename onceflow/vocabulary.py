@@ -25,6 +25,11 @@ class InstanceStatus(StrEnum):
     # Never ran: a singleton policy (``skip``) found another instance of its key active
     # when it was created (``skipped_for`` names it; migration 0024).
     SKIPPED = "skipped"
+    # A member of a batched workflow (``@workflow(batch=...)``, migration 0026): waiting in
+    # its key's pool (no engine runs it), then in a batch run (``batch_id`` names it),
+    # whose outcome becomes its own.
+    BATCHING = "batching"
+    BATCHED = "batched"
 
     @property
     def terminal(self) -> bool:
@@ -164,6 +169,7 @@ class Origin(StrEnum):
     SCHEDULE = "schedule"  # a schedule's tick (workflow_engine.engine.scheduler)
     CHILD = "child"  # started by a parent workflow's ctx.start_child (no Kafka record)
     FORK = "fork"  # an operator's fork of another instance's history (no Kafka record)
+    BATCH = "batch"  # a batch run, formed by an engine from its members (no Kafka record)
 
 
 class BulkAction(StrEnum):
@@ -304,6 +310,9 @@ class LifecycleEvent(StrEnum):
     # ``instance.terminated`` follows when it stops).
     SKIPPED = "instance.skipped"
     SUPERSEDED = "instance.superseded"
+    # A member taken into a batch run (issue 26): the run's job id and its place in it;
+    # its instance.complete / errored / terminated follow when the run ends.
+    BATCHED = "instance.batched"
 
     @property
     def ce_type(self) -> str:

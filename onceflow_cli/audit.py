@@ -53,7 +53,7 @@ class AuditReport:
     doubled: list[str] = field(default_factory=list)
     invalid_not_dead_lettered: list[str] = field(default_factory=list)
     unknown_origin: int = 0
-    # Instances started inside onceflow (schedule ticks, child workflows): no record.
+    # Instances started inside onceflow (schedule ticks, child workflows, batch runs): no record.
     started_inside: int = 0
     # Records of the jobs topic the workers dead-lettered, by reason code, and the job
     # ids that have nothing but dead letters (consumed; no instance will ever exist).
@@ -89,7 +89,7 @@ class AuditReport:
             ("task runs", self.task_runs),
             ("records on the dead-letter topic", self.dead_lettered_records),
             ("invalid records in the jobs topic", self.invalid_records),
-            ("instances started by schedules or parents", self.started_inside),
+            ("instances started by schedules, parents or batches", self.started_inside),
             ("instances/runs not from the topic (retention)", self.unknown_origin),
             *self._dead_letter_rows(),
             ("job ids delivered again as another workflow", self.workflow_mismatch_job_ids),

@@ -79,6 +79,8 @@ def render_instance(view: InstanceView) -> str:
     lines += _runs(view) + _time_limits(view)
     if view.singleton_note:
         lines.append(view.singleton_note)
+    if view.batch_note:
+        lines.append(view.batch_note)
     if view.waiting_for_engine:
         lines.append(view.waiting_for_engine)
     if view.held_because:

@@ -54,6 +54,8 @@ class Ingest:
     task_types: frozenset[str] = frozenset()
     #: Start and wait (``ingest_max_wait_seconds`` > 0): created by the lifespan.
     waiters: Waiters | None = None
+    #: Workflows whose jobs run in batches (``@workflow(batch=...)``): no start_within.
+    batched: frozenset[str] = frozenset()
 
     @classmethod
     def from_settings(
@@ -73,6 +75,7 @@ class Ingest:
                 frozenset(settings.webhook_endpoints) if settings.ingest_validate_types else None
             ),
             task_types=frozenset(registry.task_names()),
+            batched=frozenset(registry.batches()),
         )
 
     def bulk_runner(self, db: Engine) -> BulkRunner:

@@ -188,9 +188,11 @@ def parse_submission(
     max_params_bytes: int,
     known_types: frozenset[str] | None = None,
     known_callbacks: frozenset[str] | None = None,
+    batched: frozenset[str] = frozenset(),
 ) -> tuple[list[JobIn], bool]:
     """:func:`parse_jobs`, and whether the body was a batch (``{"jobs": [...]}``, even
-    of one job): a start-and-wait answer has the batch's shape then."""
+    of one job): a start-and-wait answer has the batch's shape then. ``batched``: the
+    workflows whose jobs run in batches (a member takes no ``start_within``)."""
     doc, check_params = _json_object(body)
     is_batch = "jobs" in doc
     if is_batch and isinstance(doc["jobs"], list) and len(doc["jobs"]) > max_batch:
@@ -218,6 +220,15 @@ def parse_submission(
         _check_job(job, i if is_batch else None, max_params_bytes, known_types, check_params)
         if job.callback is not None and known_callbacks is not None:
             _check_callback(job.callback, i if is_batch else None, known_callbacks)
+        if job.start_within is not None and job.workflow in batched:
+            field = _field(i if is_batch else None, "start_within")
+            reason = f"{job.workflow!r} runs its jobs in batches: a member never starts on its own"
+            raise RequestError(
+                422,
+                "invalid_start_within",
+                f"{field}: {reason}",
+                [FieldError(field=field, reason=reason)],
+            )
     return jobs, is_batch
 
 

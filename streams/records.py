@@ -103,6 +103,7 @@ def classify(
                 start_within=within,
                 singleton=registry.singleton(env.workflow) if workflow else None,
                 id_reuse=env.id_reuse or registry.id_reuse(env.workflow),
+                batch_key=registry.batch_key(env.workflow) if workflow else None,
             )
         )
     return deliveries, dead
@@ -117,6 +118,7 @@ def _refusal(
         _callback_refusal(env, workflow, callbacks)
         or _task_refusal(env, workflow)
         or _id_reuse_refusal(env, registry.id_reuse(env.workflow) if workflow else None)
+        or _batch_refusal(env, registry)
     )
 
 
@@ -169,6 +171,18 @@ def _id_reuse_refusal(
         )
         return DeadLetterReason.INVALID_ID_REUSE, detail
     return None
+
+
+def _batch_refusal(env: JobEnvelope, registry: Registry) -> tuple[DeadLetterReason, str] | None:
+    """What a member of a batched workflow cannot have: a start limit (a member is never
+    started on its own; its batch run is, README "Flow control")."""
+    if env.start_within is None or registry.batch_key(env.workflow) is None:
+        return None
+    detail = (
+        f"{env.workflow!r} runs its jobs in batches: a start limit (start_within) is for"
+        " jobs that start on their own"
+    )
+    return DeadLetterReason.INVALID_START_WITHIN, detail
 
 
 def split_by_partition(deliveries: list[Delivery], groups: int) -> list[list[Delivery]]:

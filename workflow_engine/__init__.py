@@ -21,6 +21,7 @@ _EXPORTS = {
     "ChildHandle": "workflow_engine.definitions",
     "Context": "workflow_engine.definitions",
     "RetryPolicy": "workflow_engine.definitions",
+    "Batch": "workflow_engine.model",
     "RateLimit": "workflow_engine.model",
     "Singleton": "workflow_engine.model",
     "WebhookSubscription": "workflow_engine.model",
@@ -51,6 +52,7 @@ _EXPORTS = {
 
 __all__ = [
     "REGISTRY",
+    "Batch",
     "ChildHandle",
     "ChildWorkflowFailed",
     "Context",
@@ -109,6 +111,7 @@ if TYPE_CHECKING:
         WorkflowError,
     )
     from workflow_engine.model import (
+        Batch,
         CreateResult,
         Delivery,
         RateLimit,

@@ -23,6 +23,9 @@ from onceflow.instance_events import MAX_EVENT_TYPE_CHARS  # an awaited type: wh
 from onceflow.ticks import Schedule
 from onceflow.vocabulary import IdReuse
 from workflow_engine.model import (
+    Batch,
+    BatchPolicy,
+    FlowControl,
     RateLimit,
     Registry,
     ScheduleDef,
@@ -32,6 +35,7 @@ from workflow_engine.model import (
     WebhookSubscription,
     WorkflowDef,
     WorkflowFn,
+    batch_policy,
     flow_control,
     singleton_policy,
 )
@@ -152,32 +156,22 @@ def workflow(
     execution_timeout: float | timedelta | None = None,
     singleton: Singleton | None = None,
     id_reuse: str = "never",
+    batch: Batch | None = None,
 ) -> Callable[[WorkflowFn], WorkflowFn]:
-    """Register an async function ``(ctx, params)`` as the workflow called ``name``.
+    """Register an async function ``(ctx, params)`` as the workflow called ``name``
+    (every option: README, "Flow control" and the sections after it).
 
-    ``concurrency`` caps how many of its instances run at once across all engines;
-    the rest stay queued (sleeping and waiting ones do not count). ``id_reuse``: whether
-    a finished job id may run again (:func:`_id_reuse`). ``version`` names this
-    definition (``"2026-11-30"``; default: a fingerprint of the function's source,
-    :mod:`workflow_engine.versions`); an instance runs only on engines that have it.
-
-    ``schedule`` starts an instance per tick: a 5-field cron expression read in
-    ``timezone``, a ``timedelta``, or a :class:`~onceflow.ticks.Schedule` with its
-    catch-up and overlap policies. Engines upsert it at start (README, "Schedules").
-
-    Flow control (:class:`~workflow_engine.model.FlowControl`, README "Flow control"): at
-    most ``max_per_key`` (default 1) running instances per value of ``concurrency_key``
-    (a dotted path on params, ``"params.customer_id"``; sleeping and waiting instances
-    keep their slot only with ``hold_while_waiting``); at most ``rate_limit`` starts per
-    period per key; claims rotated round-robin across the values of ``fairness_key``;
-    ``singleton`` (:class:`~workflow_engine.model.Singleton`): one live instance per key
-    (a new one queues, is skipped or cancels it; not with another per-key limit).
-
-    ``webhooks`` subscribes endpoints (names from ``ONCEFLOW_WEBHOOK_ENDPOINTS``) to its
-    lifecycle events: a name gets the endpoint's kinds (by default the final ones), a
-    :class:`~workflow_engine.model.WebhookSubscription` the kinds it names (README,
-    "Webhooks"); an unknown name stops the engine at start. Its timing (:func:`_timing`):
-    a delayed start ``start_after``, time limits ``start_within`` and ``execution_timeout``.
+    ``version`` names this definition (default: a fingerprint of its source,
+    :mod:`workflow_engine.versions`); an instance runs on engines that have it.
+    ``schedule``: an instance per tick (a 5-field cron read in ``timezone``, a
+    ``timedelta``, or a :class:`~onceflow.ticks.Schedule`). Flow control
+    (:class:`~workflow_engine.model.FlowControl`): ``concurrency``, at most
+    ``max_per_key`` running per ``concurrency_key`` value (``hold_while_waiting``),
+    ``rate_limit``, ``fairness_key``, ``singleton`` (one live instance per key).
+    ``webhooks``: endpoints subscribed to its lifecycle events (README, "Webhooks").
+    Timing (:func:`_timing`): ``start_after``, ``start_within``, ``execution_timeout``.
+    ``batch``: its jobs run in batches (:func:`_check_batch`); ``id_reuse``: may a
+    finished job id run again (:func:`_id_reuse`).
     """
     check_name("workflow name", name)
     timing = _timing(name, start_after, start_within, execution_timeout)
@@ -185,11 +179,12 @@ def workflow(
     limits = (concurrency, concurrency_key, max_per_key, hold_while_waiting, rate_limit)
     flow = flow_control(*limits, fairness_key, policy := singleton_policy(singleton))
     subscriptions, reuse = _subscriptions(webhooks), _id_reuse(name, id_reuse)
+    extra = (reuse, _check_batch(name, batch_policy(batch), flow, declared, timing[1], reuse))
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         given = check_version(version) if version is not None else fingerprint(fn)
         options = (inline_steps, flow, declared, subscriptions)
-        REGISTRY.add_workflow(WorkflowDef(fn, name, given, *options, *timing, policy, reuse))
+        REGISTRY.add_workflow(WorkflowDef(fn, name, given, *options, *timing, policy, *extra))
         return fn
 
     return register
@@ -208,6 +203,41 @@ def _id_reuse(workflow: str, value: str) -> IdReuse:
     if policy is None:
         raise ValueError(f"workflow {workflow!r}: id_reuse must be named (default 'never')")
     return policy
+
+
+def _check_batch(
+    workflow: str,
+    batch: BatchPolicy | None,
+    flow: FlowControl | None,
+    schedule: ScheduleDef | None,
+    start_within: float | None,
+    id_reuse: IdReuse,
+) -> BatchPolicy | None:
+    """A batch declaration (the function is called once per batch with ``{"key": ...,
+    "members": [{"job_id": ..., "params": ...}, ...]}`` and returns one result per
+    member: a list in member order, or a dict keyed by member job id), refused with what
+    makes no sense beside it: flow control and
+    singleton policies (they bound the instances the claim starts, and a member is never
+    claimed: its batch run is, one per batch), a schedule (a tick is one job on its own),
+    a start limit (a member is never started; it is taken into a batch), an id reuse
+    policy (a member's outcome is its batch run's: a new run of one member alone would
+    be a job no batch takes)."""
+    if batch is None:
+        return None
+    clash = (
+        "flow control (concurrency, keys, rate_limit, fairness_key) or a singleton policy"
+        if flow is not None
+        else "a schedule"
+        if schedule is not None
+        else "start_within"
+        if start_within is not None
+        else f"id_reuse={id_reuse.value!r}"
+        if id_reuse != IdReuse.NEVER
+        else None
+    )
+    if clash is not None:
+        raise ValueError(f"workflow {workflow!r}: batch cannot be combined with {clash}")
+    return batch
 
 
 def _subscriptions(

@@ -128,6 +128,80 @@ def singleton_policy(singleton: Singleton | None) -> SingletonPolicy | None:
 
 
 @dataclass(frozen=True)
+class Batch:
+    """``@workflow(batch=Batch(max_size=100, max_wait=2.0, key="params.tenant"))``: the
+    workflow's jobs are run in batches, one run taking the params of up to ``max_size``
+    jobs of one value of ``key`` (a dotted path on params; None: one pool for the
+    workflow; a missing key is the key ``''``). A batch is formed when ``max_size`` jobs
+    wait, or when the oldest has waited ``max_wait`` (seconds or a ``timedelta``). Each
+    job keeps its own instance, status and result (README, "Flow control")."""
+
+    max_size: int
+    max_wait: float | timedelta
+    key: str | None = None
+
+
+#: The largest batch: a batch run's params hold every member's, in one jsonb value.
+MAX_BATCH_SIZE = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPolicy:
+    """A batch declaration as checked at registration."""
+
+    max_size: int
+    max_wait: float  # seconds
+    key: KeyPath  # () : one pool for the whole workflow
+
+
+def batch_policy(batch: Batch | None) -> BatchPolicy | None:
+    """The checked policy: ValueError unless 2 <= max_size <= MAX_BATCH_SIZE and
+    0 < max_wait <= a day, or on a bad key path."""
+    if batch is None:
+        return None
+    size = batch.max_size
+    if isinstance(size, bool) or not isinstance(size, int) or not 2 <= size <= MAX_BATCH_SIZE:
+        raise ValueError(
+            f"batch max_size must be an integer from 2 to {MAX_BATCH_SIZE}, not {size!r}"
+        )
+    wait = (
+        batch.max_wait.total_seconds() if isinstance(batch.max_wait, timedelta) else batch.max_wait
+    )
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 < wait <= 86400:
+        raise ValueError(
+            f"batch max_wait must be more than 0 and at most a day (seconds), not {wait!r}"
+        )
+    return BatchPolicy(size, float(wait), key_path(batch.key) if batch.key else ())
+
+
+def batch_result_problem(value: Any, params: Mapping[str, Any]) -> str | None:
+    """Why a batch run's return value does not give every member a result, or None: it
+    must be a list with one element per member, in member order, or a dict whose keys
+    are exactly the members' job ids (``params``: the run's, ``batches.batch_params``)."""
+    members = [m["job_id"] for m in params.get("members", ())]
+    if isinstance(value, list | tuple):
+        if len(value) == len(members):
+            return None
+        return (
+            f"batch result: a list of {len(value)} results for {len(members)} members"
+            " (one per member, in member order)"
+        )
+    if isinstance(value, dict):
+        missing = [m for m in members if m not in value]
+        extra = [k for k in value if k not in set(members)]
+        if not missing and not extra:
+            return None
+        return (
+            f"batch result: a dict keyed by member job id, missing {missing[:3]}"
+            f" ({len(missing)}), not members {extra[:3]} ({len(extra)})"
+        )
+    return (
+        f"batch result: {type(value).__name__}, not a list with one result per member"
+        " or a dict keyed by member job id"
+    )
+
+
+@dataclass(frozen=True)
 class RateLimit:
     """At most ``limit`` instance starts per ``period`` per value of ``key`` (a dotted
     path on params; None: one budget for the whole workflow). A start is an instance's
@@ -264,6 +338,10 @@ class Delivery:
     # The id reuse policy this delivery is created under: its own ``id_reuse`` if it
     # gives one (the worker checked it is not looser), else its workflow's.
     id_reuse: IdReuse = IdReuse.NEVER
+    # The params key grouping the workflow's jobs into batches (``Registry.batch_key``):
+    # the instance is created 'batching' (a member waiting in its key's pool); None: not
+    # batched.
+    batch_key: KeyPath | None = None
 
 
 @dataclass(slots=True)
@@ -378,6 +456,7 @@ class WorkflowDef:
     execution_timeout: float | None = None
     singleton: SingletonPolicy | None = None  # ``@workflow(singleton=...)``
     id_reuse: IdReuse = IdReuse.NEVER  # ``@workflow(id_reuse=...)``
+    batch: BatchPolicy | None = None  # ``@workflow(batch=...)``: its jobs run in batches
 
 
 @dataclass(frozen=True, slots=True)
@@ -481,6 +560,16 @@ class Registry:
         definition = self._workflows.get(name)
         policy = definition.singleton if definition is not None else None
         return policy if policy is not None and policy.decides else None
+
+    def batches(self) -> dict[str, BatchPolicy]:
+        """Every batched workflow's policy (the engines' batch former takes it)."""
+        return {name: d.batch for name, d in self._workflows.items() if d.batch is not None}
+
+    def batch_key(self, name: str) -> KeyPath | None:
+        """The params key whose value groups new instances of ``name`` into batches
+        (``()``: one pool), or None: not batched (an instance runs on its own)."""
+        definition = self._workflows.get(name)
+        return None if definition is None or definition.batch is None else definition.batch.key
 
     def lane_path(self, name: str) -> KeyPath | None:
         """The key new instances of ``name`` store as their fairness lane: ``()`` for a

@@ -209,6 +209,7 @@ async def _read_jobs(request: Submission, ingest: Ingest) -> tuple[list[JobIn], 
         settings.ingest_max_params_bytes,
         ingest.known_types,
         ingest.known_callbacks,
+        ingest.batched,
     )
 
 

@@ -656,6 +656,11 @@ class WorkflowContext:
         handle = ChildHandle(child_id, name, workflow, position)
         if recorded is not None:
             return handle
+        if self._rt.registry.batch_key(workflow) is not None:
+            # a member waits for a batch; a child's parent awaits the child itself
+            raise NonRetryableError(
+                f"workflow {workflow!r} runs its jobs in batches: it cannot be started as a child"
+            )
         child_params = params or {}
         writes.encode_result(child_params, self._rt.max_result_bytes)  # JSON, bounded
         start = writes.StartChild(

@@ -183,3 +183,15 @@ WEBHOOK_PENDING = Gauge(
 WEBHOOK_DEAD = Gauge(
     "onceflow_webhook_deliveries_dead", "Dead webhook deliveries (`onceflow webhooks redrive`)"
 )
+BATCHES = Counter(
+    "onceflow_engine_batches_total",
+    "Batch runs this engine formed from waiting members, by trigger (size: max_size"
+    " members waited; wait: the oldest waited max_wait)",
+    ["workflow", "trigger"],
+)
+BATCH_SIZE = Histogram(
+    "onceflow_engine_batch_size",
+    "Members per batch run this engine formed",
+    ["workflow"],
+    buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000),
+)

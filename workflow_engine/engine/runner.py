@@ -36,12 +36,14 @@ from ulid import ULID
 
 from onceflow import failpoints, tracing
 from onceflow.health import serve_metrics_and_health
+from onceflow.ids import BATCH_SUFFIX
 from onceflow.logs import setup_logging
 from onceflow.settings import Settings
 from onceflow.vocabulary import ControlAction, InstanceStatus, Process, TimeoutKind
 from workflow_engine.clock import FakeClock, SystemClock
 from workflow_engine.definitions import RetryPolicy, load_workflow_modules
 from workflow_engine.engine.backpressure import Backpressure
+from workflow_engine.engine.batch_former import BatchFormer
 from workflow_engine.engine.batcher import PostgresWrites, WriteBatcher
 from workflow_engine.engine.configs import engine_configs
 from workflow_engine.engine.context import WorkflowContext
@@ -78,7 +80,7 @@ from workflow_engine.errors import (
     WorkflowError,
     failed_step_position,
 )
-from workflow_engine.model import Registry
+from workflow_engine.model import Registry, batch_result_problem
 from workflow_engine.store import (
     check_connection,
     database_ready,
@@ -218,6 +220,8 @@ class EngineRunner:
                     f"{self.owner}:webhooks",
                 )
             )
+        if batched := self.registry.batches():
+            extra.append(BatchFormer(self.db, self.clock, batched))
         return [
             *extra,
             LeaseKeeper(self.batcher, self._inflight, c.lease_keeper),
@@ -448,6 +452,14 @@ class EngineRunner:
             # Claimed past its deadline (a sleep or wait woken at it, a rescue, a
             # resume): errored at this boundary, without replaying it.
             return _timed_out("execution deadline passed before it ran again", inst)
+        if definition.batch is not None and not inst.job_id.endswith(BATCH_SUFFIX):
+            # a member created as a plain instance: its worker did not load the module,
+            # or a schedule made with the CLI or API ticked (a tick is never a member)
+            return Failed(
+                f"{inst.workflow!r} runs its jobs in batches, but this job was created to run"
+                " on its own (by a worker that does not load the workflow's module, or a"
+                " schedule's tick)"
+            )
         fn = definition.fn
         log.info(
             "instance running",
@@ -461,6 +473,8 @@ class EngineRunner:
         )
         try:
             value = await fn(ctx, inst.params)
+            if definition.batch is not None and (wrong := batch_result_problem(value, inst.params)):
+                return Failed(wrong)
             return Completed(writes.encode_result(value, self.max_result_bytes))
         except Suspend as wait:
             wake_at = cast("datetime | None", wait.wake_at)

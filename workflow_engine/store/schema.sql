@@ -214,6 +214,92 @@ BEGIN
 END
 $_$;
 
+CREATE FUNCTION public.onceflow_batch_outcome() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    final constant text[] := ARRAY['complete', 'errored', 'terminated', 'skipped'];
+    ids text[];
+BEGIN
+    IF NEW.status = ANY(final) THEN
+        WITH members AS (
+            SELECT m.job_id, m.batch_index FROM onceflow_instances m
+            WHERE m.batch_id = NEW.job_id AND m.status = 'batched'
+            ORDER BY m.job_id
+            FOR UPDATE OF m
+        ),
+        outcome AS (
+            SELECT mb.job_id,
+                   CASE WHEN NEW.status <> 'complete' THEN NULL
+                        WHEN jsonb_typeof(NEW.result) = 'array'
+                             AND jsonb_array_length(NEW.result) = NEW.batch_size
+                            THEN NEW.result -> mb.batch_index
+                        WHEN jsonb_typeof(NEW.result) = 'object'
+                             AND NEW.result ? mb.job_id
+                            THEN NEW.result -> mb.job_id
+                   END AS result,
+                   CASE WHEN NEW.status <> 'complete' THEN NEW.status
+                        WHEN (jsonb_typeof(NEW.result) = 'array'
+                              AND jsonb_array_length(NEW.result) = NEW.batch_size)
+                             OR (jsonb_typeof(NEW.result) = 'object'
+                                 AND NEW.result ? mb.job_id)
+                            THEN 'complete'
+                        ELSE 'errored'
+                   END AS status
+            FROM members mb
+        ),
+        done AS (
+            UPDATE onceflow_instances m
+            SET status = o.status, result = o.result, finished_at = now(), updated_at = now(),
+                error = CASE o.status
+                    WHEN 'complete' THEN NULL
+                    WHEN 'errored' THEN 'batch ' || NEW.job_id || ' '
+                        || CASE WHEN NEW.status = 'complete'
+                                THEN 'completed with no result for this member'
+                                ELSE 'errored: ' || coalesce(NEW.error, '') END
+                    ELSE 'batch ' || NEW.job_id || ' terminated: '
+                        || coalesce(NEW.error, '') END
+            FROM outcome o
+            WHERE m.job_id = o.job_id
+            RETURNING m.job_id
+        )
+        SELECT array_agg(job_id ORDER BY job_id) INTO ids FROM done;
+    ELSE
+        WITH members AS (
+            SELECT m.job_id FROM onceflow_instances m
+            WHERE m.batch_id = NEW.job_id AND m.status = ANY(final)
+            ORDER BY m.job_id
+            FOR UPDATE OF m
+        ),
+        done AS (
+            UPDATE onceflow_instances m
+            SET status = 'batched', result = NULL, error = NULL, finished_at = NULL,
+                updated_at = now()
+            FROM members mb WHERE m.job_id = mb.job_id
+            RETURNING m.job_id
+        )
+        SELECT array_agg(job_id ORDER BY job_id) INTO ids FROM done;
+    END IF;
+    IF ids IS NOT NULL THEN
+        -- instance.complete / instance.errored / instance.terminated (final) or
+        -- instance.batched again, naming the batch run
+        PERFORM onceflow_emit(
+            ids,
+            (SELECT array_agg('instance.' || CASE WHEN m.status = 'batched' THEN 'batched'
+                                                  ELSE m.status END ORDER BY m.job_id)
+             FROM onceflow_instances m WHERE m.job_id = ANY(ids)),
+            (SELECT array_agg(
+                 jsonb_build_object('batch', jsonb_build_object(
+                     'batch_id', NEW.job_id, 'index', m.batch_index, 'size', NEW.batch_size))
+                 || CASE WHEN m.status = 'complete' THEN jsonb_build_object('result', m.result)
+                         WHEN m.status = 'batched' THEN '{}'::jsonb
+                         ELSE jsonb_build_object('error', m.error) END
+                 ORDER BY m.job_id)
+             FROM onceflow_instances m WHERE m.job_id = ANY(ids)));
+    END IF;
+    RETURN NULL;
+END $$;
+
 CREATE FUNCTION public.onceflow_claim_order(run_after timestamp with time zone, priority smallint) RETURNS timestamp with time zone
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ SELECT run_after + priority * interval '30 seconds' $$;
@@ -583,8 +669,14 @@ CREATE TABLE public.onceflow_instances (
     singleton_key text,
     skipped_for text,
     cancelled_by text,
+    batch_key text,
+    batch_id text,
+    batch_index integer,
+    batch_size integer,
     run integer DEFAULT 1 NOT NULL,
     CONSTRAINT onceflow_instances_attributes_shape CHECK (((jsonb_typeof(attributes) = 'object'::text) AND (octet_length((attributes)::text) <= 4096))),
+    CONSTRAINT onceflow_instances_batch_member_check CHECK ((((batch_id IS NULL) = (batch_index IS NULL)) AND ((status <> ALL (ARRAY['batching'::text, 'batched'::text])) OR (batch_key IS NOT NULL)) AND ((status <> 'batched'::text) OR (batch_id IS NOT NULL)) AND ((status <> 'batching'::text) OR (batch_id IS NULL)))),
+    CONSTRAINT onceflow_instances_batch_size_check CHECK (((batch_size IS NULL) OR ((batch_size >= 1) AND (batch_key IS NULL)))),
     CONSTRAINT onceflow_instances_callback_length CHECK ((char_length(callback) <= 64)),
     CONSTRAINT onceflow_instances_finished_check CHECK (((status = ANY (ARRAY['complete'::text, 'errored'::text, 'terminated'::text, 'skipped'::text])) = (finished_at IS NOT NULL))),
     CONSTRAINT onceflow_instances_forked_check CHECK (((forked_from IS NULL) = (forked_at_position IS NULL))),
@@ -596,7 +688,7 @@ CREATE TABLE public.onceflow_instances (
     CONSTRAINT onceflow_instances_requested_action_check CHECK ((requested_action = ANY (ARRAY['pause'::text, 'terminate'::text, 'restart'::text]))),
     CONSTRAINT onceflow_instances_run_check CHECK ((run >= 1)),
     CONSTRAINT onceflow_instances_skipped_check CHECK (((status <> 'skipped'::text) OR (skipped_for IS NOT NULL))),
-    CONSTRAINT onceflow_instances_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'sleeping'::text, 'waiting'::text, 'paused'::text, 'complete'::text, 'errored'::text, 'terminated'::text, 'skipped'::text]))),
+    CONSTRAINT onceflow_instances_status_check CHECK ((status = ANY (ARRAY['batching'::text, 'complete'::text, 'errored'::text, 'paused'::text, 'queued'::text, 'running'::text, 'skipped'::text, 'sleeping'::text, 'terminated'::text, 'waiting'::text, 'batched'::text]))),
     CONSTRAINT onceflow_instances_timeout_errored_check CHECK (((timeout_kind IS NULL) OR (status = 'errored'::text))),
     CONSTRAINT onceflow_instances_timeout_kind_check CHECK ((timeout_kind = ANY (ARRAY['start_timeout'::text, 'timed_out'::text])))
 );
@@ -636,7 +728,7 @@ CREATE TABLE public.onceflow_jobs (
     enqueued_at timestamp with time zone,
     origin text DEFAULT 'http'::text NOT NULL,
     CONSTRAINT onceflow_jobs_kind_check CHECK ((kind = ANY (ARRAY['workflow'::text, 'task'::text]))),
-    CONSTRAINT onceflow_jobs_origin_check CHECK ((origin = ANY (ARRAY['child'::text, 'http'::text, 'kafka'::text, 'schedule'::text, 'fork'::text]))),
+    CONSTRAINT onceflow_jobs_origin_check CHECK ((origin = ANY (ARRAY['child'::text, 'fork'::text, 'http'::text, 'kafka'::text, 'schedule'::text, 'batch'::text]))),
     CONSTRAINT onceflow_jobs_source_check CHECK (((origin <> ALL (ARRAY['http'::text, 'kafka'::text])) OR ((source_topic IS NOT NULL) AND (source_partition IS NOT NULL) AND (source_offset IS NOT NULL))))
 );
 
@@ -1044,6 +1136,10 @@ CREATE INDEX onceflow_events_pending_idx ON public.onceflow_events USING btree (
 
 CREATE INDEX onceflow_instances_attributes_idx ON public.onceflow_instances USING gin (attributes jsonb_path_ops);
 
+CREATE INDEX onceflow_instances_batch_id_idx ON public.onceflow_instances USING btree (batch_id, batch_index) WHERE (batch_id IS NOT NULL);
+
+CREATE INDEX onceflow_instances_batching_idx ON public.onceflow_instances USING btree (workflow, batch_key, run_after, job_id) WHERE (status = 'batching'::text);
+
 CREATE INDEX onceflow_instances_claim_order_idx ON public.onceflow_instances USING btree (public.onceflow_claim_order(run_after, priority)) WHERE ((status = ANY (ARRAY['queued'::text, 'sleeping'::text, 'waiting'::text])) AND (flow_lane IS NULL));
 
 CREATE INDEX onceflow_instances_created_idx ON public.onceflow_instances USING btree (created_at, job_id);
@@ -1101,6 +1197,8 @@ ALTER INDEX public.onceflow_duplicate_deliveries_pkey ATTACH PARTITION public.on
 ALTER INDEX public.onceflow_duplicate_deliveries_position_key ATTACH PARTITION public.onceflow_duplicate_deliveries_source_topic_source_partition_key;
 
 ALTER INDEX public.onceflow_step_attempts_pkey ATTACH PARTITION public.onceflow_step_attempts_default_pkey;
+
+CREATE TRIGGER onceflow_instances_batch_outcome AFTER UPDATE OF status ON public.onceflow_instances FOR EACH ROW WHEN (((new.batch_size IS NOT NULL) AND (old.status IS DISTINCT FROM new.status) AND ((new.status = ANY (ARRAY['complete'::text, 'errored'::text, 'terminated'::text, 'skipped'::text])) <> (old.status = ANY (ARRAY['complete'::text, 'errored'::text, 'terminated'::text, 'skipped'::text]))))) EXECUTE FUNCTION public.onceflow_batch_outcome();
 
 ALTER TABLE ONLY public.onceflow_bulk_operation_items
     ADD CONSTRAINT onceflow_bulk_operation_items_operation_fkey FOREIGN KEY (operation_id) REFERENCES public.onceflow_bulk_operations(id) ON DELETE CASCADE;

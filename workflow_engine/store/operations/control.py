@@ -180,6 +180,11 @@ def send_event(
             status, _ = _lock(conn, workflow, job_id)
             if status in TERMINAL_STATUSES:
                 raise ControlError(f"{job_id} is {status}; it takes no more events")
+            if status in (InstanceStatus.BATCHING, InstanceStatus.BATCHED):
+                raise ControlError(  # its batch run runs, not it: nothing would read one
+                    f"{job_id} is a batch member ({status}); it never runs on its own, so"
+                    " it takes no events"
+                )
             event_id = conn.execute(
                 _INSERT_EVENT, {"j": job_id, "t": event_type, "p": encoded.decode()}
             ).scalar_one()

@@ -63,8 +63,9 @@ class ForkResult:
 
 
 _LOCK_ORIGIN = sa.text(
-    "SELECT workflow, params, version, priority, flow_lane FROM onceflow_instances"
-    " WHERE job_id = :j FOR SHARE"
+    "SELECT workflow, params, version, priority, flow_lane, batch_key,"
+    " batch_key IS NOT NULL OR batch_size IS NOT NULL AS batching"
+    " FROM onceflow_instances WHERE job_id = :j FOR SHARE"
 )
 _POSITION_OF = sa.text("SELECT position FROM onceflow_steps WHERE job_id = :j AND name = :n")
 _INSERT_JOB = sa.text(
@@ -172,6 +173,7 @@ def _fork(
         origin = conn.execute(_LOCK_ORIGIN, {"j": job_id}).one_or_none()
         if origin is None or origin.workflow != workflow:
             raise InstanceNotFound(f"no instance of {workflow!r} with job id {job_id!r}")
+        _refuse_batched(origin, workflow, job_id)
         at = _position(conn, job_id, from_step, from_position)
         new_params = params.decode() if params is not None else orjson.dumps(origin.params).decode()
         taken = conn.execute(
@@ -215,6 +217,17 @@ def _fork(
                 detail=result.describe(),
             )
         return result, audited
+
+
+def _refuse_batched(origin: Any, workflow: str, job_id: str) -> None:
+    """A batch member or run is not forked: a fork runs on its own (migration 0026), and
+    the engine would error it."""
+    if origin.batching:
+        raise ControlError(
+            f"{job_id} is a batch {'run' if origin.batch_key is None else 'member'}:"
+            f" {workflow!r} runs its jobs in batches, and a fork would run on its own"
+            " (restart or retry the batch run instead)"
+        )
 
 
 def _position(

@@ -20,7 +20,8 @@ class StoredJobIds:
 
     instances: frozenset[str]
     task_runs: frozenset[str]
-    #: Instances no record of the topic asked for: a schedule's ticks, parents' children.
+    #: Instances no record of the topic asked for: a schedule's ticks, parents' children,
+    #: batch runs (their members each have their record).
     started_inside: frozenset[str] = frozenset()
 
     @property
@@ -35,7 +36,9 @@ class StoredJobIds:
 
 _INSTANCE_IDS = sa.text("SELECT job_id FROM onceflow_instances")
 _TASK_RUN_IDS = sa.text("SELECT job_id FROM onceflow_task_runs")
-_INSIDE_IDS = sa.text("SELECT job_id FROM onceflow_jobs WHERE origin IN (:schedule, :child)")
+_INSIDE_IDS = sa.text(
+    "SELECT job_id FROM onceflow_jobs WHERE origin IN (:schedule, :child, :batch)"
+)
 
 
 def stored_job_ids(db: Engine) -> StoredJobIds:
@@ -46,7 +49,12 @@ def stored_job_ids(db: Engine) -> StoredJobIds:
         tasks = conn.execute(_TASK_RUN_IDS).scalars()
         task_ids = frozenset(tasks)
         inside = conn.execute(
-            _INSIDE_IDS, {"schedule": Origin.SCHEDULE.value, "child": Origin.CHILD.value}
+            _INSIDE_IDS,
+            {
+                "schedule": Origin.SCHEDULE.value,
+                "child": Origin.CHILD.value,
+                "batch": Origin.BATCH.value,
+            },
         ).scalars()
         inside_ids = frozenset(inside) & instance_ids
     return StoredJobIds(instance_ids, task_ids, inside_ids)

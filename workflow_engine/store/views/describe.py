@@ -132,6 +132,25 @@ class InstanceView:
         """``run 2 of job X`` (the id reuse policies' run number, from 1)."""
         return f"run {self.run} of job {self.job_id}"
 
+    # Batching (migration 0026): a member's key, its batch run and its place there
+    # (0-based), that run's size; on a batch run, its size and its members in order.
+    batch_key: str | None = None
+    batch_id: str | None = None
+    batch_index: int | None = None
+    batch_size: int | None = None
+    batch_members: list[str] = field(default_factory=list)
+
+    @property
+    def batch_note(self) -> str | None:
+        """Where batching put it, in words (None: not batched)."""
+        if self.batch_members:
+            return f"batch run of {len(self.batch_members)} members"
+        if self.batch_id is not None and self.batch_index is not None:
+            return f"in batch {self.batch_id}, member {self.batch_index + 1} of {self.batch_size}"
+        if self.status == InstanceStatus.BATCHING:
+            return f"waiting to be batched (key {self.batch_key!r})"
+        return None
+
     @property
     def singleton_note(self) -> str | None:
         """What a singleton policy decided for it, in words (None: nothing)."""
@@ -176,6 +195,8 @@ class InstanceView:
             return "a schedule's tick"
         if self.origin == Origin.CHILD:
             return f"child of {self.parent_job_id or '(pruned parent)'}"
+        if self.origin == Origin.BATCH:
+            return "a batch run, formed by an engine from its members"
         if self.origin == Origin.FORK:
             return f"fork of {self.forked_from} from position {self.forked_at_position}"
         return f"HTTP request {self.request_id or '-'}"
@@ -219,7 +240,13 @@ SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
              ORDER BY f.job_id) AS forks,
        {SCHEDULED_START} AS scheduled_start, i.attributes,
        i.deadline, CASE WHEN i.started_at IS NULL THEN i.start_by END AS start_by,
-       i.timeout_kind, i.singleton_key, i.skipped_for, i.cancelled_by, i.run
+       i.timeout_kind, i.singleton_key, i.skipped_for, i.cancelled_by, i.run,
+       i.batch_key, i.batch_id, i.batch_index,
+       coalesce(i.batch_size, (SELECT b.batch_size FROM onceflow_instances b
+                               WHERE b.job_id = i.batch_id)) AS batch_size,
+       CASE WHEN i.batch_size IS NULL THEN ARRAY[]::text[] ELSE ARRAY(
+           SELECT m.job_id FROM onceflow_instances m WHERE m.batch_id = i.job_id
+           ORDER BY m.batch_index) END AS batch_members
 FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
 LEFT JOIN onceflow_runs cr ON cr.job_id = i.job_id AND cr.run = i.run AND i.run > 1
 -- One pass over the job id's duplicate rows, in its one partition (job_received_at,

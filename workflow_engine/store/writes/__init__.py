@@ -37,6 +37,7 @@ from workflow_engine.store.partitions import (
     retire_expired,
 )
 from workflow_engine.store.writes.attributes import set_attributes
+from workflow_engine.store.writes.batches import FormedBatch, form_due, workflows_waiting
 from workflow_engine.store.writes.children import (
     Awaited,
     ChildIdTaken,
@@ -156,6 +157,7 @@ __all__ = [
     "FinishInstance",
     "FinishStep",
     "FiredTick",
+    "FormedBatch",
     "Heartbeat",
     "Lease",
     "NewDelivery",
@@ -194,6 +196,7 @@ __all__ = [
     "expire_due",
     "fire_due",
     "first_new_lower",
+    "form_due",
     "load_steps",
     "notify_runnable",
     "outbox_depth",
@@ -223,6 +226,7 @@ __all__ = [
     "upsert_declared",
     "webhook_callbacks",
     "webhook_counts",
+    "workflows_waiting",
     "write_batch",
     "write_each",
 ]

@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from onceflow.envelope import params_digest
 from onceflow.vocabulary import (
+    InstanceStatus,
     JobKind,
     LifecycleEvent,
 )
@@ -55,7 +56,7 @@ WITH input AS (
         request_id text, submitted_at timestamptz, traceparent text, origin text,
         topic text, part integer, off bigint, enqueued_at timestamptz, version text,
         priority smallint, lane_path text[], callback text, run_after timestamptz,
-        attributes jsonb, start_within double precision)
+        attributes jsonb, start_within double precision, batch_path text[])
 ),
 firsts AS (
     SELECT DISTINCT ON (job_id) * FROM input ORDER BY job_id, ord
@@ -111,7 +112,7 @@ dups AS (
 inst AS (
     INSERT INTO onceflow_instances (job_id, workflow, params, version, priority, flow_lane,
                                     event_seq, callback, run_after, attributes,
-                                    start_by)
+                                    start_by, status, batch_key)
     SELECT f.job_id, f.workflow, f.params, f.version, f.priority,
            -- bounded (migration 0014): the lane index takes any key's value
            onceflow_flow_lane(f.params, f.lane_path), {ONE_EVENT}, f.callback,
@@ -123,7 +124,14 @@ inst AS (
            -- the first submission's are kept, like its params
            coalesce(f.attributes, '{{}}'),
            -- a start limit (start_within: migration 0023), from the start time
-           GREATEST(f.run_after, now()) + make_interval(secs => f.start_within)
+           GREATEST(f.run_after, now()) + make_interval(secs => f.start_within),
+           -- a member of a batched workflow (migration 0026) waits in its key's pool,
+           -- the key's value bounded like a lane
+           CASE WHEN f.batch_path IS NULL THEN '{InstanceStatus.QUEUED}'
+                ELSE '{InstanceStatus.BATCHING}' END,
+           CASE WHEN cardinality(f.batch_path) = 0 THEN ''
+                WHEN f.batch_path IS NOT NULL
+                THEN onceflow_lane_key(coalesce(f.params #>> f.batch_path, '')) END
     FROM firsts f JOIN upsert u USING (job_id)
     WHERE u.inserted AND f.kind = :workflow_kind
     RETURNING job_id, workflow, version, priority, event_seq AS seq, status, run
@@ -180,6 +188,7 @@ def _row(ord_: int, d: Delivery) -> dict[str, Any]:
         "run_after": _start(d),
         "attributes": env.attributes or None,
         "start_within": env.start_within if env.start_within is not None else d.start_within,
+        "batch_path": d.batch_key,
     }
 
 

@@ -12,7 +12,8 @@ at a time (the others skip that round); each step is its own short transaction:
    not have taken its result yet, and would otherwise fail "child ... gone" although
    the child succeeded; it goes in the first round after its parent has finished;
 4. duplicate-delivery partitions older than the job-id retention are dropped whole;
-5. job-id records past theirs (plus one interval, for the same reason) are deleted, and
+5. job-id records past theirs (plus one interval, for the same reason) are deleted (a
+   batch's first member's only after its batch run's, :data:`_PRUNE_JOB_IDS`), and
    so are the earlier runs of reused job ids (``onceflow_runs``, migration 0027) that
    finished as long ago: an id reused again and again keeps a live instance, which
    step 3 never deletes, so its archived runs go on their own - on the job-id
@@ -36,6 +37,7 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from onceflow.ids import BATCH_SUFFIX
 from onceflow.vocabulary import (
     RUNNABLE_STATUSES,
     TERMINAL_STATUSES,
@@ -99,11 +101,19 @@ def prune(
             conn.commit()
 
 
+#: A batch run that a member row still names: retention keeps it until its members
+#: have gone (they finished with it, so they go in the same round; the run in the next),
+#: so a member's ``batch_id`` always leads to its run (describe, the console).
+_NAMED_BY_MEMBER = (
+    "i.batch_size IS NOT NULL AND EXISTS (SELECT 1 FROM onceflow_instances m"
+    " WHERE m.batch_id = i.job_id)"
+)
+
 _NOW = sa.text("SELECT now()")
 _PRUNE_INSTANCES = sa.text(
     "DELETE FROM onceflow_instances i"
     " WHERE i.status = ANY(:terminal) AND i.finished_at < :before"
-    f" AND NOT ({_LIVE_PARENT})"
+    f" AND NOT ({_LIVE_PARENT}) AND NOT ({_NAMED_BY_MEMBER})"
 )
 _PRUNE_TASK_RUNS = sa.text(
     "DELETE FROM onceflow_task_runs WHERE status <> :pending AND finished_at < :before"
@@ -112,11 +122,16 @@ _PRUNE_TASK_RUNS = sa.text(
 _PRUNE_EARLIER_RUNS = sa.text(
     "DELETE FROM onceflow_runs WHERE status IS NOT NULL AND finished_at < :before"
 )
-# A job-id record goes only once its instance or task run has gone.
+# A job-id record goes only once its instance or task run has gone, and a batch member's
+# only once its batch run's record has (``<member>~batch``, received when the batch was
+# formed, so it can outlive the member's): the same id submitted again collapses as a
+# duplicate until then, instead of becoming a member whose batch run's id is taken (the
+# former would refuse its pool's every batch). One primary-key probe per candidate.
 _PRUNE_JOB_IDS = sa.text(
     "DELETE FROM onceflow_jobs j WHERE j.received_at < :before"
     " AND NOT EXISTS (SELECT 1 FROM onceflow_instances i WHERE i.job_id = j.job_id)"
     " AND NOT EXISTS (SELECT 1 FROM onceflow_task_runs t WHERE t.job_id = j.job_id)"
+    f" AND NOT EXISTS (SELECT 1 FROM onceflow_jobs b WHERE b.job_id = j.job_id || '{BATCH_SUFFIX}')"
 )
 
 

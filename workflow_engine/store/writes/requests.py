@@ -76,6 +76,11 @@ def transition(
     instance already locked ``FOR UPDATE``. The single operations below raise on a
     refusal; :mod:`workflow_engine.store.operations.bulk` counts it as skipped."""
     running = status == InstanceStatus.RUNNING
+    if (member := _member_refusal(conn, job_id, action, status)) is not None:
+        return Transition(status, changed=False, refused=member)
+    if status == InstanceStatus.BATCHING:  # terminate: it leaves its pool, never runs
+        apply_terminate(conn, job_id)
+        return Transition(InstanceStatus.TERMINATED)
     if action == BulkAction.RETRY:
         if status not in RETRYABLE_STATUSES:
             refusal = (
@@ -115,6 +120,43 @@ def transition(
         return Transition(InstanceStatus.TERMINATED)
     apply_restart(conn, job_id)
     return Transition(InstanceStatus.QUEUED, runnable=True)
+
+
+_MEMBER = sa.text(
+    "SELECT m.batch_key IS NOT NULL AS member, m.batch_id, m.batch_index, b.batch_size"
+    " FROM onceflow_instances m LEFT JOIN onceflow_instances b ON b.job_id = m.batch_id"
+    " WHERE m.job_id = :j"
+)
+
+
+def _member_refusal(
+    conn: Connection, job_id: str, action: BulkAction, status: InstanceStatus
+) -> str | None:
+    """What an operator cannot do to a member of a batched workflow (migration 0026):
+    waiting in its pool, it can only be terminated (it leaves the pool); in a batch, or
+    finished with one, nothing: the batch run is what runs, and it is the one to pause,
+    terminate, restart or retry (its members follow it). Another instance: None, and
+    one primary-key read only for the statuses and actions that could be a member's."""
+    maybe = status in (InstanceStatus.BATCHING, InstanceStatus.BATCHED) or action in (
+        BulkAction.RESTART,
+        BulkAction.RETRY,
+    )
+    if not maybe:
+        return None
+    row = conn.execute(_MEMBER, {"j": job_id}).one_or_none()
+    if row is None or not row.member:
+        return None
+    if status == InstanceStatus.BATCHING:
+        if action == BulkAction.TERMINATE:
+            return None
+        return (
+            f"{job_id} is waiting to be batched; it can be terminated (it leaves its pool),"
+            f" no {action}"
+        )
+    if row.batch_id is None:
+        return f"{job_id} is a batch member that never ran ({status}); no {action}"
+    place = f"member {row.batch_index + 1} of {row.batch_size}"
+    return f"{job_id} is in batch {row.batch_id} ({place}); {action} the batch run instead"
 
 
 _TERMINATE = sa.text(
