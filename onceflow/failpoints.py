@@ -59,6 +59,8 @@ POINTS: dict[str, str] = {
     "webhooks.before_record": "webhook dispatcher: an attempt sent, its outcome not recorded",
     "singleton.after_decide": "worker: a singleton key locked and its live instances read,"
     " the decision not committed",
+    "debounce.after_lock": "worker: a debounce key locked and its pending instance locked"
+    " and read, the absorb not written",
     "operations.after_lock": "operator action: the instance locked, its status read, not changed",
 }
 

@@ -25,6 +25,9 @@ class InstanceStatus(StrEnum):
     # Never ran: a singleton policy (``skip``) found another instance of its key active
     # when it was created (``skipped_for`` names it; migration 0024).
     SKIPPED = "skipped"
+    # Never ran: a debounce took another job of its key instead, within the period
+    # (``debounced_into`` names the instance that absorbed it; migration 0025).
+    DEBOUNCED = "debounced"
 
     @property
     def terminal(self) -> bool:
@@ -42,6 +45,7 @@ TERMINAL_STATUSES = frozenset(
         InstanceStatus.ERRORED,
         InstanceStatus.TERMINATED,
         InstanceStatus.SKIPPED,
+        InstanceStatus.DEBOUNCED,
     }
 )
 #: The claim picks instances in these once ``run_after`` is due (the partial index
@@ -302,6 +306,9 @@ class LifecycleEvent(StrEnum):
     # ``instance.terminated`` follows when it stops).
     SKIPPED = "instance.skipped"
     SUPERSEDED = "instance.superseded"
+    # A debounce's decision at creation (issue 26): final, it never runs; the data
+    # names the instance that absorbed it.
+    DEBOUNCED = "instance.debounced"
 
     @property
     def ce_type(self) -> str:
@@ -323,6 +330,7 @@ FINAL_EVENTS = frozenset(
         LifecycleEvent.ERRORED,
         LifecycleEvent.TERMINATED,
         LifecycleEvent.SKIPPED,
+        LifecycleEvent.DEBOUNCED,
     }
 )
 
@@ -345,6 +353,23 @@ class SingletonDecision(StrEnum):
     ACTIVE = "active"  # no other live instance of its key: it is the one
     SKIPPED = "skipped"
     CANCELLED = "cancelled"  # an older live instance it superseded (one per older one)
+
+
+class DebounceMode(StrEnum):
+    """``@workflow(debounce=Debounce(key, period, mode=...))``: which job of a key's
+    window starts (README, "Flow control")."""
+
+    TRAILING = "trailing"  # the last one, once no other came for ``period`` (or max_wait)
+    LEADING = "leading"  # the first one, at once; the others within ``period`` are not
+
+
+class DebounceDecision(StrEnum):
+    """What the creating transaction decided (the
+    ``onceflow_streams_debounce_decisions_total`` counter's ``decision`` label)."""
+
+    OPENED = "opened"  # a new job that opens a window (trailing: none pending; leading: leader)
+    EXTENDED = "extended"  # a trailing job that took its key's pending instance's place
+    DEBOUNCED = "debounced"  # an instance recorded debounced (a new job, or the pending one)
 
 
 class WebhookStatus(StrEnum):

@@ -67,6 +67,8 @@ def render_instance(view: InstanceView) -> str:
     lines += _time_limits(view)
     if view.singleton_note:
         lines.append(view.singleton_note)
+    if view.debounce_note:
+        lines.append(view.debounce_note)
     if view.waiting_for_engine:
         lines.append(view.waiting_for_engine)
     if view.held_because:

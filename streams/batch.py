@@ -40,6 +40,7 @@ from streams.metrics import (
     CREATED,
     DB_LATENCY,
     DB_RETRIES,
+    DEBOUNCE_DECISIONS,
     DUPLICATES,
     IN_FLIGHT,
     MISMATCHES,
@@ -247,6 +248,8 @@ class BatchHandler:
         MISMATCHES.inc(result.mismatches)
         for workflow, decision in result.singleton_decisions:
             SINGLETON_DECISIONS.labels(workflow, decision).inc()
+        for workflow, decision in result.debounce_decisions:
+            DEBOUNCE_DECISIONS.labels(workflow, decision).inc()
         first = _first_by_job(chunk)
         for job_id in result.created_ids:
             d = first[job_id]

@@ -21,6 +21,12 @@ SINGLETON_DECISIONS = Counter(
     " (SingletonDecision: active, skipped, cancelled)",
     ["workflow", "decision"],
 )
+DEBOUNCE_DECISIONS = Counter(
+    "onceflow_streams_debounce_decisions_total",
+    "Debounce decisions taken when instances are created, by workflow and decision"
+    " (DebounceDecision: opened, extended, debounced)",
+    ["workflow", "decision"],
+)
 DEAD_LETTERED = Counter(
     "onceflow_streams_dead_lettered_total",
     "Records sent to the dead-letter topic, by reason code (DeadLetterReason)",

@@ -102,6 +102,7 @@ def classify(
                 start_after=delay,
                 start_within=within,
                 singleton=registry.singleton(env.workflow) if workflow else None,
+                debounce=registry.debounce(env.workflow) if workflow else None,
             )
         )
     return deliveries, dead

@@ -20,6 +20,7 @@ _EXPORTS = {
     "SystemClock": "workflow_engine.clock",
     "ChildHandle": "workflow_engine.definitions",
     "Context": "workflow_engine.definitions",
+    "Debounce": "workflow_engine.model",
     "RetryPolicy": "workflow_engine.definitions",
     "RateLimit": "workflow_engine.model",
     "Singleton": "workflow_engine.model",
@@ -55,6 +56,7 @@ __all__ = [
     "ChildWorkflowFailed",
     "Context",
     "CreateResult",
+    "Debounce",
     "Delivery",
     "EventTimeout",
     "FakeClock",
@@ -110,6 +112,7 @@ if TYPE_CHECKING:
     )
     from workflow_engine.model import (
         CreateResult,
+        Debounce,
         Delivery,
         RateLimit,
         Registry,

@@ -22,6 +22,8 @@ from onceflow.envelope import MAX_START_DELAY_SECONDS, time_limit
 from onceflow.instance_events import MAX_EVENT_TYPE_CHARS  # an awaited type: what may be sent
 from onceflow.ticks import Schedule
 from workflow_engine.model import (
+    Debounce,
+    DebouncePolicy,
     RateLimit,
     Registry,
     ScheduleDef,
@@ -31,6 +33,7 @@ from workflow_engine.model import (
     WebhookSubscription,
     WorkflowDef,
     WorkflowFn,
+    debounce_policy,
     flow_control,
     singleton_policy,
 )
@@ -150,6 +153,7 @@ def workflow(
     start_within: float | timedelta | None = None,
     execution_timeout: float | timedelta | None = None,
     singleton: Singleton | None = None,
+    debounce: Debounce | None = None,
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register an async function ``(ctx, params)`` as the workflow called ``name``.
 
@@ -170,7 +174,9 @@ def workflow(
     keep their slot only with ``hold_while_waiting``); at most ``rate_limit`` starts per
     period per key; claims rotated round-robin across the values of ``fairness_key``;
     ``singleton`` (:class:`~workflow_engine.model.Singleton`): one live instance per key
-    (a new one queues, is skipped or cancels it; not with another per-key limit).
+    (a new one queues, is skipped or cancels it; not with another per-key limit);
+    ``debounce`` (:class:`~workflow_engine.model.Debounce`): of a key's jobs within a
+    period only the last (or the first) starts, the others are recorded debounced.
 
     ``webhooks`` subscribes endpoints (names from ``ONCEFLOW_WEBHOOK_ENDPOINTS``) to its
     lifecycle events: a name gets the endpoint's kinds (by default the final ones), a
@@ -184,14 +190,34 @@ def workflow(
     limits = (concurrency, concurrency_key, max_per_key, hold_while_waiting, rate_limit)
     flow = flow_control(*limits, fairness_key, policy := singleton_policy(singleton))
     subscriptions = _subscriptions(webhooks)
+    debounced = _debounce(name, debounce, singleton, declared)
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         given = check_version(version) if version is not None else fingerprint(fn)
         options = (inline_steps, flow, declared, subscriptions)
-        REGISTRY.add_workflow(WorkflowDef(fn, name, given, *options, *timing, policy))
+        definition = WorkflowDef(fn, name, given, *options, *timing, policy, debounced)
+        REGISTRY.add_workflow(definition)
         return fn
 
     return register
+
+
+def _debounce(
+    workflow: str,
+    debounce: Debounce | None,
+    singleton: Singleton | None,
+    schedule: ScheduleDef | None,
+) -> DebouncePolicy | None:
+    """The checked debounce. Not with a singleton policy (both decide, when a job of a key
+    is created, which one of the key runs: their answers would contradict each other)
+    nor with a schedule (its ticks are not debounced: they have their own overlap
+    policy, and a declared debounce would not hold for them)."""
+    policy = debounce_policy(debounce)
+    if policy is not None and singleton is not None:
+        raise ValueError(f"workflow {workflow!r}: debounce cannot be combined with singleton")
+    if policy is not None and schedule is not None:
+        raise ValueError(f"workflow {workflow!r}: debounce cannot be combined with a schedule")
+    return policy
 
 
 def _subscriptions(

@@ -18,6 +18,7 @@ from onceflow.errors import ConfigurationError, OnceflowError
 from onceflow.ticks import TickSpec, check_name
 from onceflow.vocabulary import (
     CatchupPolicy,
+    DebounceMode,
     JobKind,
     Origin,
     OverlapPolicy,
@@ -124,6 +125,59 @@ def singleton_policy(singleton: Singleton | None) -> SingletonPolicy | None:
     if mode == SingletonMode.CANCEL_NEWEST:
         mode = SingletonMode.SKIP
     return SingletonPolicy(key_path(singleton.key), mode)
+
+
+@dataclass(frozen=True)
+class Debounce:
+    """``@workflow(debounce=Debounce(key="params.tenant", period=5.0))``: of the jobs of
+    one value of ``key`` (a dotted path on params; a missing key is the key ``''``) that
+    come within ``period`` seconds of each other, only one starts: the last
+    (``mode="trailing"``, the default: each new job takes the place of the one waiting,
+    which is recorded ``debounced``, and starts ``period`` after it came, but no later
+    than ``max_wait`` after its window's first job) or the first (``"leading"``: it
+    starts at once; the others within ``period`` of it are recorded ``debounced``).
+    README, "Flow control"."""
+
+    key: str
+    period: timedelta | float
+    max_wait: timedelta | float | None = None  # trailing only; None: no bound
+    mode: DebounceMode | str = DebounceMode.TRAILING
+
+
+@dataclass(frozen=True, slots=True)
+class DebouncePolicy:
+    """A debounce as checked at registration (seconds)."""
+
+    key: KeyPath
+    period: float
+    max_wait: float | None
+    mode: DebounceMode
+
+
+def _seconds(value: timedelta | float) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def debounce_policy(debounce: Debounce | None) -> DebouncePolicy | None:
+    """The checked debounce (ValueError: a bad key path or mode, a period not above 0,
+    a max_wait below the period or given with ``leading``, where the leader starts at
+    once and nothing waits)."""
+    if debounce is None:
+        return None
+    try:
+        mode = DebounceMode(debounce.mode)
+    except ValueError:
+        modes = ", ".join(m.value for m in DebounceMode)
+        raise ValueError(f"debounce mode {debounce.mode!r} is not one of {modes}") from None
+    period = _seconds(debounce.period)
+    if not period > 0 or period == float("inf"):
+        raise ValueError(f"debounce period must be a number of seconds above 0: {period}")
+    wait = None if debounce.max_wait is None else _seconds(debounce.max_wait)
+    if wait is not None and mode == DebounceMode.LEADING:
+        raise ValueError("debounce max_wait has no meaning with mode 'leading' (it starts at once)")
+    if wait is not None and not wait >= period:
+        raise ValueError(f"debounce max_wait ({wait} s) must be at least its period ({period} s)")
+    return DebouncePolicy(key_path(debounce.key), period, wait, mode)
 
 
 @dataclass(frozen=True)
@@ -260,6 +314,8 @@ class Delivery:
     # The workflow's singleton policy when creating one takes a decision (skip,
     # cancel_in_progress: ``Registry.singleton``); None: no decision at creation.
     singleton: SingletonPolicy | None = None
+    # The workflow's debounce (``Registry.debounce``); None: none.
+    debounce: DebouncePolicy | None = None
 
 
 @dataclass(slots=True)
@@ -286,6 +342,10 @@ class CreateResult:
     # one per created singleton instance (active or skipped) and one per older instance
     # it cancelled; the worker counts them (onceflow_streams_singleton_decisions_total).
     singleton_decisions: list[tuple[str, str]] = field(default_factory=list)
+    # Debounce decisions, (workflow, DebounceDecision) pairs: one per created instance of
+    # a debounced workflow, and one per earlier pending instance it debounced
+    # (onceflow_streams_debounce_decisions_total).
+    debounce_decisions: list[tuple[str, str]] = field(default_factory=list)
 
     def add(self, other: CreateResult) -> None:
         self.created += other.created
@@ -300,6 +360,7 @@ class CreateResult:
         self.workflow_mismatch_ids += other.workflow_mismatch_ids
         self.already_recorded += other.already_recorded
         self.singleton_decisions += other.singleton_decisions
+        self.debounce_decisions += other.debounce_decisions
 
 
 # --- history --------------------------------------------------------------------------
@@ -365,6 +426,7 @@ class WorkflowDef:
     start_within: float | None = None
     execution_timeout: float | None = None
     singleton: SingletonPolicy | None = None  # ``@workflow(singleton=...)``
+    debounce: DebouncePolicy | None = None  # ``@workflow(debounce=...)``
 
 
 @dataclass(frozen=True, slots=True)
@@ -463,6 +525,11 @@ class Registry:
         definition = self._workflows.get(name)
         policy = definition.singleton if definition is not None else None
         return policy if policy is not None and policy.decides else None
+
+    def debounce(self, name: str) -> DebouncePolicy | None:
+        """The debounce creating an instance of ``name`` decides on, or None."""
+        definition = self._workflows.get(name)
+        return definition.debounce if definition is not None else None
 
     def lane_path(self, name: str) -> KeyPath | None:
         """The key new instances of ``name`` store as their fairness lane: ``()`` for a

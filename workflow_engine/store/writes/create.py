@@ -29,7 +29,7 @@ from workflow_engine.model import CreateResult, Delivery
 from workflow_engine.store import lifecycle
 from workflow_engine.store.fragments import RUNNABLE_CHANNEL
 from workflow_engine.store.lifecycle import ONE_EVENT, outbox_insert
-from workflow_engine.store.writes import singleton
+from workflow_engine.store.writes import debounce, singleton
 
 # Duplicate rows are idempotent per Kafka position: the named unique constraint
 # onceflow_duplicate_deliveries_position_key turns a record redelivered again (the
@@ -263,6 +263,7 @@ def create_instances_in(conn: Connection, deliveries: Sequence[Delivery]) -> Cre
             duplicates.append(row)
     # Before the flags: only the instances this statement created, under per-key locks.
     result.singleton_decisions = singleton.decide(conn, deliveries, result.created_ids)
+    result.debounce_decisions = debounce.decide(conn, deliveries, result.created_ids)
     _flag_duplicated(conn, flags)
     # Their events after the flags (the same rows, locked in the same order); a
     # duplicate of a plain task has no instance, hence no event.

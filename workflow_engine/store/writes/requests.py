@@ -179,8 +179,8 @@ _RESTART = sa.text(
     " lease_expires_at = NULL, requested_action = NULL, restart_count = restart_count + 1,"
     " failed_position = NULL, deadline = NULL, start_by = NULL, timeout_kind = NULL,"
     " updated_at = now(),"
-    # a restarted instance is live again, out of any singleton decision it had
-    " skipped_for = NULL, cancelled_by = NULL WHERE job_id = :j"
+    # a restarted instance is live again, out of any singleton or debounce decision it had
+    " skipped_for = NULL, cancelled_by = NULL, debounced_into = NULL WHERE job_id = :j"
 )
 
 
