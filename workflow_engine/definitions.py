@@ -165,38 +165,33 @@ def workflow(
     runs only on engines that have the version it was created with.
 
     ``schedule`` starts an instance per tick: a 5-field cron expression read in
-    ``timezone``, a ``timedelta``, or a :class:`~onceflow.ticks.Schedule` with its
-    catch-up and overlap policies. Engines upsert it at start (README, "Schedules").
+    ``timezone``, a ``timedelta``, or a :class:`~onceflow.ticks.Schedule` (README,
+    "Schedules"), which engines upsert at start.
 
     Flow control (:class:`~workflow_engine.model.FlowControl`, README "Flow control"): at
-    most ``max_per_key`` (default 1) running instances per value of ``concurrency_key``
-    (a dotted path on params, ``"params.customer_id"``; sleeping and waiting instances
-    keep their slot only with ``hold_while_waiting``); at most ``rate_limit`` starts per
-    period per key; claims rotated round-robin across the values of ``fairness_key``;
-    ``singleton`` (:class:`~workflow_engine.model.Singleton`): one live instance per key
-    (a new one queues, is skipped or cancels it; not with another per-key limit);
-    ``debounce`` (:class:`~workflow_engine.model.Debounce`): of a key's jobs within a
-    period only the last (or the first) starts, the others are recorded debounced.
+    most ``max_per_key`` (default 1) running per value of ``concurrency_key`` (a params
+    path, ``"params.customer_id"``; sleeping and waiting ones keep their slot only with
+    ``hold_while_waiting``); ``rate_limit`` starts per period per key; claims round-robin
+    across ``fairness_key``'s values; ``singleton``: one live instance per key;
+    ``debounce``: of a key's jobs within a period only the last (or the first) starts
+    (:class:`~workflow_engine.model.Singleton`, :class:`~workflow_engine.model.Debounce`).
 
     ``webhooks`` subscribes endpoints (names from ``ONCEFLOW_WEBHOOK_ENDPOINTS``) to its
     lifecycle events: a name gets the endpoint's kinds (by default the final ones), a
     :class:`~workflow_engine.model.WebhookSubscription` the kinds it names (README,
-    "Webhooks"); an unknown name stops the engine at start. Its timing (:func:`_timing`):
-    a delayed start ``start_after``, time limits ``start_within`` and ``execution_timeout``.
+    "Webhooks"; an unknown name stops the engine at start). Timing: :func:`_timing`.
     """
     check_name("workflow name", name)
     timing = _timing(name, start_after, start_within, execution_timeout)
     declared = _declared_schedule(name, schedule, timezone)
     limits = (concurrency, concurrency_key, max_per_key, hold_while_waiting, rate_limit)
     flow = flow_control(*limits, fairness_key, policy := singleton_policy(singleton))
-    subscriptions = _subscriptions(webhooks)
+    options = (inline_steps, flow, declared, _subscriptions(webhooks))
     debounced = _debounce(name, debounce, singleton, declared)
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         given = check_version(version) if version is not None else fingerprint(fn)
-        options = (inline_steps, flow, declared, subscriptions)
-        definition = WorkflowDef(fn, name, given, *options, *timing, policy, debounced)
-        REGISTRY.add_workflow(definition)
+        REGISTRY.add_workflow(WorkflowDef(fn, name, given, *options, *timing, policy, debounced))
         return fn
 
     return register

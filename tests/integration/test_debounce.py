@@ -12,6 +12,7 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 
+import jsonschema
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
@@ -21,6 +22,7 @@ from onceflow.envelope import JobEnvelope
 from onceflow.vocabulary import LifecycleEvent
 from onceflow_cli.render import render_instance
 from tests.integration import debounce_workflows as wf
+from tests.integration.events_helpers import event_schemas
 from workflow_engine.definitions import REGISTRY
 from workflow_engine.model import Delivery
 from workflow_engine.store import writes
@@ -69,6 +71,13 @@ def events(db, job_id):
         ]
 
 
+def valid(kind, data):
+    """An outbox row's data against docs/events.md: the common schema and its type's."""
+    schemas = event_schemas()
+    jsonschema.validate(data, schemas["common"])
+    jsonschema.validate(data, schemas[f"dev.onceflow.{kind}"])
+
+
 def _seconds(delta):
     return delta.total_seconds()
 
@@ -111,6 +120,7 @@ def test_trailing_the_last_job_of_a_key_takes_the_pending_ones_place(db):
     data = events(db, "tr_2")[1][1]
     assert data["status"] == "debounced" and data["error"] == "debounced into tr_3"
     assert data["debounce"] == {"key": "t1", "mode": "trailing", "into_job_id": "tr_3"}
+    valid("instance.debounced", data)
     view = describe_instance(db, "tr_2")
     assert view is not None and view.debounce_note == "debounced into tr_3 (key 't1')"
     assert view.debounce_note in render_instance(view)  # the CLI's describe
@@ -160,6 +170,7 @@ def test_leading_the_first_job_starts_and_the_others_in_the_period_are_debounced
     assert instances(db, "ld_4")["ld_4"].status == "queued"  # a new leader
     data = events(db, "ld_3")[1][1]
     assert data["debounce"] == {"key": "t1", "mode": "leading", "into_job_id": "ld_1"}
+    valid("instance.debounced", data)
 
 
 def test_max_wait_bounds_the_wait_under_a_continuous_stream(db):
