@@ -10,8 +10,10 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
+import httpx
 import jsonschema
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
@@ -23,6 +25,7 @@ from onceflow.vocabulary import LifecycleEvent
 from onceflow_cli.render import render_instance
 from tests.integration import debounce_workflows as wf
 from tests.integration.events_helpers import event_schemas
+from tests.integration.wait_helpers import create_events_topic, publish, served, until
 from workflow_engine.definitions import REGISTRY
 from workflow_engine.model import Delivery
 from workflow_engine.store import writes
@@ -310,3 +313,41 @@ def test_console_shows_the_decision_and_filters_by_debounced(settings, db):
         assert 'href="/instances/cd_a"' in listed.text
         assert 'href="/instances/cd_b"' not in listed.text  # queued, not debounced
         assert ">debounced</option>" in listed.text  # the filter offers the new status
+
+
+def test_start_and_wait_answers_a_debounced_job_with_what_happened(settings, db):
+    """A waiter on a job that gets debounced is answered at once with 200, status
+    ``debounced`` and the error naming the instance that runs instead: the event is the
+    one the decision wrote in the outbox, published as the relay would (after commit)."""
+    wait_settings = settings.model_copy(
+        update={
+            "events_topic": settings.jobs_topic.replace(".jobs", ".events"),
+            "ingest_max_wait_seconds": 10,
+        }
+    )
+    create_events_topic(wait_settings)
+    job = {"job_id": "sw_a", "workflow": wf.TRAILING, "params": {"tenant": "t1"}}
+    with served(wait_settings) as (url, app, _), ThreadPoolExecutor(1) as pool:
+        waiters = app.state.ingest.waiters
+        pending = pool.submit(
+            httpx.post, f"{url}/v1/jobs", json=job, headers={"Prefer": "wait=10"}, timeout=30
+        )
+        until(lambda: waiters.waiting("sw_a") == 1, 10, "the waiter registered")
+        create(db, wf.TRAILING, [("sw_a", {"tenant": "t1"}), ("sw_b", {"tenant": "t1"})])
+        ((kind, data),) = [e for e in events(db, "sw_a") if e[0] == "instance.debounced"]
+        publish(
+            wait_settings,
+            "sw_a",
+            kind,
+            data["sequence"],
+            data["workflow"],
+            data["version"],
+            data["status"],
+            datetime.fromisoformat(data["time"]),
+            {"debounce": data["debounce"], "error": data["error"]},
+        )
+        r = pending.result(20)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["job_id"], body["status"]) == ("sw_a", "debounced")
+    assert body["error"] == "debounced into sw_b"
