@@ -55,7 +55,7 @@ WITH input AS (
         request_id text, submitted_at timestamptz, traceparent text, origin text,
         topic text, part integer, off bigint, enqueued_at timestamptz, version text,
         priority smallint, lane_path text[], callback text, run_after timestamptz,
-        attributes jsonb, start_within double precision)
+        attributes jsonb, start_within double precision, debounce_path text[])
 ),
 firsts AS (
     SELECT DISTINCT ON (job_id) * FROM input ORDER BY job_id, ord
@@ -111,7 +111,7 @@ dups AS (
 inst AS (
     INSERT INTO onceflow_instances (job_id, workflow, params, version, priority, flow_lane,
                                     event_seq, callback, run_after, attributes,
-                                    start_by)
+                                    start_by, debounce_key, debounce_window_start)
     SELECT f.job_id, f.workflow, f.params, f.version, f.priority,
            -- bounded (migration 0014): the lane index takes any key's value
            onceflow_flow_lane(f.params, f.lane_path), {ONE_EVENT}, f.callback,
@@ -123,7 +123,12 @@ inst AS (
            -- the first submission's are kept, like its params
            coalesce(f.attributes, '{{}}'),
            -- a start limit (start_within: migration 0023), from the start time
-           GREATEST(f.run_after, now()) + make_interval(secs => f.start_within)
+           GREATEST(f.run_after, now()) + make_interval(secs => f.start_within),
+           -- a debounce's key (bounded like a lane) and window start (migration 0025),
+           -- which writes/debounce.py decides on; in the insert, not an update after it
+           CASE WHEN f.debounce_path IS NOT NULL
+                THEN onceflow_lane_key(coalesce(f.params #>> f.debounce_path, '')) END,
+           CASE WHEN f.debounce_path IS NOT NULL THEN now() END
     FROM firsts f JOIN upsert u USING (job_id)
     WHERE u.inserted AND f.kind = :workflow_kind
     RETURNING job_id, workflow, version, priority, event_seq AS seq, status
@@ -180,6 +185,7 @@ def _row(ord_: int, d: Delivery) -> dict[str, Any]:
         "run_after": _start(d),
         "attributes": env.attributes or None,
         "start_within": env.start_within if env.start_within is not None else d.start_within,
+        "debounce_path": list(d.debounce.key) if d.debounce is not None else None,
     }
 
 

@@ -34,7 +34,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -49,17 +48,11 @@ LOCK_SPACE = 0x0CEF_25
 
 Key = tuple[str, str]  # (workflow, debounce key as stored)
 
-# The key's value, bounded like a fairness lane (migration 0014), and the window start
-# (now: the transaction's start, as created_at), on the new rows.
-_SET_KEYS = sa.text(
-    """
-UPDATE onceflow_instances i
-SET debounce_key = onceflow_lane_key(coalesce(i.params #>> r.path, '')),
-    debounce_window_start = now()
-FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(job_id text, path text[])
-WHERE i.job_id = r.job_id
-RETURNING i.job_id, i.workflow, i.debounce_key
-"""
+# The new rows' keys: the create statement stored them (bounded like a fairness lane,
+# migration 0014), with the window start (now), from the delivery's key path.
+_KEYS_OF = sa.text(
+    "SELECT job_id, workflow, debounce_key FROM onceflow_instances"
+    " WHERE job_id = ANY(CAST(:ids AS text[])) AND debounce_key IS NOT NULL"
 )
 
 # One lock per (workflow, key), in the order of their hashes (no deadlock between two
@@ -160,8 +153,7 @@ def decide(
     policies = _policies(deliveries, set(created))
     if not policies:
         return []
-    rows = [{"job_id": j, "path": list(p.key)} for j, p in policies.items()]
-    keyed = conn.execute(_SET_KEYS, {"rows": orjson.dumps(rows).decode()}).all()
+    keyed = conn.execute(_KEYS_OF, {"ids": list(policies)}).all()
     keys = {r.job_id: (r.workflow, r.debounce_key) for r in keyed}
     by_key: dict[Key, list[str]] = {}
     for job_id in policies:  # consumption order
