@@ -176,6 +176,17 @@ def test_leading_the_first_job_starts_and_the_others_in_the_period_are_debounced
     valid("instance.debounced", data)
 
 
+def test_within_a_batch_consumption_order_decides_not_the_job_ids(db):
+    t = {"tenant": "t1"}
+    create(db, wf.TRAILING, [("co_z", t), ("co_a", t)])
+    create(db, wf.LEADING, [("cl_z", t), ("cl_a", t)])
+    got = instances(db, "c")
+    assert (got["co_z"].status, got["co_z"].debounced_into) == ("debounced", "co_a")
+    assert (got["co_a"].status, got["co_a"].debounced_into) == ("queued", None)
+    assert (got["cl_z"].status, got["cl_z"].debounced_into) == ("queued", None)
+    assert (got["cl_a"].status, got["cl_a"].debounced_into) == ("debounced", "cl_z")
+
+
 def test_max_wait_bounds_the_wait_under_a_continuous_stream(db):
     """A job every 0.1 s for 2.6 s, period 0.4 s, max_wait 1.0 s: without the bound no
     window would ever close; with it, each window's instance starts at most 1.0 s after
