@@ -362,3 +362,14 @@ def test_start_and_wait_answers_a_debounced_job_with_what_happened(settings, db)
     body = r.json()
     assert (body["job_id"], body["status"]) == ("sw_a", "debounced")
     assert body["error"] == "debounced into sw_b"
+
+
+def test_a_duplicate_of_another_workflow_decides_nothing(db):
+    """The first delivery of an id makes the instance (here a plain workflow's); a later
+    one of the same id naming a debounced workflow is a duplicate (a workflow mismatch),
+    not a debounce decision."""
+    plain = Delivery(JobEnvelope("mx_1", "order-workflow", {}), "t", 0, next(_OFFSETS))
+    result = create_instances(db, [plain, *deliveries(wf.TRAILING, [("mx_1", {"tenant": "t"})])])
+    assert result.debounce_decisions == [] and result.workflow_mismatches == 1
+    got = instances(db, "mx_")["mx_1"]
+    assert (got.status, got.debounce_key, got.debounced_into) == ("queued", None, None)

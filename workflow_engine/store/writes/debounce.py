@@ -162,7 +162,7 @@ def decide(
     conn.execute(_LOCK_KEYS, {**_arrays(pairs), "space": LOCK_SPACE})
     new = list(policies)
     trailing = [k for k in pairs if policies[by_key[k][0]].mode == DebounceMode.TRAILING]
-    leading = [k for k in pairs if k not in set(trailing)]
+    leading = [k for k in pairs if policies[by_key[k][0]].mode == DebounceMode.LEADING]
     pending = _pending(conn, trailing, new)
     leaders = _leaders(conn, leading, [policies[by_key[k][0]] for k in leading], new)
     failpoints.hit("debounce.after_lock", new[0])
@@ -176,11 +176,17 @@ def decide(
 
 
 def _policies(deliveries: Sequence[Delivery], created: set[str]) -> dict[str, DebouncePolicy]:
-    """The debounce of each created instance, in consumption order."""
+    """The debounce of each created instance, in consumption order: its first
+    delivery's, the one the create statement made it from (a later one of the same id,
+    another workflow's, is a duplicate)."""
     found: dict[str, DebouncePolicy] = {}
+    seen: set[str] = set()
     for d in deliveries:
         job_id = d.envelope.job_id
-        if d.debounce is not None and job_id in created and job_id not in found:
+        if job_id in seen:
+            continue
+        seen.add(job_id)
+        if d.debounce is not None and job_id in created:
             found[job_id] = d.debounce
     return found
 
