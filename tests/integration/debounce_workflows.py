@@ -19,6 +19,7 @@ TRAILING = "test-debounce-trailing"
 LEADING = "test-debounce-leading"
 BOUNDED = "test-debounce-bounded"
 BURST = "test-debounce-burst"
+BURST_LEADING = "test-debounce-burst-leading"
 
 CREATE_EXECUTIONS = sa.text(
     "CREATE TABLE IF NOT EXISTS test_debounce_executions (job_id text NOT NULL,"
@@ -65,4 +66,9 @@ async def bounded(ctx: Context, params: dict[str, Any]) -> str:
 # exactly one window (max_wait well above it).
 @workflow(BURST, debounce=Debounce(key="params.tenant", period=8.0, max_wait=60.0))
 async def burst(ctx: Context, params: dict[str, Any]) -> str:
+    return await _two_steps(ctx, params)
+
+
+@workflow(BURST_LEADING, debounce=Debounce(key="params.tenant", period=8.0, mode="leading"))
+async def burst_leading(ctx: Context, params: dict[str, Any]) -> str:
     return await _two_steps(ctx, params)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from collections import defaultdict
 
@@ -48,8 +49,8 @@ def _wait(group, db, sql, what, timeout=120.0, **params):
         time.sleep(0.1)
 
 
-def _decisions(ports):
-    """The workers' onceflow_streams_debounce_decisions_total for the burst workflow."""
+def _decisions(ports, workflow):
+    """The workers' onceflow_streams_debounce_decisions_total for ``workflow``."""
     found: dict[str, float] = defaultdict(float)
     for port in ports:
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
@@ -57,13 +58,18 @@ def _decisions(ports):
             for s in family.samples:
                 if (
                     s.name == "onceflow_streams_debounce_decisions_total"
-                    and s.labels["workflow"] == wf.BURST
+                    and s.labels["workflow"] == workflow
                 ):
                     found[s.labels["decision"]] += s.value
     return dict(found)
 
 
-def _kill_an_engine_running(group, db, engines):
+def _produce(settings, envs):
+    for i in range(0, len(envs), 100):
+        produce_envelopes(settings.kafka_bootstrap_servers, settings.jobs_topic, envs[i : i + 100])
+
+
+def _kill_an_engine_running(group, db, engines, workflow):
     """SIGKILL the engine that holds a running instance (its pid is in the lease owner,
     ``host:pid:suffix``); answers its name."""
     _wait(
@@ -71,7 +77,7 @@ def _kill_an_engine_running(group, db, engines):
         db,
         "SELECT count(*) > 0 FROM onceflow_instances WHERE status = 'running' AND workflow = :w",
         "a run in flight",
-        w=wf.BURST,
+        w=workflow,
     )
     owner = scalar(db, "SELECT min(lease_owner) FROM onceflow_instances WHERE status = 'running'")
     pid = int(owner.split(":")[1])
@@ -81,7 +87,13 @@ def _kill_an_engine_running(group, db, engines):
 
 
 @pytest.mark.timeout(240)
-def test_a_burst_on_ten_keys_runs_once_per_key_through_a_sigkilled_engine(settings, db, tmp_path):
+@pytest.mark.parametrize("workflow", [wf.BURST, wf.BURST_LEADING], ids=["trailing", "leading"])
+def test_a_burst_on_ten_keys_runs_once_per_key_through_a_sigkilled_engine(
+    settings, db, tmp_path, workflow
+):
+    """Trailing, the runs start after the burst (the last job of each key); leading, the
+    first job of each key starts at once, so the kill comes while the burst is still
+    being decided."""
     env = {
         **settings_env(settings),
         "ONCEFLOW_WORKFLOW_MODULES": MODULES,
@@ -99,18 +111,19 @@ def test_a_burst_on_ten_keys_runs_once_per_key_through_a_sigkilled_engine(settin
         ports = [start_worker(group, name) for name in ("worker-a", "worker-b")]
         envs = [
             JobEnvelope(
-                f"db_{i:04d}", wf.BURST, {"tenant": f"t{i % KEYS}", "seconds": STEP_SECONDS}
+                f"db_{i:04d}", workflow, {"tenant": f"t{i % KEYS}", "seconds": STEP_SECONDS}
             )
             for i in range(N)
         ]
-        began = time.monotonic()
-        for i in range(0, N, 100):
-            produce_envelopes(
-                settings.kafka_bootstrap_servers, settings.jobs_topic, envs[i : i + 100]
-            )
+        # produced beside the kill: leading runs start during the burst and may be over
+        # before the last record is produced
+        producing = threading.Thread(target=_produce, args=(settings, envs))
+        producing.start()
+        try:
+            killed = _kill_an_engine_running(group, db, engines, workflow)
+        finally:
+            producing.join(60)
         _wait(group, db, "SELECT count(*) = :n FROM onceflow_instances", "every job created", n=N)
-        created_in = time.monotonic() - began
-        killed = _kill_an_engine_running(group, db, engines)
         _wait(
             group,
             db,
@@ -119,7 +132,10 @@ def test_a_burst_on_ten_keys_runs_once_per_key_through_a_sigkilled_engine(settin
             "every instance to end",
             n=N,
         )
-        decisions = _decisions(ports)
+        decisions = _decisions(ports, workflow)
+    created_in = scalar(
+        db, "SELECT extract(epoch FROM max(created_at) - min(created_at)) FROM onceflow_instances"
+    )
     gap = scalar(
         db,
         "SELECT extract(epoch FROM max(gap)) FROM (SELECT created_at - lag(created_at) OVER"
@@ -127,15 +143,15 @@ def test_a_burst_on_ten_keys_runs_once_per_key_through_a_sigkilled_engine(settin
         " FROM onceflow_instances) AS g",
     )
     print(
-        f"1,000 jobs created in {created_in:.2f} s (the longest gap between two jobs of a"
+        f"1,000 jobs created over {created_in:.2f} s (the longest gap between two jobs of a"
         f" key {gap:.2f} s, the period 8 s); killed {killed}; decisions {decisions}"
     )
-    _check(db)
+    _check(db, workflow)
     assert decisions.get("debounced") == N - KEYS
     assert decisions.get("opened") == KEYS  # one window per key
 
 
-def _check(db):
+def _check(db, workflow):
     got = {
         r.job_id: r
         for r in rows(
