@@ -28,7 +28,7 @@ from tests.integration.events_helpers import event_schemas
 from tests.integration.wait_helpers import create_events_topic, publish, served, until
 from workflow_engine.definitions import REGISTRY
 from workflow_engine.model import Delivery
-from workflow_engine.store import writes
+from workflow_engine.store import operations, writes
 from workflow_engine.store.views import describe_instance
 from workflow_engine.store.writes import create_instances
 
@@ -373,3 +373,21 @@ def test_a_duplicate_of_another_workflow_decides_nothing(db):
     assert result.debounce_decisions == [] and result.workflow_mismatches == 1
     got = instances(db, "mx_")["mx_1"]
     assert (got.status, got.debounce_key, got.debounced_into) == ("queued", None, None)
+
+
+def test_a_restarted_debounced_instance_runs_and_is_out_of_the_decision(db):
+    """An operator's restart of a debounced instance queues it to run now; it no longer
+    names an absorber, and it is not a pending one a next job of its key absorbs (its
+    start is now, not ahead)."""
+    t = {"tenant": "t1"}
+    create(db, wf.TRAILING, [("rs_a", t), ("rs_b", t)])
+    assert operations.restart(db, wf.TRAILING, "rs_a").status == "queued"
+    create(db, wf.TRAILING, [("rs_c", t)])
+    got = instances(db, "rs_")
+    assert {j: (r.status, r.debounced_into) for j, r in got.items()} == {
+        "rs_a": ("queued", None),
+        "rs_b": ("debounced", "rs_c"),
+        "rs_c": ("queued", None),
+    }
+    assert got["rs_a"].run_after <= got["rs_a"].now
+    assert describe_instance(db, "rs_a").debounce_note is None
