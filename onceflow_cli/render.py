@@ -67,8 +67,8 @@ def render_instance(view: InstanceView) -> str:
     lines += _time_limits(view)
     if view.singleton_note:
         lines.append(view.singleton_note)
-    if view.debounce_note:
-        lines.append(view.debounce_note)
+    if debounce := view.debounce_note or view.debounce_window:
+        lines.append(debounce)
     if view.waiting_for_engine:
         lines.append(view.waiting_for_engine)
     if view.held_because:

@@ -127,6 +127,11 @@ def test_trailing_the_last_job_of_a_key_takes_the_pending_ones_place(db):
     view = describe_instance(db, "tr_2")
     assert view is not None and view.debounce_note == "debounced into tr_3 (key 't1')"
     assert view.debounce_note in render_instance(view)  # the CLI's describe
+    pending = describe_instance(db, "tr_3")
+    assert pending.debounce_note is None
+    opened = got["tr_1"].created_at.isoformat()
+    assert pending.debounce_window == f"debounce window of key 't1' opened at {opened}"
+    assert pending.debounce_window in render_instance(pending)
     chained = describe_instance(db, "tr_1")  # its absorber was absorbed in turn
     assert chained.debounce_note == "debounced into tr_2 (key 't1'); its window runs as tr_3"
 

@@ -117,6 +117,14 @@ class InstanceView:
         return note
 
     @property
+    def debounce_window(self) -> str | None:
+        """For an instance of a debounced workflow that was not debounced: its window."""
+        if self.debounce_window_start is None or self.status == InstanceStatus.DEBOUNCED:
+            return None
+        opened = self.debounce_window_start.isoformat()
+        return f"debounce window of key {self.debounce_key!r} opened at {opened}"
+
+    @property
     def singleton_note(self) -> str | None:
         """What a singleton policy decided for it, in words (None: nothing)."""
         if self.skipped_for is not None and self.status == InstanceStatus.SKIPPED:
