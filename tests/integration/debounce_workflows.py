@@ -18,6 +18,7 @@ from workflow_engine.store import make_engine
 TRAILING = "test-debounce-trailing"
 LEADING = "test-debounce-leading"
 BOUNDED = "test-debounce-bounded"
+SLOW = "test-debounce-slow"
 BURST = "test-debounce-burst"
 BURST_LEADING = "test-debounce-burst-leading"
 
@@ -53,6 +54,13 @@ async def trailing(ctx: Context, params: dict[str, Any]) -> str:
 
 @workflow(LEADING, debounce=Debounce(key="params.tenant", period=0.5, mode="leading"))
 async def leading(ctx: Context, params: dict[str, Any]) -> str:
+    return await _two_steps(ctx, params)
+
+
+# A period longer than a test holds a creator paused: its pending instance is still
+# pending (its start ahead on the database's clock) when the next creator reads it.
+@workflow(SLOW, debounce=Debounce(key="params.tenant", period=10.0))
+async def slow(ctx: Context, params: dict[str, Any]) -> str:
     return await _two_steps(ctx, params)
 
 

@@ -292,13 +292,14 @@ def test_a_pending_instance_an_engine_is_claiming_is_not_absorbed(db):
 
 def test_two_creators_of_one_key_at_once_decide_one_after_the_other(db):
     """The first creator paused after its read (key locked): the second waits for the
-    key's lock, then absorbs the first's job, never both pending."""
+    key's lock, then absorbs the first's job, never both pending. (A period longer than
+    the pause: the first's start is still ahead when the second reads it.)"""
     t = {"tenant": "race"}
     point = failpoints.arm("debounce.after_lock", "pause", job_id="rc_first")
     try:
-        one, one_done = _in_thread(create, db, wf.TRAILING, [("rc_first", t)])
+        one, one_done = _in_thread(create, db, wf.SLOW, [("rc_first", t)])
         point.wait_reached(10)
-        two, two_done = _in_thread(create, db, wf.TRAILING, [("rc_second", t)])
+        two, two_done = _in_thread(create, db, wf.SLOW, [("rc_second", t)])
         two.join(1.0)
         waited = two.is_alive()
     finally:
@@ -396,3 +397,47 @@ def test_a_restarted_debounced_instance_runs_and_is_out_of_the_decision(db):
     }
     assert got["rs_a"].run_after <= got["rs_a"].now
     assert describe_instance(db, "rs_a").debounce_note is None
+
+
+def _hold_key(db, workflow, key):
+    """A connection holding ``key``'s debounce lock (a creator of that key waits on it
+    with its transaction, and its clock, already started); release with ``.close()``."""
+    conn = db.connect()
+    conn.begin()
+    conn.execute(
+        sa.text("SELECT pg_advisory_xact_lock(:space, hashtext(:w || chr(1) || :k))"),
+        {"space": writes.debounce.LOCK_SPACE, "w": workflow, "k": key},
+    )
+    return conn
+
+
+def _until_waiting_on_lock(db, deadline=10.0):
+    sql = sa.text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        with db.connect() as conn:
+            if conn.execute(sql).scalar():
+                return
+        time.sleep(0.02)
+    raise AssertionError("the creator never waited on the key's lock")
+
+
+def test_an_instance_restarted_while_a_creator_waits_for_the_key_is_not_absorbed(db):
+    """An operator restarts a debounced instance (its start: now) while a creator of its
+    key, its transaction started earlier, waits for the key's lock: the restarted one is
+    due, not pending, and runs; the creator must not absorb it by its older clock."""
+    t = {"tenant": "rw"}
+    create(db, wf.TRAILING, [("rw_a", t), ("rw_b", t)])
+    held = _hold_key(db, wf.TRAILING, "rw")
+    try:
+        thread, done = _in_thread(create, db, wf.TRAILING, [("rw_c", t)])
+        _until_waiting_on_lock(db)
+        time.sleep(0.05)  # the creator's clock well before the restart's
+        assert operations.restart(db, wf.TRAILING, "rw_a").status == "queued"
+    finally:
+        held.close()
+    thread.join(10)
+    assert done == {"ok": None}
+    got = instances(db, "rw_")
+    assert (got["rw_a"].status, got["rw_a"].debounced_into) == ("queued", None)
+    assert (got["rw_b"].status, got["rw_b"].debounced_into) == ("debounced", "rw_c")

@@ -71,6 +71,10 @@ SELECT count(pg_advisory_xact_lock(CAST(:space AS integer), h)) FROM (
 # The pending condition is in the WHERE, so a row whose lock this read waited for is
 # re-checked as its locker committed it (a claim: running; a pause, a terminate, an
 # expiry: not queued) and dropped. FOR UPDATE, as every other locker of a queued row.
+# "Still ahead" on the clock of the read, not now() (this transaction's start, which
+# may be long before: the create statement, the wait for the keys' locks): an operator's
+# restart or retry queues an instance with run_after = its own now(), which a creator
+# started before it would otherwise take for pending and debounce again.
 _PENDING = sa.text(
     f"""
 SELECT i.job_id, i.workflow, i.debounce_key, i.debounce_window_start
@@ -78,7 +82,7 @@ FROM onceflow_instances i
 WHERE (i.workflow, i.debounce_key) IN (
         SELECT * FROM unnest(CAST(:workflows AS text[]), CAST(:keys AS text[])))
   AND i.debounce_key IS NOT NULL AND i.status = '{InstanceStatus.QUEUED}'
-  AND i.started_at IS NULL AND i.run_after > now()
+  AND i.started_at IS NULL AND i.run_after > clock_timestamp()
   AND i.job_id <> ALL(CAST(:new AS text[]))
 ORDER BY i.job_id
 FOR UPDATE OF i
