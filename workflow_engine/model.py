@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from onceflow.envelope import JobEnvelope
+from onceflow.envelope import MAX_START_DELAY_SECONDS, JobEnvelope
 from onceflow.errors import ConfigurationError, OnceflowError
 from onceflow.ticks import TickSpec, check_name
 from onceflow.vocabulary import (
@@ -158,10 +158,15 @@ def _seconds(value: timedelta | float) -> float:
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
 
+#: The longest debounce period or max_wait: a year, as a delayed start's (the creating
+#: transaction adds them to timestamps, which PostgreSQL bounds).
+MAX_DEBOUNCE_SECONDS = MAX_START_DELAY_SECONDS
+
+
 def debounce_policy(debounce: Debounce | None) -> DebouncePolicy | None:
     """The checked debounce (ValueError: a bad key path or mode, a period not above 0,
-    a max_wait below the period or given with ``leading``, where the leader starts at
-    once and nothing waits)."""
+    a period or max_wait over a year, a max_wait below the period or given with
+    ``leading``, where the leader starts at once and nothing waits)."""
     if debounce is None:
         return None
     try:
@@ -173,6 +178,11 @@ def debounce_policy(debounce: Debounce | None) -> DebouncePolicy | None:
     if not period > 0 or period == float("inf"):
         raise ValueError(f"debounce period must be a number of seconds above 0: {period}")
     wait = None if debounce.max_wait is None else _seconds(debounce.max_wait)
+    for name, value in (("period", period), ("max_wait", wait)):
+        if value is not None and not value <= MAX_DEBOUNCE_SECONDS:
+            raise ValueError(
+                f"debounce {name} ({value} s) must be at most {MAX_DEBOUNCE_SECONDS} s (a year)"
+            )
     if wait is not None and mode == DebounceMode.LEADING:
         raise ValueError("debounce max_wait has no meaning with mode 'leading' (it starts at once)")
     if wait is not None and not wait >= period:

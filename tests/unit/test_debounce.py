@@ -40,6 +40,12 @@ def test_a_leading_debounce_and_no_max_wait():
         (Debounce("params.k", 5.0, max_wait=4.0), "at least its period"),
         (Debounce("params.k", 5.0, max_wait=10.0, mode="leading"), "no meaning with mode"),
         (Debounce("params.k", 5.0, mode="throttle"), "not one of trailing, leading"),
+        # what the creating transaction cannot add to a timestamp (PostgreSQL refused
+        # every job of the workflow at run time: interval / timestamp out of range)
+        (Debounce("params.k", 5.0, max_wait=float("inf")), "max_wait .* at most"),
+        (Debounce("params.k", 5.0, max_wait=timedelta.max), "max_wait .* at most"),
+        (Debounce("params.k", 1e15), "period .* at most"),
+        (Debounce("params.k", 366 * 86400.0, mode="leading"), "period .* at most"),
     ],
 )
 def test_a_bad_declaration_fails_at_registration(bad, says):
