@@ -441,3 +441,66 @@ def test_an_instance_restarted_while_a_creator_waits_for_the_key_is_not_absorbed
     got = instances(db, "rw_")
     assert (got["rw_a"].status, got["rw_a"].debounced_into) == ("queued", None)
     assert (got["rw_b"].status, got["rw_b"].debounced_into) == ("debounced", "rw_c")
+
+
+def test_an_operator_and_an_absorb_on_one_pending_instance_take_turns(db):
+    """Both orders, under the row lock: an operator pausing the pending instance (its
+    row locked, the pause not written) makes a creator of its key wait, then open a new
+    window beside the paused one; a creator absorbing it (locked, not written) makes an
+    operator's terminate wait, then refuse it as debounced, with one final event."""
+    t = {"tenant": "op"}
+    create(db, wf.SLOW, [("op_paused", t)])
+    point = failpoints.arm("operations.after_lock", "pause", job_id="op_paused")
+    try:
+        op, op_done = _in_thread(operations.pause, db, wf.SLOW, "op_paused")
+        point.wait_reached(10)
+        worker, worker_done = _in_thread(create, db, wf.SLOW, [("op_new", t)])
+        worker.join(1.0)
+        waited = worker.is_alive()
+    finally:
+        point.release()
+        failpoints.disarm_all()
+    op.join(10)
+    worker.join(10)
+    assert op_done == {"ok": None} and worker_done == {"ok": None}
+    assert waited, "the absorb did not wait for the operator's row lock"
+    got = instances(db, "op_")
+    assert (got["op_paused"].status, got["op_paused"].debounced_into) == ("paused", None)
+    assert (got["op_new"].status, got["op_new"].debounced_into) == ("queued", None)
+    assert got["op_new"].debounce_window_start == got["op_new"].created_at  # a new window
+
+    point = failpoints.arm("debounce.after_lock", "pause", job_id="op_next")
+    try:
+        worker, worker_done = _in_thread(create, db, wf.SLOW, [("op_next", t)])
+        point.wait_reached(10)
+        op, op_done = _in_thread(operations.terminate, db, wf.SLOW, "op_new")
+        op.join(1.0)
+        waited = op.is_alive()
+    finally:
+        point.release()
+        failpoints.disarm_all()
+    op.join(10)
+    worker.join(10)
+    assert worker_done == {"ok": None} and waited
+    assert isinstance(op_done["ok"], operations.ControlError)
+    assert "debounced" in str(op_done["ok"])
+    got = instances(db, "op_")
+    assert (got["op_new"].status, got["op_new"].debounced_into) == ("debounced", "op_next")
+    kinds = [k for k, _ in events(db, "op_new")]
+    assert kinds == [str(LifecycleEvent.CREATED), str(LifecycleEvent.DEBOUNCED)]
+    seqs = [d["sequence"] for _, d in events(db, "op_new")]
+    assert seqs == [1, 2]
+
+
+def test_a_terminated_survivor_leaves_the_next_job_a_new_window(db):
+    """The trailing survivor terminated by an operator: the next job of its key does not
+    attach to it, it opens a window of its own (its start a period from now)."""
+    t = {"tenant": "ts"}
+    create(db, wf.SLOW, [("ts_a", t), ("ts_b", t)])
+    operations.terminate(db, wf.SLOW, "ts_b")
+    create(db, wf.SLOW, [("ts_c", t)])
+    got = instances(db, "ts_")
+    assert (got["ts_b"].status, got["ts_b"].debounced_into) == ("terminated", None)
+    assert (got["ts_c"].status, got["ts_c"].debounced_into) == ("queued", None)
+    assert got["ts_c"].debounce_window_start == got["ts_c"].created_at
+    assert abs(_seconds(got["ts_c"].run_after - got["ts_c"].created_at) - 10.0) < 0.01
