@@ -504,3 +504,45 @@ def test_a_terminated_survivor_leaves_the_next_job_a_new_window(db):
     assert (got["ts_c"].status, got["ts_c"].debounced_into) == ("queued", None)
     assert got["ts_c"].debounce_window_start == got["ts_c"].created_at
     assert abs(_seconds(got["ts_c"].run_after - got["ts_c"].created_at) - 10.0) < 0.01
+
+
+def test_a_restarted_debounced_instance_does_not_lead_a_window_it_never_opened(db):
+    """Leading: a job debounced into the leader, then restarted by an operator, runs, out
+    of the decision; it is not a leader either. Once the leader's period is over (its
+    window start moved back here), the next job leads a new window instead of being
+    debounced into the restarted one (whose creation is still within the period)."""
+    t = {"tenant": "lr"}
+    create(db, wf.LEADING, [("lr_leader", t), ("lr_late", t)])
+    assert operations.restart(db, wf.LEADING, "lr_late").status == "queued"
+    with db.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE onceflow_instances SET debounce_window_start = now() - interval '10 s'"
+                " WHERE job_id = 'lr_leader'"
+            )
+        )
+    create(db, wf.LEADING, [("lr_next", t)])
+    got = instances(db, "lr_")
+    assert (got["lr_late"].status, got["lr_late"].debounced_into) == ("queued", None)
+    assert (got["lr_next"].status, got["lr_next"].debounced_into) == ("queued", None)
+
+
+def test_an_instance_retried_while_a_creator_waits_for_the_key_is_not_absorbed(db):
+    """The same with a retry (its start: now) of a pending instance an operator had
+    terminated: it is due, not pending, whatever the waiting creator's clock says."""
+    t = {"tenant": "rx"}
+    create(db, wf.TRAILING, [("rx_a", t)])
+    operations.terminate(db, wf.TRAILING, "rx_a")
+    held = _hold_key(db, wf.TRAILING, "rx")
+    try:
+        thread, done = _in_thread(create, db, wf.TRAILING, [("rx_b", t)])
+        _until_waiting_on_lock(db)
+        time.sleep(0.05)  # the creator's clock well before the retry's
+        assert operations.retry(db, wf.TRAILING, "rx_a").status == "queued"
+    finally:
+        held.close()
+    thread.join(10)
+    assert done == {"ok": None}
+    got = instances(db, "rx_")
+    assert (got["rx_a"].status, got["rx_a"].debounced_into) == ("queued", None)
+    assert (got["rx_b"].status, got["rx_b"].debounced_into) == ("queued", None)
