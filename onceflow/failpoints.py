@@ -62,6 +62,8 @@ POINTS: dict[str, str] = {
     "reuse.after_read": "worker: finished runs of resubmitted job ids read, not yet locked",
     "batch.after_lock": "engine: a batch's members locked and re-checked, the batch run"
     " not created, the members not marked",
+    "debounce.after_lock": "worker: a debounce key locked and its pending instance locked"
+    " and read, the absorb not written",
     "operations.after_lock": "operator action: the instance locked, its status read, not changed",
 }
 

@@ -30,6 +30,9 @@ class InstanceStatus(StrEnum):
     # whose outcome becomes its own.
     BATCHING = "batching"
     BATCHED = "batched"
+    # Never ran: a debounce took another job of its key instead, within the period
+    # (``debounced_into`` names the instance that absorbed it; migration 0025).
+    DEBOUNCED = "debounced"
 
     @property
     def terminal(self) -> bool:
@@ -47,6 +50,7 @@ TERMINAL_STATUSES = frozenset(
         InstanceStatus.ERRORED,
         InstanceStatus.TERMINATED,
         InstanceStatus.SKIPPED,
+        InstanceStatus.DEBOUNCED,
     }
 )
 #: The claim picks instances in these once ``run_after`` is due (the partial index
@@ -313,6 +317,9 @@ class LifecycleEvent(StrEnum):
     # A member taken into a batch run (issue 26): the run's job id and its place in it;
     # its instance.complete / errored / terminated follow when the run ends.
     BATCHED = "instance.batched"
+    # A debounce's decision at creation (issue 26): final, it never runs; the data
+    # names the instance that absorbed it.
+    DEBOUNCED = "instance.debounced"
 
     @property
     def ce_type(self) -> str:
@@ -334,6 +341,7 @@ FINAL_EVENTS = frozenset(
         LifecycleEvent.ERRORED,
         LifecycleEvent.TERMINATED,
         LifecycleEvent.SKIPPED,
+        LifecycleEvent.DEBOUNCED,
     }
 )
 
@@ -400,6 +408,23 @@ class IdReuseDecision(StrEnum):
     NEW_RUN = "new_run"  # its finished run allowed it: run N+1 started
     LIVE = "live"  # the run is not finished: a duplicate, as always
     REFUSED = "refused"  # finished, but not in a way the policy follows: a duplicate
+
+
+class DebounceMode(StrEnum):
+    """``@workflow(debounce=Debounce(key, period, mode=...))``: which job of a key's
+    window starts (README, "Flow control")."""
+
+    TRAILING = "trailing"  # the last one, once no other came for ``period`` (or max_wait)
+    LEADING = "leading"  # the first one, at once; the others within ``period`` are not
+
+
+class DebounceDecision(StrEnum):
+    """What the creating transaction decided (the
+    ``onceflow_streams_debounce_decisions_total`` counter's ``decision`` label)."""
+
+    OPENED = "opened"  # a new job that opens a window (trailing: none pending; leading: leader)
+    EXTENDED = "extended"  # a trailing job that took its key's pending instance's place
+    DEBOUNCED = "debounced"  # an instance recorded debounced (a new job, or the pending one)
 
 
 class WebhookStatus(StrEnum):

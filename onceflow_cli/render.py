@@ -81,6 +81,8 @@ def render_instance(view: InstanceView) -> str:
         lines.append(view.singleton_note)
     if view.batch_note:
         lines.append(view.batch_note)
+    if debounce := view.debounce_note or view.debounce_window:
+        lines.append(debounce)
     if view.waiting_for_engine:
         lines.append(view.waiting_for_engine)
     if view.held_because:

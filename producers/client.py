@@ -29,7 +29,8 @@ class SubmitError(OnceflowError):
 @dataclass(frozen=True)
 class JobResult:
     """What :meth:`IngestClient.submit_and_wait` learnt: ``done`` with the instance's
-    ``status`` (``complete``, ``errored``, ``terminated``, ``skipped``), ``result`` and ``error``;
+    ``status`` (``complete``, ``errored``, ``terminated``, ``skipped``, ``debounced``),
+    ``result`` and ``error``;
     or not ``done`` within the wait, and then ``location`` to ask again
     (:meth:`IngestClient.result`). ``body`` is the answer as ingest gave it."""
 

@@ -40,6 +40,7 @@ from streams.metrics import (
     CREATED,
     DB_LATENCY,
     DB_RETRIES,
+    DEBOUNCE_DECISIONS,
     DUPLICATES,
     ID_REUSE,
     IN_FLIGHT,
@@ -250,6 +251,8 @@ class BatchHandler:
             SINGLETON_DECISIONS.labels(workflow, decision).inc()
         for workflow, decision in result.id_reuse_decisions:
             ID_REUSE.labels(workflow, decision).inc()
+        for workflow, decision in result.debounce_decisions:
+            DEBOUNCE_DECISIONS.labels(workflow, decision).inc()
         first = _first_by_job(chunk)
         new_runs = set(result.new_runs)
         for job_id in result.created_ids:

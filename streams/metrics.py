@@ -27,6 +27,12 @@ ID_REUSE = Counter(
     " workflow and decision (IdReuseDecision: new_run, live, refused)",
     ["workflow", "decision"],
 )
+DEBOUNCE_DECISIONS = Counter(
+    "onceflow_streams_debounce_decisions_total",
+    "Debounce decisions taken when instances are created, by workflow and decision"
+    " (DebounceDecision: opened, extended, debounced)",
+    ["workflow", "decision"],
+)
 DEAD_LETTERED = Counter(
     "onceflow_streams_dead_lettered_total",
     "Records sent to the dead-letter topic, by reason code (DeadLetterReason)",

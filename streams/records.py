@@ -104,6 +104,7 @@ def classify(
                 singleton=registry.singleton(env.workflow) if workflow else None,
                 id_reuse=env.id_reuse or registry.id_reuse(env.workflow),
                 batch_key=registry.batch_key(env.workflow) if workflow else None,
+                debounce=registry.debounce(env.workflow) if workflow else None,
             )
         )
     return deliveries, dead

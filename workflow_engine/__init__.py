@@ -20,6 +20,7 @@ _EXPORTS = {
     "SystemClock": "workflow_engine.clock",
     "ChildHandle": "workflow_engine.definitions",
     "Context": "workflow_engine.definitions",
+    "Debounce": "workflow_engine.model",
     "RetryPolicy": "workflow_engine.definitions",
     "Batch": "workflow_engine.model",
     "RateLimit": "workflow_engine.model",
@@ -57,6 +58,7 @@ __all__ = [
     "ChildWorkflowFailed",
     "Context",
     "CreateResult",
+    "Debounce",
     "Delivery",
     "EventTimeout",
     "FakeClock",
@@ -113,6 +115,7 @@ if TYPE_CHECKING:
     from workflow_engine.model import (
         Batch,
         CreateResult,
+        Debounce,
         Delivery,
         RateLimit,
         Registry,

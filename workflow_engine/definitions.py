@@ -25,6 +25,8 @@ from onceflow.vocabulary import IdReuse
 from workflow_engine.model import (
     Batch,
     BatchPolicy,
+    Debounce,
+    DebouncePolicy,
     FlowControl,
     RateLimit,
     Registry,
@@ -36,6 +38,7 @@ from workflow_engine.model import (
     WorkflowDef,
     WorkflowFn,
     batch_policy,
+    debounce_policy,
     flow_control,
     singleton_policy,
 )
@@ -157,6 +160,7 @@ def workflow(
     singleton: Singleton | None = None,
     id_reuse: str = "never",
     batch: Batch | None = None,
+    debounce: Debounce | None = None,
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register an async function ``(ctx, params)`` as the workflow called ``name``
     (every option: README, "Flow control" and the sections after it).
@@ -171,7 +175,8 @@ def workflow(
     ``webhooks``: endpoints subscribed to its lifecycle events (README, "Webhooks").
     Timing (:func:`_timing`): ``start_after``, ``start_within``, ``execution_timeout``.
     ``batch``: its jobs run in batches (:func:`_check_batch`); ``id_reuse``: may a
-    finished job id run again (:func:`_id_reuse`).
+    finished job id run again (:func:`_id_reuse`); ``debounce``: of a key's jobs within
+    a period only the last (or the first) starts (:func:`_debounce`).
     """
     check_name("workflow name", name)
     timing = _timing(name, start_after, start_within, execution_timeout)
@@ -179,7 +184,8 @@ def workflow(
     limits = (concurrency, concurrency_key, max_per_key, hold_while_waiting, rate_limit)
     flow = flow_control(*limits, fairness_key, policy := singleton_policy(singleton))
     subscriptions, reuse = _subscriptions(webhooks), _id_reuse(name, id_reuse)
-    extra = (reuse, _check_batch(name, batch_policy(batch), flow, declared, timing[1], reuse))
+    batched = _check_batch(name, batch_policy(batch), flow, declared, timing[1], reuse)
+    extra = (reuse, batched, _debounce(name, debounce, singleton, declared, reuse, batched))
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         given = check_version(version) if version is not None else fingerprint(fn)
@@ -238,6 +244,38 @@ def _check_batch(
     if clash is not None:
         raise ValueError(f"workflow {workflow!r}: batch cannot be combined with {clash}")
     return batch
+
+
+def _debounce(
+    workflow: str,
+    debounce: Debounce | None,
+    singleton: Singleton | None,
+    schedule: ScheduleDef | None,
+    id_reuse: IdReuse,
+    batch: BatchPolicy | None,
+) -> DebouncePolicy | None:
+    """The checked debounce. Not with a singleton policy or batching (each decides, when
+    a job of a key is created, what becomes of it: their answers would contradict each
+    other), nor with a schedule (its ticks are not debounced: they have their own overlap
+    policy, and a declared debounce would not hold for them), nor with an id reuse policy
+    (a new run of a finished id is not a creation the debounce sees)."""
+    policy = debounce_policy(debounce)
+    if policy is None:
+        return None
+    clash = (
+        "singleton"
+        if singleton is not None
+        else "a schedule"
+        if schedule is not None
+        else "batch"
+        if batch is not None
+        else f"id_reuse={id_reuse.value!r}"
+        if id_reuse != IdReuse.NEVER
+        else None
+    )
+    if clash is not None:
+        raise ValueError(f"workflow {workflow!r}: debounce cannot be combined with {clash}")
+    return policy
 
 
 def _subscriptions(

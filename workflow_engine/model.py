@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from onceflow.envelope import JobEnvelope
+from onceflow.envelope import MAX_START_DELAY_SECONDS, JobEnvelope
 from onceflow.errors import ConfigurationError, OnceflowError
 from onceflow.ticks import TickSpec, check_name
 from onceflow.vocabulary import (
     CatchupPolicy,
+    DebounceMode,
     IdReuse,
     JobKind,
     Origin,
@@ -201,6 +202,69 @@ def batch_result_problem(value: Any, params: Mapping[str, Any]) -> str | None:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Debounce:
+    """``@workflow(debounce=Debounce(key="params.tenant", period=5.0))``: of the jobs of
+    one value of ``key`` (a dotted path on params; a missing key is the key ``''``) that
+    come within ``period`` seconds of each other, only one starts: the last
+    (``mode="trailing"``, the default: each new job takes the place of the one waiting,
+    which is recorded ``debounced``, and starts ``period`` after it came, but no later
+    than ``max_wait`` after its window's first job) or the first (``"leading"``: it
+    starts at once; the others within ``period`` of it are recorded ``debounced``).
+    README, "Flow control"."""
+
+    key: str
+    period: timedelta | float
+    max_wait: timedelta | float | None = None  # trailing only; None: no bound
+    mode: DebounceMode | str = DebounceMode.TRAILING
+
+
+@dataclass(frozen=True, slots=True)
+class DebouncePolicy:
+    """A debounce as checked at registration (seconds)."""
+
+    key: KeyPath
+    period: float
+    max_wait: float | None
+    mode: DebounceMode
+
+
+def _seconds(value: timedelta | float) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+#: The longest debounce period or max_wait: a year, as a delayed start's (the creating
+#: transaction adds them to timestamps, which PostgreSQL bounds).
+MAX_DEBOUNCE_SECONDS = MAX_START_DELAY_SECONDS
+
+
+def debounce_policy(debounce: Debounce | None) -> DebouncePolicy | None:
+    """The checked debounce (ValueError: a bad key path or mode, a period not above 0,
+    a period or max_wait over a year, a max_wait below the period or given with
+    ``leading``, where the leader starts at once and nothing waits)."""
+    if debounce is None:
+        return None
+    try:
+        mode = DebounceMode(debounce.mode)
+    except ValueError:
+        modes = ", ".join(m.value for m in DebounceMode)
+        raise ValueError(f"debounce mode {debounce.mode!r} is not one of {modes}") from None
+    period = _seconds(debounce.period)
+    if not period > 0 or period == float("inf"):
+        raise ValueError(f"debounce period must be a number of seconds above 0: {period}")
+    wait = None if debounce.max_wait is None else _seconds(debounce.max_wait)
+    for name, value in (("period", period), ("max_wait", wait)):
+        if value is not None and not value <= MAX_DEBOUNCE_SECONDS:
+            raise ValueError(
+                f"debounce {name} ({value} s) must be at most {MAX_DEBOUNCE_SECONDS} s (a year)"
+            )
+    if wait is not None and mode == DebounceMode.LEADING:
+        raise ValueError("debounce max_wait has no meaning with mode 'leading' (it starts at once)")
+    if wait is not None and not wait >= period:
+        raise ValueError(f"debounce max_wait ({wait} s) must be at least its period ({period} s)")
+    return DebouncePolicy(key_path(debounce.key), period, wait, mode)
+
+
 @dataclass(frozen=True)
 class RateLimit:
     """At most ``limit`` instance starts per ``period`` per value of ``key`` (a dotted
@@ -342,6 +406,8 @@ class Delivery:
     # the instance is created 'batching' (a member waiting in its key's pool); None: not
     # batched.
     batch_key: KeyPath | None = None
+    # The workflow's debounce (``Registry.debounce``); None: none.
+    debounce: DebouncePolicy | None = None
 
 
 @dataclass(slots=True)
@@ -374,6 +440,10 @@ class CreateResult:
     # job ids, also in ``created_ids`` (a new run is a creation).
     id_reuse_decisions: list[tuple[str, str]] = field(default_factory=list)
     new_runs: list[str] = field(default_factory=list)
+    # Debounce decisions, (workflow, DebounceDecision) pairs: one per created instance of
+    # a debounced workflow, and one per earlier pending instance it debounced
+    # (onceflow_streams_debounce_decisions_total).
+    debounce_decisions: list[tuple[str, str]] = field(default_factory=list)
 
     def add(self, other: CreateResult) -> None:
         self.created += other.created
@@ -390,6 +460,7 @@ class CreateResult:
         self.singleton_decisions += other.singleton_decisions
         self.id_reuse_decisions += other.id_reuse_decisions
         self.new_runs += other.new_runs
+        self.debounce_decisions += other.debounce_decisions
 
 
 # --- history --------------------------------------------------------------------------
@@ -457,6 +528,8 @@ class WorkflowDef:
     singleton: SingletonPolicy | None = None  # ``@workflow(singleton=...)``
     id_reuse: IdReuse = IdReuse.NEVER  # ``@workflow(id_reuse=...)``
     batch: BatchPolicy | None = None  # ``@workflow(batch=...)``: its jobs run in batches
+
+    debounce: DebouncePolicy | None = None  # ``@workflow(debounce=...)``
 
 
 @dataclass(frozen=True, slots=True)
@@ -570,6 +643,11 @@ class Registry:
         (``()``: one pool), or None: not batched (an instance runs on its own)."""
         definition = self._workflows.get(name)
         return None if definition is None or definition.batch is None else definition.batch.key
+
+    def debounce(self, name: str) -> DebouncePolicy | None:
+        """The debounce creating an instance of ``name`` decides on, or None."""
+        definition = self._workflows.get(name)
+        return definition.debounce if definition is not None else None
 
     def lane_path(self, name: str) -> KeyPath | None:
         """The key new instances of ``name`` store as their fairness lane: ``()`` for a

@@ -10,8 +10,9 @@ then waits (producers/waiters.py) for the jobs' instances to finish:
 - one job (the body a job object): **200** with the job's outcome (the fields of
   ``GET /v1/jobs/{job_id}``'s body that say how it ended: ``kind``, ``job_id``,
   ``workflow``, ``status``, ``result``, ``error``, ``version``, ``finished_at``); an
-  ``errored``, ``terminated`` or ``skipped`` end is a 200 too: the answer is the outcome, and it
-  is final. Not final in time: the usual **202**, with ``Location: /v1/jobs/{id}``.
+  ``errored``, ``terminated``, ``skipped`` or ``debounced`` end (its ``error``: ``debounced
+  into <id>``) is a 200 too: the answer is the outcome, and it is final. Not final in
+  time: the usual **202**, with ``Location: /v1/jobs/{id}``.
 - a batch (``{"jobs": [...]}``): one deadline for all; **200** when every job is final,
   else **202**; either way the usual accepted body plus ``results``, the outcome of
   each job final by then, in the order of ``accepted``.

@@ -55,7 +55,7 @@ def seed_for_bench(
         conn.execute(
             sa.text(
                 "INSERT INTO onceflow_instances (job_id, workflow, params, status, created_at,"
-                " updated_at, finished_at, error, attributes, skipped_for)"
+                " updated_at, finished_at, error, attributes, skipped_for, debounced_into)"
                 " SELECT job_id, type_name, '{}'::jsonb, st, at, at + interval '1 second',"
                 " CASE WHEN st = ANY(CAST(:final AS text[]))"
                 "      THEN at + interval '1 second' END,"
@@ -66,7 +66,9 @@ def seed_for_bench(
                 "   'tier', (ARRAY['gold', 'silver', 'bronze'])[1 + source_offset % 3])"
                 "   ELSE '{}'::jsonb END,"
                 # a skipped instance names the live one it gave way to (migration 0024)
-                f" CASE WHEN st = '{InstanceStatus.SKIPPED}' THEN 'bench-live' END"
+                f" CASE WHEN st = '{InstanceStatus.SKIPPED}' THEN 'bench-live' END,"
+                # a debounced one names the instance that absorbed it (migration 0025)
+                f" CASE WHEN st = '{InstanceStatus.DEBOUNCED}' THEN 'bench-live' END"
                 " FROM (SELECT job_id, type_name, source_offset,"
                 "   (:st)[1 + (source_offset % cardinality(CAST(:st AS text[])))] AS st,"
                 "   now() - (source_offset * interval '30 days' / :n) AS at"

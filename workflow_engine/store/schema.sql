@@ -669,6 +669,9 @@ CREATE TABLE public.onceflow_instances (
     singleton_key text,
     skipped_for text,
     cancelled_by text,
+    debounce_key text,
+    debounce_window_start timestamp with time zone,
+    debounced_into text,
     batch_key text,
     batch_id text,
     batch_index integer,
@@ -678,7 +681,9 @@ CREATE TABLE public.onceflow_instances (
     CONSTRAINT onceflow_instances_batch_member_check CHECK ((((batch_id IS NULL) = (batch_index IS NULL)) AND ((status <> ALL (ARRAY['batching'::text, 'batched'::text])) OR (batch_key IS NOT NULL)) AND ((status <> 'batched'::text) OR (batch_id IS NOT NULL)) AND ((status <> 'batching'::text) OR (batch_id IS NULL)))),
     CONSTRAINT onceflow_instances_batch_size_check CHECK (((batch_size IS NULL) OR ((batch_size >= 1) AND (batch_key IS NULL)))),
     CONSTRAINT onceflow_instances_callback_length CHECK ((char_length(callback) <= 64)),
-    CONSTRAINT onceflow_instances_finished_check CHECK (((status = ANY (ARRAY['complete'::text, 'errored'::text, 'terminated'::text, 'skipped'::text])) = (finished_at IS NOT NULL))),
+    CONSTRAINT onceflow_instances_debounce_window_check CHECK (((debounce_key IS NULL) = (debounce_window_start IS NULL))),
+    CONSTRAINT onceflow_instances_debounced_check CHECK (((status <> 'debounced'::text) OR (debounced_into IS NOT NULL))),
+    CONSTRAINT onceflow_instances_finished_check CHECK (((status = ANY (ARRAY['complete'::text, 'errored'::text, 'terminated'::text, 'skipped'::text, 'debounced'::text])) = (finished_at IS NOT NULL))),
     CONSTRAINT onceflow_instances_forked_check CHECK (((forked_from IS NULL) = (forked_at_position IS NULL))),
     CONSTRAINT onceflow_instances_lease_check CHECK (((status = 'running'::text) = ((lease_owner IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
     CONSTRAINT onceflow_instances_mismatched_check CHECK ((duplicated OR (NOT mismatched))),
@@ -688,7 +693,7 @@ CREATE TABLE public.onceflow_instances (
     CONSTRAINT onceflow_instances_requested_action_check CHECK ((requested_action = ANY (ARRAY['pause'::text, 'terminate'::text, 'restart'::text]))),
     CONSTRAINT onceflow_instances_run_check CHECK ((run >= 1)),
     CONSTRAINT onceflow_instances_skipped_check CHECK (((status <> 'skipped'::text) OR (skipped_for IS NOT NULL))),
-    CONSTRAINT onceflow_instances_status_check CHECK ((status = ANY (ARRAY['batching'::text, 'complete'::text, 'errored'::text, 'paused'::text, 'queued'::text, 'running'::text, 'skipped'::text, 'sleeping'::text, 'terminated'::text, 'waiting'::text, 'batched'::text]))),
+    CONSTRAINT onceflow_instances_status_check CHECK ((status = ANY (ARRAY['batching'::text, 'complete'::text, 'debounced'::text, 'errored'::text, 'paused'::text, 'queued'::text, 'running'::text, 'skipped'::text, 'sleeping'::text, 'terminated'::text, 'waiting'::text, 'batched'::text]))),
     CONSTRAINT onceflow_instances_timeout_errored_check CHECK (((timeout_kind IS NULL) OR (status = 'errored'::text))),
     CONSTRAINT onceflow_instances_timeout_kind_check CHECK ((timeout_kind = ANY (ARRAY['start_timeout'::text, 'timed_out'::text])))
 );
@@ -1143,6 +1148,10 @@ CREATE INDEX onceflow_instances_batching_idx ON public.onceflow_instances USING 
 CREATE INDEX onceflow_instances_claim_order_idx ON public.onceflow_instances USING btree (public.onceflow_claim_order(run_after, priority)) WHERE ((status = ANY (ARRAY['queued'::text, 'sleeping'::text, 'waiting'::text])) AND (flow_lane IS NULL));
 
 CREATE INDEX onceflow_instances_created_idx ON public.onceflow_instances USING btree (created_at, job_id);
+
+CREATE INDEX onceflow_instances_debounce_idx ON public.onceflow_instances USING btree (workflow, debounce_key, debounce_window_start) WHERE ((debounce_key IS NOT NULL) AND (status <> 'debounced'::text));
+
+CREATE INDEX onceflow_instances_debounce_pending_idx ON public.onceflow_instances USING btree (workflow, debounce_key) WHERE ((debounce_key IS NOT NULL) AND (status = 'queued'::text));
 
 CREATE INDEX onceflow_instances_duplicated_created_idx ON public.onceflow_instances USING btree (created_at, job_id) WHERE duplicated;
 

@@ -151,6 +151,32 @@ class InstanceView:
             return f"waiting to be batched (key {self.batch_key!r})"
         return None
 
+    # Debounce (migration 0025): the key's value (as stored, bounded), when its window
+    # opened, the instance that absorbed a debounced one, and the end of that chain (a
+    # trailing absorber may itself be absorbed later): the instance that runs instead.
+    debounce_key: str | None = None
+    debounce_window_start: datetime | None = None
+    debounced_into: str | None = None
+    debounce_runs_as: str | None = None
+
+    @property
+    def debounce_note(self) -> str | None:
+        """What a debounce decided for it, in words (None: not debounced)."""
+        if self.debounced_into is None or self.status != InstanceStatus.DEBOUNCED:
+            return None
+        note = f"debounced into {self.debounced_into} (key {self.debounce_key!r})"
+        if self.debounce_runs_as not in (None, self.debounced_into):
+            note += f"; its window runs as {self.debounce_runs_as}"
+        return note
+
+    @property
+    def debounce_window(self) -> str | None:
+        """For an instance of a debounced workflow that was not debounced: its window."""
+        if self.debounce_window_start is None or self.status == InstanceStatus.DEBOUNCED:
+            return None
+        opened = self.debounce_window_start.isoformat()
+        return f"debounce window of key {self.debounce_key!r} opened at {opened}"
+
     @property
     def singleton_note(self) -> str | None:
         """What a singleton policy decided for it, in words (None: nothing)."""
@@ -246,7 +272,17 @@ SELECT i.job_id, i.workflow, i.status, i.params, i.created_at, i.started_at,
                                WHERE b.job_id = i.batch_id)) AS batch_size,
        CASE WHEN i.batch_size IS NULL THEN ARRAY[]::text[] ELSE ARRAY(
            SELECT m.job_id FROM onceflow_instances m WHERE m.batch_id = i.job_id
-           ORDER BY m.batch_index) END AS batch_members
+           ORDER BY m.batch_index) END AS batch_members,
+       i.debounce_key, i.debounce_window_start, i.debounced_into,
+       CASE WHEN i.status = '{InstanceStatus.DEBOUNCED}' THEN (
+           -- the chain of absorbers (primary-key lookups), to the one not debounced
+           WITH RECURSIVE chain(job_id, into_id, depth) AS (
+               SELECT i.job_id, i.debounced_into, 0
+               UNION ALL
+               SELECT n.job_id, n.debounced_into, c.depth + 1
+               FROM chain c JOIN onceflow_instances n ON n.job_id = c.into_id
+               WHERE c.depth < 10000)
+           SELECT job_id FROM chain WHERE into_id IS NULL LIMIT 1) END AS debounce_runs_as
 FROM onceflow_instances i JOIN onceflow_jobs j USING (job_id)
 LEFT JOIN onceflow_runs cr ON cr.job_id = i.job_id AND cr.run = i.run AND i.run > 1
 -- One pass over the job id's duplicate rows, in its one partition (job_received_at,

@@ -30,7 +30,7 @@ from workflow_engine.model import CreateResult, Delivery
 from workflow_engine.store import lifecycle
 from workflow_engine.store.fragments import RUNNABLE_CHANNEL
 from workflow_engine.store.lifecycle import ONE_EVENT, outbox_insert
-from workflow_engine.store.writes import reuse, singleton
+from workflow_engine.store.writes import debounce, reuse, singleton
 
 # Duplicate rows are idempotent per Kafka position: the named unique constraint
 # onceflow_duplicate_deliveries_position_key turns a record redelivered again (the
@@ -56,7 +56,8 @@ WITH input AS (
         request_id text, submitted_at timestamptz, traceparent text, origin text,
         topic text, part integer, off bigint, enqueued_at timestamptz, version text,
         priority smallint, lane_path text[], callback text, run_after timestamptz,
-        attributes jsonb, start_within double precision, batch_path text[])
+        attributes jsonb, start_within double precision, batch_path text[],
+        debounce_path text[])
 ),
 firsts AS (
     SELECT DISTINCT ON (job_id) * FROM input ORDER BY job_id, ord
@@ -112,7 +113,8 @@ dups AS (
 inst AS (
     INSERT INTO onceflow_instances (job_id, workflow, params, version, priority, flow_lane,
                                     event_seq, callback, run_after, attributes,
-                                    start_by, status, batch_key)
+                                    start_by, status, batch_key, debounce_key,
+                                    debounce_window_start)
     SELECT f.job_id, f.workflow, f.params, f.version, f.priority,
            -- bounded (migration 0014): the lane index takes any key's value
            onceflow_flow_lane(f.params, f.lane_path), {ONE_EVENT}, f.callback,
@@ -131,7 +133,12 @@ inst AS (
                 ELSE '{InstanceStatus.BATCHING}' END,
            CASE WHEN cardinality(f.batch_path) = 0 THEN ''
                 WHEN f.batch_path IS NOT NULL
-                THEN onceflow_lane_key(coalesce(f.params #>> f.batch_path, '')) END
+                THEN onceflow_lane_key(coalesce(f.params #>> f.batch_path, '')) END,
+           -- a debounce's key (bounded like a lane) and window start (migration 0025),
+           -- which writes/debounce.py decides on; in the insert, not an update after it
+           CASE WHEN f.debounce_path IS NOT NULL
+                THEN onceflow_lane_key(coalesce(f.params #>> f.debounce_path, '')) END,
+           CASE WHEN f.debounce_path IS NOT NULL THEN now() END
     FROM firsts f JOIN upsert u USING (job_id)
     WHERE u.inserted AND f.kind = :workflow_kind
     RETURNING job_id, workflow, version, priority, event_seq AS seq, status, run
@@ -189,6 +196,7 @@ def _row(ord_: int, d: Delivery) -> dict[str, Any]:
         "attributes": env.attributes or None,
         "start_within": env.start_within if env.start_within is not None else d.start_within,
         "batch_path": d.batch_key,
+        "debounce_path": list(d.debounce.key) if d.debounce is not None else None,
     }
 
 
@@ -280,6 +288,7 @@ def create_instances_in(conn: Connection, deliveries: Sequence[Delivery]) -> Cre
             duplicates.append(row)
     # Before the flags: only the instances this statement created, under per-key locks.
     result.singleton_decisions = singleton.decide(conn, deliveries, result.created_ids)
+    result.debounce_decisions = debounce.decide(conn, deliveries, result.created_ids)
     _flag_duplicated(conn, flags)
     # Their events after the flags (the same rows, locked in the same order); a
     # duplicate of a plain task has no instance, hence no event.

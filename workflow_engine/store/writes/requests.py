@@ -221,8 +221,14 @@ _RESTART = sa.text(
     " lease_expires_at = NULL, requested_action = NULL, restart_count = restart_count + 1,"
     " failed_position = NULL, deadline = NULL, start_by = NULL, timeout_kind = NULL,"
     " updated_at = now(),"
-    # a restarted instance is live again, out of any singleton decision it had
-    " skipped_for = NULL, cancelled_by = NULL WHERE job_id = :j"
+    # a restarted instance is live again, out of any singleton or debounce decision it had;
+    # a debounced one out of its key too: it opened no window, so it neither leads one
+    # (leading) nor is a window's pending instance (trailing)
+    " skipped_for = NULL, cancelled_by = NULL, debounced_into = NULL,"
+    f" debounce_key = CASE WHEN status = '{InstanceStatus.DEBOUNCED}' THEN NULL"
+    " ELSE debounce_key END,"
+    f" debounce_window_start = CASE WHEN status = '{InstanceStatus.DEBOUNCED}' THEN NULL"
+    " ELSE debounce_window_start END WHERE job_id = :j"
 )
 
 
