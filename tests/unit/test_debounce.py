@@ -3,13 +3,14 @@ what creating an instance decides on."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
 
 from onceflow.vocabulary import DebounceMode, InstanceStatus, LifecycleEvent
 from workflow_engine import Debounce, Singleton, workflow
-from workflow_engine.model import DebouncePolicy, Registry, WorkflowDef, debounce_policy
+from workflow_engine.model import Batch, DebouncePolicy, Registry, WorkflowDef, debounce_policy
 
 
 async def _fn(ctx, params):
@@ -87,3 +88,26 @@ def test_the_registry_hands_the_policy_to_the_create_path():
 def test_debounced_is_final():
     assert InstanceStatus.DEBOUNCED.terminal and not InstanceStatus.DEBOUNCED.runnable
     assert LifecycleEvent.DEBOUNCED.final
+
+
+@pytest.mark.parametrize(
+    ("options", "clash"),
+    [
+        ({"batch": Batch(max_size=5, max_wait=1.0)}, "batch"),
+        ({"id_reuse": "after_failure"}, "id_reuse='after_failure'"),
+    ],
+)
+def test_a_debounce_beside_batching_or_id_reuse_fails_when_the_module_loads(options, clash):
+    """Each decides what becomes of a key's new job (batching), or makes a creation the
+    debounce never sees (a new run of a finished id)."""
+    with pytest.raises(ValueError, match=f"debounce cannot be combined with {re.escape(clash)}"):
+        workflow("test-debounce-clash", debounce=Debounce("params.k", 1.0), **options)
+
+
+def test_batching_beside_id_reuse_fails_when_the_module_loads():
+    with pytest.raises(
+        ValueError, match="batch cannot be combined with id_reuse='after_completion'"
+    ):
+        workflow(
+            "test-batch-clash", batch=Batch(max_size=5, max_wait=1.0), id_reuse="after_completion"
+        )
