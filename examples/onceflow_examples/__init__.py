@@ -24,6 +24,7 @@ from sqlalchemy.engine import Engine
 from onceflow.settings import get_settings
 from workflow_engine.definitions import Context, RetryPolicy, task, workflow
 from workflow_engine.errors import EventTimeout
+from workflow_engine.model import Batch, Debounce, Singleton
 from workflow_engine.steps import current_step
 from workflow_engine.store import MigrationSet, shared_engine
 
@@ -131,6 +132,52 @@ async def approval_workflow(ctx: Context, params: dict[str, Any]) -> dict[str, A
         return {"approved": False}
     await ctx.step("fulfil", _record_side_effect, params, retries=DEMO_RETRY)
     return {"approved": True, "by": (decision or {}).get("by")}
+
+
+# One example per run control (README, "Flow control"), small enough for the demo and
+# the dashboard test to show each decision.
+
+
+@workflow("report-workflow", singleton=Singleton(key="params.account", mode="skip"))
+async def report_workflow(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
+    """One report per account at a time: a job of an account whose report is still live
+    is recorded ``skipped``, naming it."""
+    await ctx.step("build report", _pause, float(params.get("step_seconds", 0)))
+    return {"account": params.get("account")}
+
+
+@workflow("reindex-workflow", debounce=Debounce(key="params.index", period=0.5, max_wait=5.0))
+async def reindex_workflow(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
+    """A burst of reindex requests for one index becomes one run, the last one's, 0.5 s
+    after the burst (never more than 5 s after its first); the others are ``debounced``."""
+    await ctx.step("reindex", _pause, 0.0)
+    return {"index": params.get("index")}
+
+
+@workflow("digest-workflow", batch=Batch(max_size=10, max_wait=0.5, key="params.tenant"))
+async def digest_workflow(ctx: Context, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Up to 10 jobs of one tenant in one run (or whatever came within 0.5 s), one
+    result per member, in member order."""
+    members = params["members"]
+    await ctx.step("send digest", _pause, 0.0)
+    return [{"sent": m["job_id"], "of": len(members)} for m in members]
+
+
+class CardDeclined(Exception):
+    """``payment-workflow``'s failure (params ``{"decline": true}``)."""
+
+
+def _charge(params: dict[str, Any]) -> dict[str, Any]:
+    if params.get("decline"):
+        raise CardDeclined("card declined")
+    return {"charged": params.get("amount", 0)}
+
+
+@workflow("payment-workflow", id_reuse="after_failure")
+async def payment_workflow(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
+    """A payment whose failed run may be submitted again under the same job id: a new
+    run (run 2, the first one's history kept). A completed one stays a duplicate."""
+    return await ctx.step("charge", _charge, params, retries=RetryPolicy(limit=1))
 
 
 class MailServerDown(Exception):

@@ -29,7 +29,7 @@ def test_alert_rules_pass_promtool():
         [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 12 rules found" in result.stdout
+    assert "SUCCESS: 13 rules found" in result.stdout
 
 
 @pytest.mark.timeout(240)
@@ -96,7 +96,7 @@ def test_every_dashboard_expression_returns_data(base_settings, tmp_path, capsys
     empty = [expr for expr, n in results.items() if n == 0]
     assert empty == [], "expressions without data:\n" + "\n".join(empty)
     assert rules[0]["rules"][0]["name"] == "OnceflowConsumerLagGrowing"
-    assert len(rules[0]["rules"]) == 12
+    assert len(rules[0]["rules"]) == 13
 
 
 def _up(api: str) -> int:
@@ -139,6 +139,46 @@ def _workload(stack: Stack) -> None:
             ]
         )
         client.submit([{**jobs[1], "params": {"other": True}}])  # a payload mismatch
+        # Each run control decides (the "Run controls" row): a singleton skip (a report
+        # of the account still live), a debounce (a burst for one index), batches (12
+        # digests of one tenant: a full batch of 10, then the rest by max_wait), and an
+        # id reuse (a declined payment submitted again: run 2).
+        client.submit(
+            [
+                {
+                    "job_id": f"prom_report_{i}",
+                    "workflow": "report-workflow",
+                    "params": {"account": "a1", "step_seconds": 1.0},
+                }
+                for i in range(3)
+            ]
+        )
+        client.submit(
+            [
+                {
+                    "job_id": f"prom_reindex_{i}",
+                    "workflow": "reindex-workflow",
+                    "params": {"index": "products"},
+                }
+                for i in range(5)
+            ]
+        )
+        client.submit(
+            [
+                {
+                    "job_id": f"prom_digest_{i:02d}",
+                    "workflow": "digest-workflow",
+                    "params": {"tenant": "t1"},
+                }
+                for i in range(12)
+            ]
+        )
+        declined = {
+            "job_id": "prom_pay",
+            "workflow": "payment-workflow",
+            "params": {"decline": True},
+        }
+        client.submit([declined])
     httpx.post(
         f"{stack.ingest_url}/v1/jobs", json={"workflow": "bad name!"}, headers=stack.auth_headers
     )  # a 422
@@ -162,4 +202,33 @@ def _workload(stack: Stack) -> None:
         ),
         120,
         "the workload to finish",
+    )
+    # Once the declined payment's run 1 has errored, the same id again starts run 2.
+    stack.wait_for(
+        lambda: (
+            stack.scalar(
+                "SELECT count(*) FROM onceflow_instances WHERE job_id = 'prom_pay'"
+                " AND status = 'errored'"
+            )
+            == 1
+        ),
+        60,
+        "the declined payment's end",
+    )
+    with stack.client() as client:
+        client.submit([{"job_id": "prom_pay", "workflow": "payment-workflow", "params": {}}])
+    stack.wait_for(
+        lambda: (
+            stack.scalar(
+                "SELECT count(*) FROM onceflow_instances WHERE job_id = 'prom_pay' AND run = 2"
+            )
+            == 1
+            and stack.scalar(
+                "SELECT count(*) FROM onceflow_instances"
+                " WHERE workflow = 'digest-workflow' AND status = 'complete'"
+            )
+            == 12 + 2  # the members and their two batch runs
+        ),
+        60,
+        "the run controls' decisions",
     )

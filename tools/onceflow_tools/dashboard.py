@@ -280,6 +280,18 @@ def _webhooks() -> list[timeseries.Panel]:
     ]
 
 
+def _decisions(title: str, metric: str) -> timeseries.Panel:
+    """A run control's decisions per workflow over the last hour."""
+    return _panel(
+        title,
+        "short",
+        (
+            "{{workflow}} {{decision}}",
+            f"sum by (workflow, decision) (increase({metric}[1h]))",
+        ),
+    )
+
+
 def _run_controls() -> list[timeseries.Panel]:
     return [
         _panel(
@@ -288,6 +300,22 @@ def _run_controls() -> list[timeseries.Panel]:
             (
                 "{{workflow}} {{kind}}",
                 "sum by (workflow, kind) (increase(onceflow_engine_time_limits_total[1h]))",
+            ),
+        ),
+        _decisions("Singleton decisions (1h)", "onceflow_streams_singleton_decisions_total"),
+        _decisions("Debounce decisions (1h)", "onceflow_streams_debounce_decisions_total"),
+        _decisions("Id reuse decisions (1h)", "onceflow_streams_id_reuse_total"),
+        _panel(
+            "Batches formed (1h) and their size",
+            "short",
+            (
+                "{{workflow}} by {{trigger}}",
+                "sum by (workflow, trigger) (increase(onceflow_engine_batches_total[1h]))",
+            ),
+            (
+                "median size",
+                "histogram_quantile(0.5, sum by (le)"
+                " (increase(onceflow_engine_batch_size_bucket[1h])))",
             ),
         ),
     ]
