@@ -172,4 +172,4 @@ def test_chart_ships_the_same_dashboard_and_alerts():
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(dashboard["data"]["onceflow-dashboard.json"])["uid"] == "onceflow-overview"
     rule = next(d for d in render(*ALL_ON) if d["kind"] == "PrometheusRule")
-    assert len(rule["spec"]["groups"][0]["rules"]) == 12
+    assert len(rule["spec"]["groups"][0]["rules"]) == 13

@@ -55,7 +55,8 @@ def seed_for_bench(
         conn.execute(
             sa.text(
                 "INSERT INTO onceflow_instances (job_id, workflow, params, status, created_at,"
-                " updated_at, finished_at, error, attributes, skipped_for, debounced_into)"
+                " updated_at, finished_at, error, attributes, skipped_for, debounced_into,"
+                " batch_key, batch_id, batch_index)"
                 " SELECT job_id, type_name, '{}'::jsonb, st, at, at + interval '1 second',"
                 " CASE WHEN st = ANY(CAST(:final AS text[]))"
                 "      THEN at + interval '1 second' END,"
@@ -68,7 +69,12 @@ def seed_for_bench(
                 # a skipped instance names the live one it gave way to (migration 0024)
                 f" CASE WHEN st = '{InstanceStatus.SKIPPED}' THEN 'bench-live' END,"
                 # a debounced one names the instance that absorbed it (migration 0025)
-                f" CASE WHEN st = '{InstanceStatus.DEBOUNCED}' THEN 'bench-live' END"
+                f" CASE WHEN st = '{InstanceStatus.DEBOUNCED}' THEN 'bench-live' END,"
+                # a batch member waits in its key's pool, or names its batch run (0026)
+                f" CASE WHEN st IN ('{InstanceStatus.BATCHING}', '{InstanceStatus.BATCHED}')"
+                "      THEN '' END,"
+                f" CASE WHEN st = '{InstanceStatus.BATCHED}' THEN 'bench-live~batch' END,"
+                f" CASE WHEN st = '{InstanceStatus.BATCHED}' THEN 0 END"
                 " FROM (SELECT job_id, type_name, source_offset,"
                 "   (:st)[1 + (source_offset % cardinality(CAST(:st AS text[])))] AS st,"
                 "   now() - (source_offset * interval '30 days' / :n) AS at"
