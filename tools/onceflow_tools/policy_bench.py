@@ -5,7 +5,8 @@ with the workflow's policies, as ``streams.records`` builds its deliveries) into
 database, timing it, then runs one engine at concurrency 64 until all are complete:
 instances/s created, workflows/s completed, the engine's mean claim (its own
 histogram). The plain ``noop-workflow`` and the policy workflows of
-:mod:`onceflow_tools.policy_workflows` (each policy set so that it never binds) are
+:mod:`onceflow_tools.policy_workflows` (each policy set so that it never binds; the
+batched one runs its jobs 50 to a batch run, and its workflows/s counts members) are
 interleaved, three rounds, so a noisy neighbour hits all of them; each round gives each
 policy's ratio to the plain run of the same round. Lifecycle events are off (their cost
 is :mod:`onceflow_tools.events_bench`'s), so the figures are the policies' own.
@@ -35,7 +36,16 @@ from workflow_engine.store.writes import create_instances
 
 PLAIN = "noop-workflow"
 #: What each run measures: the plain claim, then one policy each.
-WORKFLOWS = (PLAIN, pw.SINGLETON_QUEUE, pw.SINGLETON_SKIP, pw.TIME_LIMITS, pw.ATTRIBUTES)
+WORKFLOWS = (
+    PLAIN,
+    pw.SINGLETON_QUEUE,
+    pw.SINGLETON_SKIP,
+    pw.TIME_LIMITS,
+    pw.ATTRIBUTES,
+    pw.DEBOUNCE,
+    pw.ID_REUSE,
+    pw.BATCH,
+)
 _MODULES = '["onceflow_examples", "onceflow_tools.policy_workflows"]'
 
 
@@ -61,6 +71,9 @@ def _delivery(workflow: str, i: int) -> Delivery:
         start_after=REGISTRY.start_after(workflow),
         start_within=REGISTRY.start_within(workflow),
         singleton=REGISTRY.singleton(workflow),
+        id_reuse=REGISTRY.id_reuse(workflow),
+        batch_key=REGISTRY.batch_key(workflow),
+        debounce=REGISTRY.debounce(workflow),
     )
 
 
@@ -93,7 +106,10 @@ def _run(base: Settings, jobs: int, log_dir: Path, workflow: str) -> dict[str, A
         port = stack.start_engine("engine-0")
         assert stack.db is not None
         db = stack.db
-        _wait_for("complete", lambda: count_instances(db, InstanceStatus.COMPLETE), jobs, 600)
+        # a batched workflow's batch runs complete too, beside its members
+        runs = -(-jobs // pw.BATCH_SIZE) if workflow == pw.BATCH else 0
+        done = jobs + runs
+        _wait_for("complete", lambda: count_instances(db, InstanceStatus.COMPLETE), done, 600)
         span = max(run_span_seconds(db), 1e-3)
         claims, claim_seconds = _claim_latency(port)
         return {

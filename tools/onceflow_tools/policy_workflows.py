@@ -9,12 +9,17 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from workflow_engine import Singleton, workflow
+from workflow_engine import Batch, Debounce, Singleton, workflow
 
 SINGLETON_QUEUE = "bench-singleton-queue"
 SINGLETON_SKIP = "bench-singleton-skip"
 TIME_LIMITS = "bench-time-limits"
 ATTRIBUTES = "bench-attributes"
+DEBOUNCE = "bench-debounce-leading"
+ID_REUSE = "bench-id-reuse"
+BATCH = "bench-batch"
+#: Members per batch run of ``BATCH`` (one pool: the workflow has no key).
+BATCH_SIZE = 50
 
 
 def _noop(n: int) -> int:
@@ -48,3 +53,22 @@ async def attributes(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
     result = await _three_steps(ctx)
     await ctx.set_attributes({"stage": "done"})
     return result
+
+
+@workflow(DEBOUNCE, debounce=Debounce(key="params.customer", period=60.0, mode="leading"))
+async def debounce_leading(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """Each job the first of its key: it starts at once (the decision is the cost)."""
+    return await _three_steps(ctx)
+
+
+@workflow(ID_REUSE, id_reuse="after_failure")
+async def reused(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """Fresh ids under a reuse policy: the worker looks for finished runs, finds none."""
+    return await _three_steps(ctx)
+
+
+@workflow(BATCH, batch=Batch(max_size=BATCH_SIZE, max_wait=0.2))
+async def batched(ctx: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Three no-op steps a batch run, one result per member."""
+    await _three_steps(ctx)
+    return [{"member": m["job_id"]} for m in params["members"]]
