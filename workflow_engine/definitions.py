@@ -230,20 +230,27 @@ def _check_batch(
     be a job no batch takes)."""
     if batch is None:
         return None
-    clash = (
-        "flow control (concurrency, keys, rate_limit, fairness_key) or a singleton policy"
-        if flow is not None
-        else "a schedule"
-        if schedule is not None
-        else "start_within"
-        if start_within is not None
-        else f"id_reuse={id_reuse.value!r}"
-        if id_reuse != IdReuse.NEVER
-        else None
+    _refuse_clash(
+        workflow,
+        "batch",
+        (
+            (
+                flow is not None,
+                "flow control (concurrency, keys, rate_limit, fairness_key) or a singleton policy",
+            ),
+            (schedule is not None, "a schedule"),
+            (start_within is not None, "start_within"),
+            (id_reuse != IdReuse.NEVER, f"id_reuse={id_reuse.value!r}"),
+        ),
     )
-    if clash is not None:
-        raise ValueError(f"workflow {workflow!r}: batch cannot be combined with {clash}")
     return batch
+
+
+def _refuse_clash(workflow: str, option: str, clashes: Sequence[tuple[bool, str]]) -> None:
+    """ValueError naming the first declared option ``option`` cannot be combined with."""
+    for declared, what in clashes:
+        if declared:
+            raise ValueError(f"workflow {workflow!r}: {option} cannot be combined with {what}")
 
 
 def _debounce(
@@ -262,19 +269,16 @@ def _debounce(
     policy = debounce_policy(debounce)
     if policy is None:
         return None
-    clash = (
-        "singleton"
-        if singleton is not None
-        else "a schedule"
-        if schedule is not None
-        else "batch"
-        if batch is not None
-        else f"id_reuse={id_reuse.value!r}"
-        if id_reuse != IdReuse.NEVER
-        else None
+    _refuse_clash(
+        workflow,
+        "debounce",
+        (
+            (singleton is not None, "singleton"),
+            (schedule is not None, "a schedule"),
+            (batch is not None, "batch"),
+            (id_reuse != IdReuse.NEVER, f"id_reuse={id_reuse.value!r}"),
+        ),
     )
-    if clash is not None:
-        raise ValueError(f"workflow {workflow!r}: debounce cannot be combined with {clash}")
     return policy
 
 
