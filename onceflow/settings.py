@@ -179,8 +179,12 @@ class Settings(BaseSettings):
     # Events per relay round (read, publish, await the acknowledgements, delete).
     events_relay_batch: int = Field(default=2000, ge=1)
     # How long the relay waits after a round that caught up (fewer events than a batch,
-    # or none): the floor of the event delay, and what a round gathers under load.
+    # or none) with fewer than events_relay_busy_round events: the floor of the delay.
     events_relay_interval_seconds: float = Field(default=0.02, gt=0)
+    # ... and after a round that caught up with at least events_relay_busy_round events
+    # (under load): what a round gathers then, so that each carries hundreds of events.
+    events_relay_busy_interval_seconds: float = Field(default=0.1, gt=0)
+    events_relay_busy_round: int = Field(default=32, ge=1)
     # Backpressure: past this many events waiting in the outbox, engines stop claiming
     # new work until it is back under 90% of it (0: never). Nothing is dropped.
     events_outbox_max_depth: int = Field(default=500_000, ge=0)

@@ -119,3 +119,25 @@ def test_a_bad_value_that_skipped_the_settings_checks_is_refused_by_its_config()
 def test_the_worker_s_lag_monitor_watches_its_group_on_the_jobs_topic():
     s = Settings(kafka_bootstrap_servers="k:1", consumer_group="g", jobs_topic="t")
     assert lag_monitor_config(s) == LagMonitorConfig("k:1", "g", "t", interval_seconds=5.0)
+
+
+def test_the_relay_waits_the_short_interval_after_a_light_round_and_the_long_one_under_load():
+    from workflow_engine.engine.configs import relay_config
+    from workflow_engine.engine.relay import OutboxRelay
+
+    s = Settings(
+        events_relay_interval_seconds=0.02,
+        events_relay_busy_interval_seconds=0.1,
+        events_relay_busy_round=32,
+    )
+    relay = OutboxRelay(db=None, config=relay_config(s))  # type: ignore[arg-type]
+    assert [relay.pause_after(n) for n in (0, 1, 31)] == [0.02, 0.02, 0.02]
+    assert [relay.pause_after(n) for n in (32, 500, 1999)] == [0.1, 0.1, 0.1]
+
+
+@pytest.mark.parametrize("field", ["busy_interval_seconds", "busy_round"])
+def test_the_relays_busy_pacing_must_be_above_zero(field):
+    from workflow_engine.engine.relay import RelayConfig
+
+    with pytest.raises(ConfigurationError, match=rf"RelayConfig\.{field} must be above zero"):
+        RelayConfig("127.0.0.1:9092", "onceflow.events", **{field: 0})

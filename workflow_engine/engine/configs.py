@@ -45,6 +45,8 @@ def relay_config(settings: Settings) -> RelayConfig:
         topic=settings.events_topic,
         batch=settings.events_relay_batch,
         interval_seconds=settings.events_relay_interval_seconds,
+        busy_interval_seconds=settings.events_relay_busy_interval_seconds,
+        busy_round=settings.events_relay_busy_round,
         max_message_bytes=settings.kafka_max_message_bytes,
     )
 

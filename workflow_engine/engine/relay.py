@@ -78,9 +78,13 @@ class RelayConfig:
     bootstrap_servers: str
     topic: str
     batch: int = 2000
-    #: The wait after a round that caught up (fewer than ``batch`` events): the floor of an
-    #: event's delay, and what a round gathers under load.
+    #: The wait after a round that caught up (fewer than ``batch`` events) with fewer than
+    #: ``busy_round`` of them: the floor of an event's delay at light load.
     interval_seconds: float = 0.02
+    #: The wait after a round that caught up with ``busy_round`` events or more: under
+    #: load, each round carries what this gathered (see :meth:`OutboxRelay.pause_after`).
+    busy_interval_seconds: float = 0.1
+    busy_round: int = 32
     #: How often a relay without the lock tries to take it (the take-over time).
     lock_retry_seconds: float = 1.0
     #: The backoff after a database or Kafka error.
@@ -89,7 +93,15 @@ class RelayConfig:
     max_message_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        require_positive(self, "batch", "interval_seconds", "lock_retry_seconds", "retry_seconds")
+        require_positive(
+            self,
+            "batch",
+            "interval_seconds",
+            "busy_interval_seconds",
+            "busy_round",
+            "lock_retry_seconds",
+            "retry_seconds",
+        )
 
 
 def headers_of(event: OutboxEvent) -> list[tuple[str, str]]:
@@ -203,11 +215,22 @@ class OutboxRelay:
             return
         published = self._round()
         if published < self.config.batch:
-            # Caught up: the next round after the interval too, not at once. Rounds
-            # back to back carried a few dozen events each under load, each paying two
-            # statements, two commits and a flush, and taking the GIL from the engine's
-            # loop as often; spaced, they carry what the interval gathered.
-            self._stopping.wait(self.config.interval_seconds)
+            self._stopping.wait(self.pause_after(published))
+
+    def pause_after(self, published: int) -> float:
+        """How long to wait after a round that caught up and published ``published``.
+
+        Not at once: rounds back to back carried a few dozen events each under load,
+        each paying two statements, two commits and a flush, and taking the GIL from
+        the engine's loop as often. At light load (a round of fewer than
+        ``busy_round`` events) the short interval keeps the delay low, and what a round
+        costs is small at that rate; under load the longer one makes each round carry
+        hundreds (BENCHMARKS.md, "Lifecycle events": 20 ms rounds of ~60 events cost
+        the engine and PostgreSQL together about 0.3 ms a three-step workflow more than
+        100 ms rounds of ~300)."""
+        if published >= self.config.busy_round:
+            return self.config.busy_interval_seconds
+        return self.config.interval_seconds
 
     def _hold_lock(self) -> bool:
         if self._conn is not None:

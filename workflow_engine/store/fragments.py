@@ -63,8 +63,10 @@ def mark_running(source: str) -> str:
       -- run, cut off from the database, goes on (that run is fenced by its claim)
       AND i.job_id <> ALL(CAST(:inflight AS text[]))
     RETURNING {CLAIMED_COLUMNS},
-              -- for the started event: set by this statement (now(): this transaction)
-              i.started_at = now() AS first_start, i.event_seq AS seq, i.status"""
+              -- for the started event: set by this statement (now(): this transaction),
+              -- and the position of the job's record from this statement's own join
+              i.started_at = now() AS first_start, i.event_seq AS seq, i.status,
+              j.origin, j.source_topic, j.source_partition, j.source_offset"""
 
 
 #: The columns of a claimed instance the runner takes (``claim.Claimed``), from the CTE
@@ -90,8 +92,14 @@ CLAIMED_OUT = (
     " deadline, overdue, run"
 )
 
-#: The CTE body writing ``instance.started`` for the first claims among ``claimed``.
-STARTED_EVENTS = outbox_insert("claimed", f"'{LifecycleEvent.STARTED}'", where="e.first_start")
+#: The CTE body writing ``instance.started`` for the first claims among ``claimed``,
+#: with the provenance :func:`mark_running` returned (no second probe of the job record).
+STARTED_EVENTS = outbox_insert(
+    "claimed",
+    f"'{LifecycleEvent.STARTED}'",
+    where="e.first_start",
+    provenance="e.origin, e.source_topic, e.source_partition, e.source_offset",
+)
 
 
 def held(table: str = "", claim: str = ":claim") -> str:
