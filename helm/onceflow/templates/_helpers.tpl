@@ -42,6 +42,9 @@ ONCEFLOW_LIFECYCLE_EVENTS: {{ .enabled | quote }}
 ONCEFLOW_EVENTS_TOPIC: {{ .topic | quote }}
 ONCEFLOW_EVENTS_RELAY: {{ .relay | quote }}
 ONCEFLOW_EVENTS_OUTBOX_MAX_DEPTH: {{ .outboxMaxDepth | quote }}
+ONCEFLOW_EVENTS_RELAY_INTERVAL_SECONDS: {{ .relayIntervalSeconds | quote }}
+ONCEFLOW_EVENTS_RELAY_BUSY_INTERVAL_SECONDS: {{ .relayBusyIntervalSeconds | quote }}
+ONCEFLOW_EVENTS_RELAY_BUSY_ROUND: {{ .relayBusyRound | quote }}
 {{- end }}
 ONCEFLOW_STATE_DIR: "/tmp/onceflow"
 ONCEFLOW_LOG_FORMAT: "json"
