@@ -181,6 +181,9 @@ def test_a_run_puts_each_jobs_events_on_the_topic_in_sequence_order(settings, db
     ]
     a = {e.kind: e.data for e in jobs["ev-a"]}
     assert a["instance.created"]["kafka"] == {"topic": "jobs", "partition": 0, "offset": 0}
+    # started takes the record's position from the claim's own join: the same record
+    assert a["instance.started"]["kafka"] == a["instance.created"]["kafka"]
+    assert a["instance.complete"]["kafka"] == a["instance.created"]["kafka"]
     assert a["instance.created"]["priority"] == 3
     assert a["instance.payload_mismatch"]["duplicate"]["offset"] == 3
     assert a["instance.complete"]["result"] == {"done": 1}

@@ -133,6 +133,24 @@ def test_the_relay_waits_the_short_interval_after_a_light_round_and_the_long_one
     relay = OutboxRelay(db=None, config=relay_config(s))  # type: ignore[arg-type]
     assert [relay.pause_after(n) for n in (0, 1, 31)] == [0.02, 0.02, 0.02]
     assert [relay.pause_after(n) for n in (32, 500, 1999)] == [0.1, 0.1, 0.1]
+    # judged by the rate: 40 events over 25 ms (1,600/s) is load, and so is 168 over the
+    # long pause's 105 ms; 60 over 105 ms (~570/s) is not, though a round of 60 is over 32
+    assert relay.pause_after(40, 0.025) == 0.1
+    assert relay.pause_after(168, 0.105) == 0.1
+    assert relay.pause_after(60, 0.105) == 0.02
+    assert relay.pause_after(20, 0.025) == 0.02
+
+
+def test_the_relays_long_pause_cannot_be_shorter_than_its_short_one():
+    from workflow_engine.engine.relay import RelayConfig
+
+    with pytest.raises(ConfigurationError, match="must not be shorter than interval_seconds"):
+        RelayConfig(
+            "127.0.0.1:9092", "onceflow.events", interval_seconds=0.5, busy_interval_seconds=0.1
+        )
+    RelayConfig(
+        "127.0.0.1:9092", "onceflow.events", interval_seconds=0.1, busy_interval_seconds=0.1
+    )
 
 
 @pytest.mark.parametrize("field", ["busy_interval_seconds", "busy_round"])

@@ -34,6 +34,7 @@ import contextlib
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from onceflow import failpoints
 from onceflow.envelope import HEADER_JOB_ID
+from onceflow.errors import ConfigurationError
 from onceflow.health import serve_metrics_and_health
 from onceflow.kafka_producer import idempotent_producer_config
 from onceflow.logs import setup_logging
@@ -78,11 +80,12 @@ class RelayConfig:
     bootstrap_servers: str
     topic: str
     batch: int = 2000
-    #: The wait after a round that caught up (fewer than ``batch`` events) with fewer than
-    #: ``busy_round`` of them: the floor of an event's delay at light load.
+    #: The wait after a round that caught up (fewer than ``batch`` events) at light
+    #: load: the floor of an event's delay.
     interval_seconds: float = 0.02
-    #: The wait after a round that caught up with ``busy_round`` events or more: under
-    #: load, each round carries what this gathered (see :meth:`OutboxRelay.pause_after`).
+    #: The wait after one under load: events arriving fast enough that a round after
+    #: the short interval would carry ``busy_round`` or more; each round then carries
+    #: what this gathered (see :meth:`OutboxRelay.pause_after`).
     busy_interval_seconds: float = 0.1
     busy_round: int = 32
     #: How often a relay without the lock tries to take it (the take-over time).
@@ -102,6 +105,11 @@ class RelayConfig:
             "lock_retry_seconds",
             "retry_seconds",
         )
+        if self.busy_interval_seconds < self.interval_seconds:
+            raise ConfigurationError(
+                f"RelayConfig.busy_interval_seconds ({self.busy_interval_seconds}) must not"
+                f" be shorter than interval_seconds ({self.interval_seconds})"
+            )
 
 
 def headers_of(event: OutboxEvent) -> list[tuple[str, str]]:
@@ -127,6 +135,10 @@ def headers_of(event: OutboxEvent) -> list[tuple[str, str]]:
         headers.append(("ce_workflowversion", event.version))
     return headers
 
+
+#: About what one round takes besides its pause (read, produce, acknowledgement,
+#: delete): part of the time a round after the short interval gathers over.
+_ROUND_SECONDS = 0.005
 
 # confluent-kafka encodes str header values as UTF-8 itself (in C).
 _SPECVERSION = ("ce_specversion", "1.0")
@@ -191,6 +203,9 @@ class OutboxRelay:
         self._conn: Connection | None = None
         self._stopping = threading.Event()
         self.active = False
+        # When the last round read the outbox (monotonic): what a round found is
+        # judged by the time it gathered over (pause_after).
+        self._last_read: float | None = None
 
     def stop(self) -> None:
         self._stopping.set()
@@ -213,22 +228,36 @@ class OutboxRelay:
         if not self._hold_lock():
             self._stopping.wait(self.config.lock_retry_seconds)
             return
+        read_at = time.monotonic()
         published = self._round()
+        gathered = None if self._last_read is None else read_at - self._last_read
+        self._last_read = read_at
         if published < self.config.batch:
-            self._stopping.wait(self.pause_after(published))
+            self._stopping.wait(self.pause_after(published, gathered))
 
-    def pause_after(self, published: int) -> float:
-        """How long to wait after a round that caught up and published ``published``.
+    def pause_after(self, published: int, gathered_seconds: float | None = None) -> float:
+        """How long to wait after a round that caught up and published ``published``
+        events written over ``gathered_seconds`` (since the round before read; None:
+        the first round).
 
         Not at once: rounds back to back carried a few dozen events each under load,
         each paying two statements, two commits and a flush, and taking the GIL from
-        the engine's loop as often. At light load (a round of fewer than
-        ``busy_round`` events) the short interval keeps the delay low, and what a round
-        costs is small at that rate; under load the longer one makes each round carry
-        hundreds (BENCHMARKS.md, "Lifecycle events": 20 ms rounds of ~60 events cost
-        the engine and PostgreSQL together about 0.3 ms a three-step workflow more than
-        100 ms rounds of ~300)."""
-        if published >= self.config.busy_round:
+        the engine's loop as often. Under load (the events arriving at a rate that
+        would give a round after the short interval ``busy_round`` events or more)
+        the long interval makes each round carry hundreds (BENCHMARKS.md, "Lifecycle
+        events": 20 ms rounds of ~60 events cost the engine and PostgreSQL together
+        about 0.3 ms a three-step workflow more than 100 ms rounds of ~300); below
+        that rate the short one keeps the delay low, and what a round costs is small.
+        The rate, not the round's count, decides: a round after the long pause
+        gathers five times as much, and judged by its count the relay would stay in
+        the long pause down to a fifth of the rate that put it there (found in
+        review)."""
+        if gathered_seconds is None or gathered_seconds <= 0:
+            would_gather = float(published)
+        else:
+            per_second = published / gathered_seconds
+            would_gather = per_second * (self.config.interval_seconds + _ROUND_SECONDS)
+        if would_gather >= self.config.busy_round:
             return self.config.busy_interval_seconds
         return self.config.interval_seconds
 

@@ -41,10 +41,10 @@ ONCEFLOW_WORKFLOW_MODULES: {{ .Values.workflowModules | toJson | quote }}
 ONCEFLOW_LIFECYCLE_EVENTS: {{ .enabled | quote }}
 ONCEFLOW_EVENTS_TOPIC: {{ .topic | quote }}
 ONCEFLOW_EVENTS_RELAY: {{ .relay | quote }}
-ONCEFLOW_EVENTS_OUTBOX_MAX_DEPTH: {{ .outboxMaxDepth | quote }}
+ONCEFLOW_EVENTS_OUTBOX_MAX_DEPTH: {{ .outboxMaxDepth | int64 | quote }}
 ONCEFLOW_EVENTS_RELAY_INTERVAL_SECONDS: {{ .relayIntervalSeconds | quote }}
 ONCEFLOW_EVENTS_RELAY_BUSY_INTERVAL_SECONDS: {{ .relayBusyIntervalSeconds | quote }}
-ONCEFLOW_EVENTS_RELAY_BUSY_ROUND: {{ .relayBusyRound | quote }}
+ONCEFLOW_EVENTS_RELAY_BUSY_ROUND: {{ .relayBusyRound | int64 | quote }}
 {{- end }}
 ONCEFLOW_STATE_DIR: "/tmp/onceflow"
 ONCEFLOW_LOG_FORMAT: "json"
