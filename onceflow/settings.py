@@ -179,10 +179,11 @@ class Settings(BaseSettings):
     # Events per relay round (read, publish, await the acknowledgements, delete).
     events_relay_batch: int = Field(default=2000, ge=1)
     # How long the relay waits after a round that caught up (fewer events than a batch,
-    # or none) with fewer than events_relay_busy_round events: the floor of the delay.
+    # or none) at light load: the floor of the delay.
     events_relay_interval_seconds: float = Field(default=0.02, gt=0)
-    # ... and after a round that caught up with at least events_relay_busy_round events
-    # (under load): what a round gathers then, so that each carries hundreds of events.
+    # ... and under load: events arriving fast enough that a round after the short wait
+    # would carry events_relay_busy_round or more (judged by the rate), so that each
+    # round carries hundreds of events.
     events_relay_busy_interval_seconds: float = Field(default=0.1, gt=0)
     events_relay_busy_round: int = Field(default=32, ge=1)
     # Backpressure: past this many events waiting in the outbox, engines stop claiming

@@ -14,7 +14,7 @@ from onceflow.vocabulary import (
     InstanceStatus,
     LifecycleEvent,
 )
-from workflow_engine.store.lifecycle import ONE_EVENT, outbox_insert
+from workflow_engine.store.lifecycle import ONE_EVENT, outbox_insert, record_position
 
 #: ``'queued', 'sleeping', 'waiting'`` spelled out in the SQL text, not passed as a
 #: parameter: the planner matches the literal list against the partial index
@@ -66,7 +66,7 @@ def mark_running(source: str) -> str:
               -- for the started event: set by this statement (now(): this transaction),
               -- and the position of the job's record from this statement's own join
               i.started_at = now() AS first_start, i.event_seq AS seq, i.status,
-              j.origin, j.source_topic, j.source_partition, j.source_offset"""
+              {record_position("j")}"""
 
 
 #: The columns of a claimed instance the runner takes (``claim.Claimed``), from the CTE
@@ -98,7 +98,7 @@ STARTED_EVENTS = outbox_insert(
     "claimed",
     f"'{LifecycleEvent.STARTED}'",
     where="e.first_start",
-    provenance="e.origin, e.source_topic, e.source_partition, e.source_offset",
+    provenance=record_position("e"),
 )
 
 

@@ -45,7 +45,15 @@ SESSION_SETTING = "onceflow.lifecycle_events"
 
 #: The default provenance of an event: the instance's job record, joined by job id.
 _JOB_OF = "LEFT JOIN onceflow_jobs j ON j.job_id = e.job_id"
-_JOB_POSITION = "j.origin, j.source_topic, j.source_partition, j.source_offset"
+
+
+def record_position(alias: str) -> str:
+    """The SQL of an instance's record's position (origin, topic, partition, offset:
+    the events' provenance) as columns of ``alias``."""
+    return f"{alias}.origin, {alias}.source_topic, {alias}.source_partition, {alias}.source_offset"
+
+
+_JOB_POSITION = record_position("j")
 
 
 def outbox_insert(
