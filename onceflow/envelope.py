@@ -124,8 +124,14 @@ def _iso(at: datetime) -> str:
     return text
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class JobEnvelope:
+    """One job as its Kafka record carries it. Treat it as a value: nothing changes one
+    after it is built (``dataclasses.replace`` makes a changed copy). Not ``frozen``:
+    ingest builds one per job and a frozen dataclass's ``__init__`` (an
+    ``object.__setattr__`` per field) cost 2.7 us of a batch's per-job work against
+    0.5 us (BENCHMARKS.md, "Batches: where the time goes")."""
+
     job_id: str
     workflow: str
     params: dict[str, Any]

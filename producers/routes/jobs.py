@@ -20,7 +20,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from onceflow.envelope import JobEnvelope, id_reuse_policy
-from onceflow.ids import new_job_id, new_request_id, new_traceparent
+from onceflow.ids import new_job_id, new_request_id, new_traceparents
 from onceflow.logs import EventLog
 from onceflow.settings import Settings
 from onceflow.vocabulary import OperatorAction
@@ -246,7 +246,8 @@ def _envelopes(jobs: list[JobIn], request_id: str) -> tuple[list[JobEnvelope], i
     now = datetime.now(UTC)
     envelopes: list[JobEnvelope] = []
     seen: set[str] = set()
-    for job in jobs:
+    traceparents = new_traceparents(len(jobs))
+    for job, traceparent in zip(jobs, traceparents, strict=True):
         job_id = job.job_id or new_job_id()
         if job_id in seen:
             continue  # same id twice in one request: written once
@@ -258,7 +259,7 @@ def _envelopes(jobs: list[JobIn], request_id: str) -> tuple[list[JobEnvelope], i
                 job.params,
                 request_id,
                 now,
-                new_traceparent(),
+                traceparent,
                 job.priority,
                 job.callback,
                 job_start(job, now),

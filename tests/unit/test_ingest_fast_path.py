@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import re
 import threading
 import time
 
@@ -15,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from ulid import ULID
 
-from onceflow.ids import new_job_id, new_request_id, new_traceparent, new_ulid
+from onceflow.ids import new_job_id, new_request_id, new_traceparent, new_traceparents, new_ulid
 from onceflow.logs import EventLog, JsonFormatter, JsonLines
 from onceflow.settings import Settings
 from producers.api import create_app
@@ -35,12 +36,14 @@ def test_ulids_are_what_python_ulid_writes_and_reads():
 
 
 def test_traceparents_are_well_formed_and_distinct():
-    values = {new_traceparent() for _ in range(1000)}
-    assert len(values) == 1000
+    batch = new_traceparents(1000)
+    values = {new_traceparent() for _ in range(1000)} | set(batch)
+    assert len(batch) == 1000 and len(values) == 2000
+    trace_ids = {value.split("-")[1] for value in batch}
+    span_ids = {value.split("-")[2] for value in batch}
+    assert len(trace_ids) == len(span_ids) == 1000  # no slice shared between two jobs
     for value in values:
-        version, trace_id, span_id, flags = value.split("-")
-        assert (version, flags, len(trace_id), len(span_id)) == ("00", "01", 32, 16)
-        int(trace_id, 16), int(span_id, 16)
+        assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-01", value), value
 
 
 @pytest.fixture
