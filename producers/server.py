@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import signal
 import socket
 import sys
@@ -12,6 +11,7 @@ import uvicorn
 
 from onceflow import tracing
 from onceflow.health import serve_metrics_and_health
+from onceflow.heap import INGEST_YOUNG_THRESHOLD, settle_heap
 from onceflow.logs import setup_logging
 from onceflow.settings import Settings
 from onceflow.vocabulary import Process
@@ -34,10 +34,9 @@ def serve(settings: Settings) -> None:
         signal.signal(sig, lambda *_: None)
     app = create_app(settings, producer, ingest_registry(settings))
     # Everything built so far (the app, its models, the producer) lives for the whole
-    # process: move it out of the collector's sight, so the full collections that the
+    # process: out of the collector's sight, so the full collections that the
     # per-request garbage triggers do not scan it (they showed up as p99 spikes).
-    gc.collect()
-    gc.freeze()
+    settle_heap(INGEST_YOUNG_THRESHOLD)
     config = uvicorn.Config(
         app,
         host=settings.ingest_host,

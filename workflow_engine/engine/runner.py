@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import signal
@@ -36,6 +35,7 @@ from ulid import ULID
 
 from onceflow import failpoints, tracing
 from onceflow.health import serve_metrics_and_health
+from onceflow.heap import settle_heap
 from onceflow.ids import BATCH_SUFFIX
 from onceflow.logs import setup_logging
 from onceflow.settings import Settings
@@ -665,11 +665,8 @@ def run_engine(settings: Settings) -> None:
     )
     log.info("workflows loaded: %s", ", ".join(names), extra={"event": "engine.workflows"})
     # What is loaded by now (modules, the registry, settings, the pool) lives as long as
-    # the process: moved out of the collector's generations, its full passes scan only
-    # what the runs make (each was ~45 ms over the loaded heap; BENCHMARKS.md, "A cycle
-    # per workflow").
-    gc.collect()
-    gc.freeze()
+    # the process: moved out of the collector's generations (onceflow.heap).
+    settle_heap()
     asyncio.run(_main(runner))
 
 
