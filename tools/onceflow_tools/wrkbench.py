@@ -94,6 +94,9 @@ class Ingest:
         }
         if pythonpath:  # another build of the code, e.g. a copy of the last commit's
             env["PYTHONPATH"] = pythonpath
+        # ``python -m`` puts the working directory first on sys.path: started from this
+        # checkout, ingest would import this checkout's code whatever PYTHONPATH says.
+        cwd = pythonpath.split(os.pathsep)[0] or None
         command = [sys.executable, str(RAW_APP)] if raw else [*onceflow_command(), "ingest"]
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs = [log_dir / f"ingest-{run}-{i}.log" for i in range(processes)]
@@ -110,6 +113,7 @@ class Ingest:
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,
+                    cwd=cwd,
                 )
             )
         try:
@@ -224,7 +228,7 @@ def run_loadgen(ingest: Ingest, connections: int, batch: int, jobs: int, log_dir
     }
 
 
-def measured(ingest: Ingest, go: Any, profile: Path | None) -> dict[str, Any]:
+def measured(ingest: Ingest, go: Any, profile: Path | None, gil: bool = False) -> dict[str, Any]:
     """Run ``go()`` and add the ingest CPU per request and the records it added."""
     records, cpu, (wait0, n0) = ingest.records(), ingest.cpu(), ingest.produce_wait()
     spy = None
@@ -234,6 +238,9 @@ def measured(ingest: Ingest, go: Any, profile: Path | None) -> dict[str, Any]:
                 *(str(Path(sys.executable).with_name("py-spy")), "record", "--nonblocking"),
                 *("--format", "raw", "-r", "200", "--duration", "6", "-o", str(profile)),
                 *("--pid", str(ingest.procs[0].pid)),
+                # only the thread holding the GIL: where Python's CPU goes, not the
+                # poll thread's wait to take the GIL back
+                *(("--gil",) if gil else ()),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -260,6 +267,9 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=1, help="ingest processes, one port")
     parser.add_argument("--loadgen", type=int, default=0, help="jobs per loadgen run (0: none)")
     parser.add_argument("--profile", type=Path, help="py-spy raw output prefix")
+    parser.add_argument(
+        "--profile-gil", action="store_true", help="profile only the thread holding the GIL"
+    )
     parser.add_argument("--raw", action="store_true", help="tools/wrk/raw_app.py, not ingest")
     parser.add_argument("--pythonpath", default="", help="run ingest from this code first")
     parser.add_argument("--label", default="", help="names the build in the output")
@@ -282,7 +292,7 @@ def main() -> None:
                     for go in runs:
                         row = {"batch": batch, "connections": conns, "processes": args.processes}
                         row["app"] = args.label or ("raw" if args.raw else "ingest")
-                        row |= measured(ingest, go, prof)
+                        row |= measured(ingest, go, prof, args.profile_gil)
                         prof = None
                         rows.append(row)
                         print(_line(row), flush=True)
