@@ -110,6 +110,8 @@ class Settings(BaseSettings):
     # --- streams worker (streams/) ------------------------------------------------
     consumer_group: str = "onceflow-streams"
     streams_batch_size: int = Field(default=500, ge=1)
+    # A batch is taken when full, or at once when nothing more is queued behind its
+    # last record; this is the longest wait for records still arriving (streams/gather.py).
     streams_batch_within_seconds: float = Field(default=0.02, gt=0)
     streams_concurrency: int = Field(default=4, ge=1)
     streams_metrics_port: int = 9102

@@ -21,6 +21,7 @@ from onceflow.envelope import KafkaHeaders
 from onceflow.kafka_producer import idempotent_producer_config
 from onceflow.settings import Settings
 from streams.batch import BatchHandler, StoppedRetrying
+from streams.gather import batches
 from streams.records import RawRecord
 from streams.topics import jobs_topic
 from workflow_engine.definitions import load_workflow_modules
@@ -59,9 +60,11 @@ class InstanceCreator:
         return self._handler
 
     async def consume(self, stream: StreamT) -> None:
-        """One batch at a time; faust acks a batch's records only after handle() returned.
+        """One batch at a time; a batch's records are acked only after handle() returned.
 
-        faust-streaming acks the batch in a ``finally`` even when the body raises or is
+        The batches (:mod:`streams.gather`) are taken as soon as nothing more is queued.
+        Like faust-streaming's ``take_events``, they ack the batch in a ``finally`` even
+        when the body raises or is
         cancelled, so the body never raises, and a cancellation (shutdown, rebalance)
         waits for the in-flight database work; if that cannot finish within the grace
         period the process exits at once *without* committing, which is always safe.
@@ -69,14 +72,21 @@ class InstanceCreator:
         """
         work = self.handler()
         watch = asyncio.ensure_future(self._keep_the_grace(work)) if self._stopped else None
-        batches = cast(faust.Stream, stream)  # take_events is not on the StreamT interface
+        taken = batches(
+            cast(faust.Stream, stream),
+            self.settings.streams_batch_size,
+            self.settings.streams_batch_within_seconds,
+        )
         try:
-            async for events in batches.take_events(
-                self.settings.streams_batch_size,
-                within=self.settings.streams_batch_within_seconds,
-            ):
+            async for events in taken:
                 await self._handle(work, [_raw_record(e) for e in events])
+        except Exception:
+            # Never expected (the body does not raise). faust would restart the agent
+            # on this same stream, past records gathered but never handled: exit
+            # instead, committing nothing, so they are redelivered.
+            _exit_without_commit("the agent's batches failed; exiting without committing", True)
         finally:
+            await taken.aclose()
             if watch is not None:
                 watch.cancel()
 
