@@ -690,6 +690,21 @@ def _latency_line(lat: dict[str, float]) -> str:
         f" {lat['first_step_p99_ms']:.0f} ms; submit-to-complete p50"
         f" {lat['complete_p50_ms']:.0f} ms, p99 {lat['complete_p99_ms']:.0f} ms"
         f" ({lat['jobs']:.0f} jobs)"
+    ) + _parts(lat)
+
+
+def _parts(lat: dict[str, float]) -> str:
+    """The first step's path in parts, p50 / p99 (older result files lack them)."""
+    if "to_worker_p50_ms" not in lat:
+        return ""
+    part = "\n    {}: p50 {:.1f} ms, p99 {:.1f} ms"
+    return "".join(
+        part.format(name, lat[f"{key}_p50_ms"], lat[f"{key}_p99_ms"])
+        for name, key in (
+            ("submit -> Kafka record time (ingest to its produce call)", "to_kafka"),
+            ("-> the worker's transaction (linger, acks, fetch, batch)", "to_worker"),
+            ("-> first step (commit, engine wake-up, claim)", "to_step"),
+        )
     )
 
 

@@ -158,6 +158,16 @@ class Latency:
     complete_p50_ms: float
     complete_p99_ms: float
     complete_max_ms: float
+    # the first step's path in parts (issue 27, target 4): submit -> the Kafka record's
+    # timestamp (ingest, up to its produce call), -> the worker's creating transaction
+    # (linger, the broker's acks, the fetch, the worker's batch), -> the first step
+    # (the commit, the engine's wake-up and claim)
+    to_kafka_p50_ms: float = 0.0
+    to_kafka_p99_ms: float = 0.0
+    to_worker_p50_ms: float = 0.0
+    to_worker_p99_ms: float = 0.0
+    to_step_p50_ms: float = 0.0
+    to_step_p99_ms: float = 0.0
 
 
 _LATENCY_SQL = sa.text(
@@ -167,12 +177,21 @@ SELECT count(*),
        percentile_cont(0.99) WITHIN GROUP (ORDER BY first_step),
        percentile_cont(0.5) WITHIN GROUP (ORDER BY complete),
        percentile_cont(0.99) WITHIN GROUP (ORDER BY complete),
-       max(complete)
+       max(complete),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY to_kafka),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY to_kafka),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY to_worker),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY to_worker),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY first_step - received),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY first_step - received)
 FROM (
     SELECT 1000 * extract(epoch FROM
                (SELECT min(a.started_at) FROM onceflow_step_attempts a
                 WHERE a.job_id = j.job_id) - j.submitted_at) AS first_step,
-           1000 * extract(epoch FROM i.finished_at - j.submitted_at) AS complete
+           1000 * extract(epoch FROM i.finished_at - j.submitted_at) AS complete,
+           1000 * extract(epoch FROM j.enqueued_at - j.submitted_at) AS to_kafka,
+           1000 * extract(epoch FROM j.received_at - j.enqueued_at) AS to_worker,
+           1000 * extract(epoch FROM j.received_at - j.submitted_at) AS received
     FROM onceflow_jobs j JOIN onceflow_instances i USING (job_id)
     WHERE i.status = :complete AND j.job_id LIKE :pattern
 ) x
