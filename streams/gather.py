@@ -92,7 +92,7 @@ async def batches(
 
     async def gather(value: Any) -> Any:
         try:
-            while not gathering.room.is_set() and not gathering.closed:
+            while not gathering.room.is_set():  # close() sets it too
                 # full, or the body holds a batch; returns early when stopping
                 await stream.wait(gathering.room)  # type: ignore[arg-type]
                 if stream.should_stop:
