@@ -15,6 +15,7 @@ from onceflow.vocabulary import (
     LifecycleEvent,
 )
 from workflow_engine.store.lifecycle import ONE_EVENT, outbox_insert, record_position
+from workflow_engine.store.prepared import execute_prepared
 
 #: ``'queued', 'sleeping', 'waiting'`` spelled out in the SQL text, not passed as a
 #: parameter: the planner matches the literal list against the partial index
@@ -140,10 +141,20 @@ def json_text(data: bytes | None) -> str | None:
 # Plain strings for exec_driver_sql (SET takes no bind parameter: nothing to bind).
 _SORT_OFF = "SET LOCAL enable_sort = off"
 _SORT_DEFAULT = "SET LOCAL enable_sort TO DEFAULT"
+# For a prepared read: its one generic plan, made (once per connection) with sorting
+# priced out like every plan of it. Left to choose, PostgreSQL keeps planning it on every
+# execution, since a generic plan's ``LIMIT $n`` is costed at a tenth of the table and
+# looks dearer than each custom plan that knows its limit of a few dozen rows.
+_GENERIC_SORT_OFF = "SET LOCAL enable_sort = off; SET LOCAL plan_cache_mode = force_generic_plan"
+_GENERIC_SORT_DEFAULT = "SET LOCAL enable_sort TO DEFAULT; SET LOCAL plan_cache_mode TO DEFAULT"
 
 
 def in_index_order(
-    conn: sa.Connection, statement: sa.TextClause, params: dict[str, Any]
+    conn: sa.Connection,
+    statement: sa.TextClause,
+    params: dict[str, Any],
+    *,
+    prepared: bool = False,
 ) -> list[Any]:
     """Run a claim's read with sorting priced out of its plan (this statement only), so
     that its only plan reads the claim indexes in order and stops at its limits. Left to
@@ -151,11 +162,21 @@ def in_index_order(
     small, and statistics taken before a burst (analysed with a few hundred runnable, a
     million queued since) say just that. Only for a statement whose every ORDER BY an
     index can serve: a sort it cannot avoid would be priced out too and distort the rest
-    of its plan."""
-    conn.exec_driver_sql(_SORT_OFF)
-    rows = list(conn.execute(statement, params))
-    conn.exec_driver_sql(_SORT_DEFAULT)
-    return rows
+    of its plan.
+
+    ``prepared``: run it as the connection's prepared statement with its generic plan
+    (``prepared.execute_prepared``; every parameter inside a ``CAST``), planned once per
+    connection instead of on each claim: planning the claim's pick took ~1.1 ms of the
+    server's CPU, running it ~0.1 ms, on the path of every light-load job."""
+    if not prepared:
+        conn.exec_driver_sql(_SORT_OFF)
+        rows = list(conn.execute(statement, params))
+        conn.exec_driver_sql(_SORT_DEFAULT)
+        return rows
+    conn.exec_driver_sql(_GENERIC_SORT_OFF)
+    picked = list(execute_prepared(conn, statement, params))
+    conn.exec_driver_sql(_GENERIC_SORT_DEFAULT)
+    return picked
 
 
 RUNNABLE_CHANNEL = "onceflow_runnable"

@@ -1,14 +1,16 @@
 """Server-side prepared statements for the engine's hot statements.
 
 psycopg2 sends every statement as text, so PostgreSQL parses and plans it on every
-execution. The hot statements (claim, step start, checkpoint, finish, heartbeat) are
-large (a dozen CTEs: the lease guard, the attempt records, the lifecycle events), and
-planning one took 1.0-1.2 ms of the server's CPU, more than running it for a batch:
-at ~1,300 checkpoint statements for 6,000 workflows, a fifth of the database's CPU per
-workflow (BENCHMARKS.md, "Planning, every time"). Prepared once per connection with
+execution. The hot statements (the worker's creating statement; the claim's pick and
+lease, step start, checkpoint, finish, heartbeat) are large (a dozen CTEs: the lease
+guard, the attempt records, the lifecycle events), and planning one took 1.0-1.2 ms of
+the server's CPU, more than running it for a batch: at ~1,300 checkpoint statements for
+6,000 workflows, a fifth of the database's CPU per workflow (BENCHMARKS.md, "Planning, every time"). Prepared once per connection with
 ``PREPARE`` and run with ``EXECUTE``, a statement is planned at most for its first
 executions (PostgreSQL then keeps a generic plan when it costs no more than the custom
-ones, and re-plans by itself when a table it reads changes).
+ones, and re-plans by itself when a table it reads changes). The claim's pick is the
+exception: its custom plans know their ``LIMIT`` and always look cheaper, so it forces
+its generic plan (``fragments.in_index_order``).
 
 A prepared statement is a session's: it lives as long as the connection (it survives a
 rolled-back transaction), and is remembered in the pooled connection's ``info``, which

@@ -74,10 +74,10 @@ WITH plain AS (
     -- time waited (migration 0009): onceflow_instances_claim_order_idx, in order
     SELECT job_id, onceflow_claim_order(run_after, priority) AS ord FROM onceflow_instances
     WHERE status IN ({_RUNNABLE}) AND run_after <= {_NOW} AND flow_lane IS NULL
-      AND workflow <> ALL(:limited) AND job_id <> ALL(CAST(:inflight AS text[]))
+      AND workflow <> ALL(CAST(:limited AS text[])) AND job_id <> ALL(CAST(:inflight AS text[]))
       {_HAVE_VERSION}
     ORDER BY onceflow_claim_order(run_after, priority)
-    LIMIT :limit
+    LIMIT CAST(:limit AS integer)
     FOR UPDATE SKIP LOCKED
 ),
 laned AS (
@@ -90,7 +90,7 @@ laned AS (
           AND status IN ({_RUNNABLE}) AND run_after <= {_NOW}
           {_HAVE_VERSION}
         ORDER BY flow_lane, onceflow_claim_order(run_after, priority)
-        LIMIT :limit
+        LIMIT CAST(:limit AS integer)
         FOR UPDATE SKIP LOCKED
     ) AS l
 )"""
@@ -115,7 +115,7 @@ locks AS (
         -- (a workflow with only a concurrency limit stores no lane: any status index)
         WHERE c.workflow = w AND c.status IN ({_RUNNABLE})
           AND c.run_after <= {_NOW}
-          AND ((SELECT count(*) FROM plain) < :limit
+          AND ((SELECT count(*) FROM plain) < CAST(:limit AS integer)
                OR onceflow_claim_order(c.run_after, c.priority) <= (SELECT max(ord) FROM plain)))
       AND pg_try_advisory_xact_lock(hashtext('onceflow.limit.' || w))
 )
@@ -263,6 +263,7 @@ def _pick(
             "limited": list(controlled),
             "uncontrolled": [w for w in versions if w not in controlled],
         },
+        prepared=True,
     )
     markers = [row[2] for row in picked if row[0] is None]
     locked = [workflow for got in markers if got is not None for workflow in got]

@@ -30,6 +30,7 @@ from workflow_engine.model import CreateResult, Delivery
 from workflow_engine.store import lifecycle
 from workflow_engine.store.fragments import RUNNABLE_CHANNEL
 from workflow_engine.store.lifecycle import ONE_EVENT, outbox_insert
+from workflow_engine.store.prepared import execute_prepared
 from workflow_engine.store.writes import debounce, reuse, singleton
 
 # Duplicate rows are idempotent per Kafka position: the named unique constraint
@@ -140,7 +141,7 @@ inst AS (
                 THEN onceflow_lane_key(coalesce(f.params #>> f.debounce_path, '')) END,
            CASE WHEN f.debounce_path IS NOT NULL THEN now() END
     FROM firsts f JOIN upsert u USING (job_id)
-    WHERE u.inserted AND f.kind = :workflow_kind
+    WHERE u.inserted AND f.kind = CAST(:workflow_kind AS text)
     RETURNING job_id, workflow, version, priority, event_seq AS seq, status, run
 ),
 created_events AS ({_CREATED_EVENTS}
@@ -149,11 +150,11 @@ task_runs AS (
     INSERT INTO onceflow_task_runs (job_id, task, params)
     SELECT f.job_id, f.workflow, f.params
     FROM firsts f JOIN upsert u USING (job_id)
-    WHERE u.inserted AND f.kind = :task_kind
+    WHERE u.inserted AND f.kind = CAST(:task_kind AS text)
     RETURNING job_id
 ),
 notified AS (
-    SELECT pg_notify(:channel, '') FROM (SELECT 1 FROM inst LIMIT 1) AS any_created
+    SELECT pg_notify(CAST(:channel AS text), '') FROM (SELECT 1 FROM inst LIMIT 1) AS any_created
 )
 SELECT 'created' AS kind, job_id, true AS params_match, true AS workflow_match,
        false AS redelivery, CAST(NULL AS text) AS workflow, CAST(NULL AS text) AS topic,
@@ -268,7 +269,10 @@ def create_instances_in(conn: Connection, deliveries: Sequence[Delivery]) -> Cre
     rows = orjson.dumps([r for n, r in enumerate(all_rows) if n not in skip]).decode()
     flags: dict[str, bool] = {}  # job id -> a duplicate of it mismatched
     duplicates: list[Any] = []
-    for row in conn.execute(
+    # Prepared (once per connection): planning this statement took ~1.1 ms of the
+    # server's CPU, ten times running it for one record, on every light-load job's path.
+    for row in execute_prepared(
+        conn,
         _CREATE_SQL,
         {
             "rows": rows,
