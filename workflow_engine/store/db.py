@@ -80,12 +80,28 @@ def make_engine(database_url: str, pool_size: int = 8, *, lifecycle_events: bool
     return db
 
 
+#: A session whose prepared statements (``store.prepared``) no longer fit it: one
+#: prepared twice (42P05) or missing (26000) when the pooled connection's record of
+#: them is wrong, or a plan cached before a migration changed a result type (0A000).
+_STALE_SESSION = frozenset(
+    {
+        psycopg2.errorcodes.DUPLICATE_PREPARED_STATEMENT,  # 42P05
+        psycopg2.errorcodes.INVALID_SQL_STATEMENT_NAME,  # 26000
+    }
+)
+_STALE_PLAN = "cached plan must not change result type"
+
+
 def _not_primary_is_a_disconnect(context: ExceptionContext) -> None:
     """A server that is no longer the primary answers ``SELECT 1`` (so the pre-ping keeps
     its connections) but refuses writes: treat that as a lost connection, which makes
-    SQLAlchemy invalidate the pool."""
-    code = getattr(context.original_exception, "pgcode", None)
-    if code in NOT_PRIMARY:
+    SQLAlchemy invalidate the pool. The same for a session whose prepared statements no
+    longer fit it: new connections prepare them afresh, where retrying on this one would
+    fail the same way forever (and dead-letter every record of the worker's batches)."""
+    orig = context.original_exception
+    code = getattr(orig, "pgcode", None)
+    stale_plan = code == psycopg2.errorcodes.FEATURE_NOT_SUPPORTED and _STALE_PLAN in str(orig)
+    if code in NOT_PRIMARY or code in _STALE_SESSION or stale_plan:
         context.is_disconnect = True
 
 

@@ -1,22 +1,27 @@
-"""Server-side prepared statements for the engine's hot statements.
+"""Server-side prepared statements for the hot statements.
 
 psycopg2 sends every statement as text, so PostgreSQL parses and plans it on every
 execution. The hot statements (the worker's creating statement; the claim's pick and
 lease, step start, checkpoint, finish, heartbeat) are large (a dozen CTEs: the lease
 guard, the attempt records, the lifecycle events), and planning one took 1.0-1.2 ms of
 the server's CPU, more than running it for a batch: at ~1,300 checkpoint statements for
-6,000 workflows, a fifth of the database's CPU per workflow (BENCHMARKS.md, "Planning, every time"). Prepared once per connection with
-``PREPARE`` and run with ``EXECUTE``, a statement is planned at most for its first
-executions (PostgreSQL then keeps a generic plan when it costs no more than the custom
-ones, and re-plans by itself when a table it reads changes). The claim's pick is the
-exception: its custom plans know their ``LIMIT`` and always look cheaper, so it forces
-its generic plan (``fragments.in_index_order``).
+6,000 workflows, a fifth of the database's CPU per workflow (BENCHMARKS.md, "Planning,
+every time"). Prepared once per connection with ``PREPARE`` and run with ``EXECUTE``, a
+statement is planned at most for its first executions (PostgreSQL then keeps a generic
+plan when it costs no more than the custom ones, and re-plans by itself when a table it
+reads changes). The claim's pick is the exception: its custom plans know their
+``LIMIT`` and always look cheaper, so it forces its generic plan
+(``fragments.in_index_order``).
 
 A prepared statement is a session's: it lives as long as the connection (it survives a
 rolled-back transaction), and is remembered in the pooled connection's ``info``, which
-SQLAlchemy drops with the connection when it is invalidated or replaced. This needs a
-session, not a transaction-mode pooler in between (the engine's LISTEN and the relay's
-advisory lock already do; docs/operations.md).
+SQLAlchemy drops with the connection when it is invalidated or replaced. A session
+whose statements no longer fit (a migration changed a result column's type: 0A000
+"cached plan must not change result type"; or its statements and ``info`` disagree:
+42P05, 26000) is treated as a lost connection (``store.db``), so the pool replaces its
+connections and the caller retries, instead of failing every batch as the row's fault.
+This needs a session, not a transaction-mode pooler in between (the engine's LISTEN and
+the relay's advisory lock already do; docs/operations.md).
 
 Statements are written as usual (``sa.text`` with ``:name`` parameters, each used inside
 an explicit ``CAST`` so that ``PREPARE`` can type it); the ``EXECUTE`` casts each argument
@@ -84,10 +89,13 @@ def execute_prepared(
     if form.name not in known:
         # sent as it is: no parameters, so the driver leaves a literal % alone
         conn.exec_driver_sql(f"PREPARE {form.name} AS {form.text}", execution_options=_AS_IS)
-        if form.name not in _EXECUTES:
-            types = conn.execute(_TYPES, {"n": form.name}).scalar_one()
-            _EXECUTES[form.name] = _execute_of(form, types)
+        # Known at once: the session keeps a PREPARE whatever happens next (the types'
+        # query failing, the transaction rolling back), and preparing it again on this
+        # connection would fail (42P05) on every later use (found in review).
         known.add(form.name)
+    if form.name not in _EXECUTES:
+        types = conn.execute(_TYPES, {"n": form.name}).scalar_one()
+        _EXECUTES[form.name] = _execute_of(form, types)
     return conn.execute(_EXECUTES[form.name], {name: params[name] for name in form.params})
 
 
