@@ -29,6 +29,8 @@ Scenarios (each prints a table, shows progress on stderr and writes JSON):
   with a singleton policy, time limits, attributes (:mod:`onceflow_tools.policy_bench`).
 * ``claim``: one claim of 32 on a backlog of plain and per-key-limited workflows
   queued together (median, p90; :mod:`onceflow_tools.claimbench`).
+* ``soak``: every process's RSS after each tenth of ``--jobs`` (a million for target 6)
+  went through ingest, the worker and the engine (:mod:`onceflow_tools.soak`).
 * ``console-list``: the console's queries on 50 instances per ``--jobs`` (1,000,000 at
   the default) in a scratch database: first and deep keyset pages, filtered pages,
   counts (median of 5 runs each, in ms).
@@ -132,6 +134,7 @@ def _loadgen(
     out: Path,
     rate: float = 0.0,
     url: str | None = None,
+    workflow: str = "noop-workflow",
 ) -> dict[str, Any]:
     subprocess.run(
         [
@@ -150,6 +153,8 @@ def _loadgen(
             prefix,
             "--rate",
             str(rate),
+            "--workflow",
+            workflow,
             "--out",
             str(out),
         ],
@@ -992,6 +997,22 @@ def _render_history(result: dict[str, Any]) -> list[str]:
 RENDERERS["history"] = _render_history
 
 
+def _soak(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
+    """Each process's memory round by round through ``jobs`` (onceflow_tools.soak)."""
+    from onceflow_tools import soak
+
+    return soak.soak(base, jobs, log_dir)
+
+
+def _render_soak(result: dict[str, Any]) -> list[str]:
+    from onceflow_tools import soak
+
+    return soak.render(result)
+
+
+RENDERERS["soak"] = _render_soak
+
+
 def _claim(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
     """One claim's cost on a mixed backlog (onceflow_tools.claimbench)."""
     from onceflow_tools import claimbench
@@ -1028,6 +1049,7 @@ SCENARIOS = {
     "engine-policies": _engine_policies,
     "history": _history,
     "claim": _claim,
+    "soak": _soak,
 }
 
 

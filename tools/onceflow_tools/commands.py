@@ -33,6 +33,7 @@ BENCH_SCENARIOS = (
     "engine-policies",
     "history",
     "claim",
+    "soak",
 )
 
 

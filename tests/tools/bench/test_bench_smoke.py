@@ -136,3 +136,17 @@ def test_engine_policies_smoke(base_settings, tmp_path):
     assert [r["workflow"] for r in runs] == list(WORKFLOWS)
     assert all(r["workflows"] == 40 and r["per_second"] > 0 for r in runs)
     assert "bench-singleton-skip" in render(result)
+
+
+@pytest.mark.timeout(300)
+def test_soak_smoke(base_settings, tmp_path):
+    from onceflow_tools.soak import ROUNDS, soak
+
+    result = soak(base_settings.model_copy(update={"state_dir": tmp_path}), 100, tmp_path)
+    rounds = result["rounds"]
+    assert [r["jobs_so_far"] for r in rounds] == [10 * (n + 1) for n in range(ROUNDS)]
+    assert rounds[-1]["complete"] == 100
+    # every process measured in every round, while it still ran
+    assert all(set(r["rss_mb"]) == set(rounds[0]["rss_mb"]) for r in rounds)
+    assert len(rounds[0]["rss_mb"]) == 3 and all(mb > 0 for mb in rounds[-1]["rss_mb"].values())
+    assert "RSS from the end of round 1" in render(result)
