@@ -218,3 +218,42 @@ def test_the_flow_claim_reads_the_lanes_in_order_when_the_statistics_predate_a_b
     # ... and a claim takes the oldest of the burst, two per customer (its limit).
     claimed = writes.claim(db, "o", 32, 30, flows=REGISTRY.flows())
     assert sorted(c.job_id for c in claimed) == [f"burst_{i:05d}" for i in range(32)]
+
+
+def test_the_pick_tries_the_lock_only_of_a_limited_workflow_with_work_due(db):
+    """The pick's ``locks``: a flow-controlled workflow's advisory lock is tried only
+    when it has an instance due; one with nothing due is left unlocked, so another
+    engine's claim of it, just then due, is not turned away (the planner ran the lock
+    over every name before the test for work, found in review)."""
+    create_instances(
+        db,
+        [Delivery(JobEnvelope(f"due_{i}", "noop-workflow", {}), "t", 0, i) for i in range(3)],
+    )
+    params = {
+        "owner": "o",
+        "now": None,
+        "inflight": [],
+        "any_workflow": True,
+        "have_workflows": [],
+        "have_versions": [],
+        "limit": 32,
+        "limited": ["noop-workflow", "idle-workflow", "another-idle-workflow"],
+        "uncontrolled": [],
+    }
+    advisory = sa.text(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+    )
+    for run in (_custom_plan_rows, _generic_plan_rows):
+        with db.connect() as conn:
+            rows = run(conn, _PICK, params)
+            assert [got for job, _, got in rows if job is None] == [["noop-workflow"]]
+            assert conn.execute(advisory).scalar_one() == 1
+            conn.rollback()
+
+
+def _custom_plan_rows(conn, statement, params):
+    return in_index_order(conn, statement, params)
+
+
+def _generic_plan_rows(conn, statement, params):
+    return in_index_order(conn, statement, params, prepared=True)

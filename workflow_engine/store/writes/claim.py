@@ -108,16 +108,19 @@ locks AS (
     -- deadlock on them), in this round trip; their claims are later statements,
     -- whose snapshots are taken after the locks; only for a workflow with an instance
     -- due that could take a place in this batch (its claim order before the last plain
-    -- candidate, when they fill it), so an idle one costs no further round trips
+    -- candidate, when they fill it), so an idle one costs no further round trips and
+    -- is left unlocked. The CASE orders the two: as ``EXISTS (...) AND lock``, the
+    -- planner made the EXISTS a semi-join and tried the lock on every name first
+    -- (found in review; tests/integration/test_engine_plans.py).
     SELECT array_agg(w) AS got FROM unnest(CAST(:limited AS text[])) AS w
-    WHERE EXISTS (
+    WHERE CASE WHEN EXISTS (
         SELECT 1 FROM onceflow_instances c
         -- (a workflow with only a concurrency limit stores no lane: any status index)
         WHERE c.workflow = w AND c.status IN ({_RUNNABLE})
           AND c.run_after <= {_NOW}
           AND ((SELECT count(*) FROM plain) < CAST(:limit AS integer)
                OR onceflow_claim_order(c.run_after, c.priority) <= (SELECT max(ord) FROM plain)))
-      AND pg_try_advisory_xact_lock(hashtext('onceflow.limit.' || w))
+      THEN pg_try_advisory_xact_lock(hashtext('onceflow.limit.' || w)) ELSE false END
 )
 SELECT job_id, ord, CAST(NULL AS text[]) AS locked FROM plain
 UNION ALL SELECT job_id, ord, NULL FROM laned
