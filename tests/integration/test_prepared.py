@@ -99,6 +99,8 @@ def test_a_session_whose_prepared_statements_no_longer_fit_is_a_lost_connection(
             with pytest.raises(sa.exc.DBAPIError) as stale:
                 execute_prepared(conn, statement, {"floor": 0})
             assert stale.value.connection_invalidated and is_transient(stale.value)
+            # recognised by the raising function too, whatever language the server speaks
+            assert stale.value.orig.diag.source_function == "RevalidateCachedQuery"
             conn.rollback()
             # a new session: prepared afresh, with the new type
             assert execute_prepared(conn, statement, {"floor": 0}).scalar_one() == 1

@@ -90,6 +90,9 @@ _STALE_SESSION = frozenset(
     }
 )
 _STALE_PLAN = "cached plan must not change result type"
+#: The server function that raises it: the message is translated under a non-English
+#: ``lc_messages``, the function's name is not.
+_STALE_PLAN_SOURCE = "RevalidateCachedQuery"
 
 
 def _not_primary_is_a_disconnect(context: ExceptionContext) -> None:
@@ -100,9 +103,20 @@ def _not_primary_is_a_disconnect(context: ExceptionContext) -> None:
     fail the same way forever (and dead-letter every record of the worker's batches)."""
     orig = context.original_exception
     code = getattr(orig, "pgcode", None)
-    stale_plan = code == psycopg2.errorcodes.FEATURE_NOT_SUPPORTED and _STALE_PLAN in str(orig)
-    if code in NOT_PRIMARY or code in _STALE_SESSION or stale_plan:
+    if code in NOT_PRIMARY or _stale_plan(orig, code):
         context.is_disconnect = True
+    elif code in _STALE_SESSION:
+        # one session's record gone wrong: replace this connection only
+        context.is_disconnect = True
+        context.invalidate_pool_on_disconnect = False
+
+
+def _stale_plan(orig: BaseException, code: str | None) -> bool:
+    """A plan cached before a migration changed a result type: every session has it."""
+    if code != psycopg2.errorcodes.FEATURE_NOT_SUPPORTED:
+        return False
+    source = getattr(getattr(orig, "diag", None), "source_function", None)
+    return source == _STALE_PLAN_SOURCE or _STALE_PLAN in str(orig)
 
 
 class ErrorClass(StrEnum):
