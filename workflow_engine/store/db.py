@@ -99,8 +99,10 @@ def _not_primary_is_a_disconnect(context: ExceptionContext) -> None:
     """A server that is no longer the primary answers ``SELECT 1`` (so the pre-ping keeps
     its connections) but refuses writes: treat that as a lost connection, which makes
     SQLAlchemy invalidate the pool. The same for a session whose prepared statements no
-    longer fit it: new connections prepare them afresh, where retrying on this one would
-    fail the same way forever (and dead-letter every record of the worker's batches)."""
+    longer fit it (the pool for a migration's stale plans, which every session has; the
+    one connection otherwise): new connections prepare them afresh, where retrying on
+    this one would fail the same way forever (and dead-letter every record of the
+    worker's batches)."""
     orig = context.original_exception
     code = getattr(orig, "pgcode", None)
     if code in NOT_PRIMARY or _stale_plan(orig, code):

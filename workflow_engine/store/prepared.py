@@ -18,8 +18,9 @@ rolled-back transaction), and is remembered in the pooled connection's ``info``,
 SQLAlchemy drops with the connection when it is invalidated or replaced. A session
 whose statements no longer fit (a migration changed a result column's type: 0A000
 "cached plan must not change result type"; or its statements and ``info`` disagree:
-42P05, 26000) is treated as a lost connection (``store.db``), so the pool replaces its
-connections and the caller retries, instead of failing every batch as the row's fault.
+42P05, 26000) is treated as a lost connection (``store.db``): the pool replaces that
+connection (every connection, for a migration's 0A000) and the caller retries, instead
+of failing every batch as the row's fault.
 This needs a session, not a transaction-mode pooler in between (the engine's LISTEN and
 the relay's advisory lock already do; docs/operations.md).
 
