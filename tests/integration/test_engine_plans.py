@@ -243,17 +243,9 @@ def test_the_pick_tries_the_lock_only_of_a_limited_workflow_with_work_due(db):
     advisory = sa.text(
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
     )
-    for run in (_custom_plan_rows, _generic_plan_rows):
+    for generic in (False, True):  # planned for these values, and the generic plan
         with db.connect() as conn:
-            rows = run(conn, _PICK, params)
+            rows = in_index_order(conn, _PICK, params, prepared=generic)
             assert [got for job, _, got in rows if job is None] == [["noop-workflow"]]
             assert conn.execute(advisory).scalar_one() == 1
             conn.rollback()
-
-
-def _custom_plan_rows(conn, statement, params):
-    return in_index_order(conn, statement, params)
-
-
-def _generic_plan_rows(conn, statement, params):
-    return in_index_order(conn, statement, params, prepared=True)

@@ -71,14 +71,21 @@ from onceflow_tools.processes import free_port
 from onceflow_tools.stack import Stack
 
 
-def rss_mb(pid: int) -> float:
+def memory_mb(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM: resident now and its peak) of ``pid`` in MB; zeros if it is gone."""
+    values = {"VmRSS:": 0.0, "VmHWM:": 0.0}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+            fields = line.split()
+            if fields and fields[0] in values:
+                values[fields[0]] = int(fields[1]) / 1024
     except OSError:
         pass
-    return 0.0
+    return values["VmRSS:"], values["VmHWM:"]
+
+
+def rss_mb(pid: int) -> float:
+    return memory_mb(pid)[0]
 
 
 class Sampler:

@@ -28,21 +28,8 @@ ROUNDS = 10
 WORKFLOW = "noop-inline-workflow"
 
 
-def memory_mb(pid: int) -> tuple[float, float]:
-    """(VmRSS, VmHWM) of ``pid`` in MB; zeros if it is gone."""
-    values = {"VmRSS:": 0.0, "VmHWM:": 0.0}
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            key = line.split(maxsplit=1)[0] if line else ""
-            if key in values:
-                values[key] = int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return values["VmRSS:"], values["VmHWM:"]
-
-
 def soak(base: Settings, jobs: int, log_dir: Path) -> dict[str, Any]:
-    from onceflow_tools.bench import _loadgen, _stack, _wait_for
+    from onceflow_tools.bench import _loadgen, _stack, _wait_for, memory_mb
 
     per_round = max(1, jobs // ROUNDS)
     stack = _stack(base, log_dir, "soak", ONCEFLOW_ENGINE_CONCURRENCY="256")

@@ -76,7 +76,7 @@ def make_engine(database_url: str, pool_size: int = 8, *, lifecycle_events: bool
         future=True,
         connect_args={"options": options} if options else {},
     )
-    sa.event.listen(db, "handle_error", _not_primary_is_a_disconnect)
+    sa.event.listen(db, "handle_error", _lost_session_is_a_disconnect)
     return db
 
 
@@ -95,7 +95,7 @@ _STALE_PLAN = "cached plan must not change result type"
 _STALE_PLAN_SOURCE = "RevalidateCachedQuery"
 
 
-def _not_primary_is_a_disconnect(context: ExceptionContext) -> None:
+def _lost_session_is_a_disconnect(context: ExceptionContext) -> None:
     """A server that is no longer the primary answers ``SELECT 1`` (so the pre-ping keeps
     its connections) but refuses writes: treat that as a lost connection, which makes
     SQLAlchemy invalidate the pool. The same for a session whose prepared statements no

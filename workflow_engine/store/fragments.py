@@ -141,6 +141,7 @@ def json_text(data: bytes | None) -> str | None:
 # Plain strings for exec_driver_sql (SET takes no bind parameter: nothing to bind).
 _SORT_OFF = "SET LOCAL enable_sort = off"
 _SORT_DEFAULT = "SET LOCAL enable_sort TO DEFAULT"
+_SORTING = (_SORT_OFF, _SORT_DEFAULT)
 # For a prepared read: its one generic plan, made (once per connection) with sorting
 # priced out like every plan of it. Left to choose, PostgreSQL keeps planning it on every
 # execution, since a generic plan's ``LIMIT $n`` is costed at a tenth of the table and
@@ -168,15 +169,12 @@ def in_index_order(
     (``prepared.execute_prepared``; every parameter inside a ``CAST``), planned once per
     connection instead of on each claim: planning the claim's pick took ~1.1 ms of the
     server's CPU, running it ~0.1 ms, on the path of every light-load job."""
-    if not prepared:
-        conn.exec_driver_sql(_SORT_OFF)
-        rows = list(conn.execute(statement, params))
-        conn.exec_driver_sql(_SORT_DEFAULT)
-        return rows
-    conn.exec_driver_sql(_GENERIC_SORT_OFF)
-    picked = list(execute_prepared(conn, statement, params))
-    conn.exec_driver_sql(_GENERIC_SORT_DEFAULT)
-    return picked
+    off, default = (_GENERIC_SORT_OFF, _GENERIC_SORT_DEFAULT) if prepared else _SORTING
+    conn.exec_driver_sql(off)
+    run = execute_prepared if prepared else Connection.execute
+    rows = list(run(conn, statement, params))
+    conn.exec_driver_sql(default)
+    return rows
 
 
 RUNNABLE_CHANNEL = "onceflow_runnable"
