@@ -2,7 +2,8 @@
 
 Its id is the Kafka consumer group; its fetch size is above the topics' record limit.
 Topics are created beforehand (``onceflow topics create``), so the app never declares
-them; there are no tables, so no changelogs.
+them; there are no tables, so no changelogs. Its consumer hands fetched records on
+without a task per record (:mod:`streams.transport`).
 Nothing here runs at import: ``streams.worker.run_worker`` builds the app, declares
 the topic and registers the agent, all from one ``Settings``.
 """
@@ -12,13 +13,14 @@ from __future__ import annotations
 import faust
 
 from onceflow.settings import Settings
+from streams.transport import App
 
 
 def create_app(settings: Settings) -> faust.App:
     datadir = settings.state_dir / "faust"
     datadir.parent.mkdir(parents=True, exist_ok=True)
     brokers = [f"kafka://{hp.strip()}" for hp in settings.kafka_bootstrap_servers.split(",")]
-    return faust.App(
+    return App(
         settings.consumer_group,
         broker=brokers,
         web_enabled=False,

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import signal
 import time
+import urllib.request
 
 import orjson
 import sqlalchemy as sa
+from prometheus_client.parser import text_string_to_metric_families
 
 from onceflow.envelope import (
     HEADER_DLQ_DETAIL,
@@ -63,7 +65,7 @@ def test_worker_creates_one_instance_per_id_and_dead_letters_bad_records(setting
         ],
     )
     with ProcessGroup(settings_env(settings), tmp_path / "logs") as group:
-        start_worker(group)
+        port = start_worker(group)
         wait_until(
             lambda: (
                 scalar(
@@ -78,6 +80,7 @@ def test_worker_creates_one_instance_per_id_and_dead_letters_bad_records(setting
             group,
         )
         dead = consume_all(settings.kafka_bootstrap_servers, settings.dlq_topic, 2)
+        consumed = _records_consumed(port, settings.jobs_topic)
         # Clean shutdown: SIGTERM commits what was written, exits 0.
         assert group.stop("streams", signal.SIGTERM) == 0
 
@@ -105,6 +108,19 @@ def test_worker_creates_one_instance_per_id_and_dead_letters_bad_records(setting
         settings.topic_partitions,
     )
     assert sum(max(o, 0) for o in committed.values()) == 43
+    # ... and counted, per partition, by the worker's records-consumed counter.
+    assert consumed == {p: o for p, o in committed.items() if o > 0}
+
+
+def _records_consumed(port: int, topic: str) -> dict[int, int]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "onceflow_streams_records_consumed_total":
+                assert sample.labels["topic"] == topic
+                found[int(sample.labels["partition"])] = int(sample.value)
+    return found
 
 
 def test_sigkill_between_db_commit_and_offset_commit(settings, db, tmp_path):
