@@ -13,7 +13,7 @@ from __future__ import annotations
 import faust
 
 from onceflow.settings import Settings
-from streams.transport import App
+from streams.transport import App, QuietMonitor
 
 
 def create_app(settings: Settings) -> faust.App:
@@ -24,6 +24,7 @@ def create_app(settings: Settings) -> faust.App:
         settings.consumer_group,
         broker=brokers,
         web_enabled=False,
+        Monitor=QuietMonitor,
         topic_allow_declare=False,
         topic_disable_leader=True,
         consumer_auto_offset_reset="earliest",

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 from faust.transport.drivers import aiokafka as aiokafka_driver
+from faust.types import TP
 
 from onceflow.settings import Settings
 from streams.app import create_app
-from streams.transport import Consumer, finish
+from streams.transport import Consumer, QuietMonitor, finish
 
 
 def _consumer(tmp_path: Path) -> Consumer:
@@ -190,3 +191,21 @@ def test_finish_cancelled_throws_the_cancellation_into_the_coroutine():
 
     assert asyncio.run(run()) == (True, inspect.CORO_CLOSED)
     assert seen == ["cancelled"]
+
+
+def test_the_monitor_keeps_no_per_record_books_but_takes_faust_calls(tmp_path):
+    async def run():
+        settings = Settings(kafka_bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
+        app = create_app(settings)
+        assert isinstance(app.monitor, QuietMonitor)
+        app.sensors.add(app.monitor)
+        tp, message = TP("jobs", 0), object()
+        # The calls faust's conductor, streams and consumer make, with their arguments.
+        app.sensors.on_message_in(tp, 7, message)
+        state = app.sensors.on_stream_event_in(tp, 7, object(), object())
+        app.sensors.on_stream_event_out(tp, 7, object(), object(), state)
+        app.sensors.on_message_out(tp, 7, message)
+        return app.monitor
+
+    monitor = asyncio.run(run())
+    assert (monitor.messages_received_total, monitor.events_total) == (0, 0)
