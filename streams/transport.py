@@ -15,14 +15,20 @@ itself; when it finishes there, no task was needed and nothing could have come
 between. When it does wait (a full buffer), it goes on where it stopped inside
 faust's own ``wait_first``, racing the flow as before: the same outcome on a
 rebalance, a stop or a crash. Every other ``wait_first`` is faust's, unchanged.
+
+What still differs from a task: the first step runs under the fetcher's task
+(``asyncio.current_task()``, an ``asyncio.timeout`` entered there would cancel the
+fetcher). Nothing faust runs on that path (the conductor's ``on_message``, flow
+control, the raw decode, the buffer's put) uses either; revisit on a faust upgrade.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import faust
@@ -40,25 +46,33 @@ def _waits_on(awaitable: object, event: asyncio.Event) -> bool:
     )
 
 
-async def finish(coro: Coroutine[Any, Any, Any], yielded: Any) -> Any:
-    """Run ``coro`` to its end as a task would; its first step, run by the caller,
-    suspended on ``yielded`` (a future, or None for a bare yield: ``sleep(0)``).
+async def finish(coro: Coroutine[Any, Any, Any], yielded: Any, context: contextvars.Context) -> Any:
+    """Run ``coro`` to its end as a task would; its first step, run by the caller in
+    ``context``, suspended on ``yielded`` (a future, or None for a bare yield:
+    ``sleep(0)``). Every later step runs in ``context`` too, so what the coroutine sets
+    in a context variable stays its own, as in a task.
 
     Cancelled while it waits, it cancels what ``coro`` waits on and throws the
     cancellation into ``coro``, as a task does: an ``asyncio.Queue.put`` then gives
-    back its place among the queue's waiters before the cancellation goes on."""
+    back its place among the queue's waiters before the cancellation goes on. Anything
+    else yielded is thrown back into ``coro`` as the ``RuntimeError`` a task raises."""
     while True:
-        try:
-            if yielded is None:
-                await asyncio.sleep(0)
-            else:
-                await asyncio.wait((yielded,))
-        except asyncio.CancelledError as cancelled:
-            if yielded is not None:
-                yielded.cancel()
-            resume = functools.partial(coro.throw, cancelled)
+        resume: Callable[[], Any]
+        if yielded is not None and not asyncio.isfuture(yielded):
+            wrong = RuntimeError(f"coroutine yielded {yielded!r}, not a future")
+            resume = functools.partial(context.run, coro.throw, wrong)
         else:
-            resume = functools.partial(coro.send, None)
+            try:
+                if yielded is None:
+                    await asyncio.sleep(0)
+                else:
+                    await asyncio.wait((yielded,))
+            except asyncio.CancelledError as cancelled:
+                if yielded is not None:
+                    yielded.cancel()
+                resume = functools.partial(context.run, coro.throw, cancelled)
+            else:
+                resume = functools.partial(context.run, coro.send, None)
         try:
             yielded = resume()
         except StopIteration as done:
@@ -74,15 +88,16 @@ class Consumer(aiokafka_driver.Consumer):
         delivery, flow = coros
         if self.suspend_flow.is_set() or self._stopped.is_set() or self._crashed.is_set():
             return await super().wait_first(delivery, flow)
+        context = contextvars.copy_context()  # the delivery's own, as a task's would be
         try:
-            yielded = delivery.send(None)
+            yielded = context.run(delivery.send, None)
         except StopIteration as done:
             flow.close()
             return WaitResults([delivery], [done.value], False)
         except BaseException:
             flow.close()
             raise
-        return await super().wait_first(finish(delivery, yielded), flow)
+        return await super().wait_first(finish(delivery, yielded, context), flow)
 
 
 class QuietMonitor(Monitor):

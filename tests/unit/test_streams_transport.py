@@ -9,6 +9,7 @@ into an ``asyncio.Queue`` standing in for the stream's buffer.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 from pathlib import Path
 
@@ -150,7 +151,7 @@ def test_finish_passes_a_futures_error_into_the_coroutine():
         yielded = coro.send(None)  # its first step, as the consumer runs it
         assert yielded is fut
         fut.set_exception(KeyError("k"))
-        return await finish(coro, yielded)
+        return await finish(coro, yielded, contextvars.copy_context())
 
     assert asyncio.run(run()) == "caught k"
 
@@ -163,7 +164,7 @@ def test_finish_after_a_bare_yield():
             return "done"
 
         coro = twice()
-        return await finish(coro, coro.send(None))
+        return await finish(coro, coro.send(None), contextvars.copy_context())
 
     assert asyncio.run(run()) == "done"
 
@@ -182,7 +183,7 @@ def test_finish_cancelled_throws_the_cancellation_into_the_coroutine():
                 raise
 
         coro = waiting()
-        task = asyncio.ensure_future(finish(coro, coro.send(None)))
+        task = asyncio.ensure_future(finish(coro, coro.send(None), contextvars.copy_context()))
         await asyncio.sleep(0)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -209,3 +210,55 @@ def test_the_monitor_keeps_no_per_record_books_but_takes_faust_calls(tmp_path):
 
     monitor = asyncio.run(run())
     assert (monitor.messages_received_total, monitor.events_total) == (0, 0)
+
+
+_SEEN_BY: contextvars.ContextVar[str] = contextvars.ContextVar("seen_by", default="nobody")
+
+
+@pytest.mark.parametrize("waits", [False, True])
+def test_what_a_delivery_sets_in_its_context_stays_its_own(tmp_path, waits):
+    async def run():
+        consumer = _consumer(tmp_path)
+        room = asyncio.Event()
+        seen = []
+
+        async def delivery():
+            _SEEN_BY.set("delivery")
+            if waits:
+                await room.wait()  # the rest of it runs in finish, in the same context
+            seen.append(_SEEN_BY.get())
+
+        if not waits:  # awaited here, as the fetcher does: the fetcher's context
+            await consumer.wait_first(delivery(), consumer.suspend_flow.wait())
+            return seen, _SEEN_BY.get()
+        handing = asyncio.ensure_future(
+            consumer.wait_first(delivery(), consumer.suspend_flow.wait())
+        )
+        await asyncio.sleep(0.01)
+        room.set()
+        await asyncio.wait_for(handing, 5)
+        return seen, _SEEN_BY.get()
+
+    assert asyncio.run(run()) == (["delivery"], "nobody")
+
+
+def test_finish_throws_a_yield_that_is_no_future_back_into_the_coroutine():
+    class Odd:
+        def __await__(self):
+            yield "not a future"
+
+    async def run():
+        async def odd():
+            try:
+                await Odd()
+            except RuntimeError as exc:
+                return f"told: {exc}"
+            return "not reached"
+
+        coro = odd()
+        result = await finish(coro, coro.send(None), contextvars.copy_context())
+        return result, inspect.getcoroutinestate(coro)
+
+    result, state = asyncio.run(run())
+    assert result.startswith("told: coroutine yielded 'not a future'")
+    assert state == inspect.CORO_CLOSED
