@@ -6,8 +6,8 @@ four tasks (the callback, the flow, the consumer's stopped and crashed events) a
 ``asyncio.wait`` per record, so that a rebalance starting while the callback waits for
 room in a stream's buffer abandons that record (it is fetched again from the committed
 offset). A py-spy profile of the worker at full speed put 22% of the GIL's time there,
-more than the conductor's own delivery; without it one worker went from 4,400 to
-6,000-6,300 records/s (BENCHMARKS.md, "Queue to instance").
+more than the conductor's own delivery; without it one worker went from 5,500 to
+7,800-8,000 records/s, interleaved (BENCHMARKS.md, "Without a task per record").
 
 Almost always the callback does not wait: it decodes the record and puts an event in a
 buffer that has room. So :meth:`Consumer.wait_first` runs that call's first step
