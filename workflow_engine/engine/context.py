@@ -775,6 +775,10 @@ class WorkflowContext:
         """The threads of step code that have not returned yet (awaitable)."""
         return [asyncio.wrap_future(t) for t in self._threads if not t.done()]
 
+    def steps_returned(self) -> bool:
+        """Whether every thread of this run's step code has returned."""
+        return all(t.done() for t in self._threads)
+
     def _run_inline(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         started = time.perf_counter()
         try:

@@ -63,7 +63,10 @@ SUBMIT_TO_COMPLETE = Histogram(
     ["workflow"],
     buckets=_E2E_BUCKETS,
 )
-INFLIGHT = Gauge("onceflow_engine_inflight_instances", "Instances this engine is running now")
+INFLIGHT = Gauge(
+    "onceflow_engine_inflight_instances",
+    "Instances this engine holds now (running, or claimed for a slot whose run is finishing)",
+)
 RESCUED = Counter("onceflow_engine_leases_rescued_total", "Expired leases re-queued by this engine")
 INSTANCES_BY_STATUS = Gauge(
     "onceflow_engine_instances",

@@ -142,13 +142,7 @@ class EngineRunner:
         self.stream_limits = StreamLimits(
             settings.stream_value_max_bytes, settings.stream_max_values, settings.stream_max_bytes
         )
-        #: The runs in flight by job id, each with the claim it runs under: a run that
-        #: ends removes only its own entry (``_run_instance``), and the claim skips
-        #: these ids (``writes.claim``'s ``inflight``).
-        self._inflight: dict[str, Run] = {}
-        #: The runs that ended (cancelled) while their sync step code still runs in a
-        #: thread, by ``(job_id, claim)``: done once that code has returned.
-        self._lingering: dict[tuple[str, int], asyncio.Future[Any]] = {}
+        self._init_runs(settings.engine_concurrency)
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -158,6 +152,30 @@ class EngineRunner:
             Backpressure(self.db, self.configs.backpressure) if self.configs.backpressure else None
         )
         self._traced = tracing.enabled()
+
+    def _init_runs(self, concurrency: int) -> None:
+        """The bookkeeping of the runs this engine holds, each by ``(job_id, claim)``."""
+        #: The runs in flight by job id, each with the claim it runs under: a run that
+        #: ends removes only its own entry (``_run_instance``), and the claim skips
+        #: these ids (``writes.claim``'s ``inflight``).
+        self._inflight: dict[str, Run] = {}
+        #: At most ``concurrency`` runs execute at once: a run holds one of these from
+        #: its start until it is forgotten (``_forget``), lingering step code too.
+        self._slots = asyncio.Semaphore(concurrency)
+        self._holding: set[tuple[str, int]] = set()
+        #: Runs past their workflow code with only their finish to commit: their slots
+        #: are as good as free, so the claim loop claims for them too, and an instance
+        #: claimed for one waits for the first slot to free (``_settles_alone``,
+        #: ``_take_slot``). A run whose finish raised leaves this set at once; all leave
+        #: it when a run waiting for a slot times out (a finish is stuck).
+        self._settling: set[tuple[str, int]] = set()
+        #: Claimed runs that did not start because the engine is stopping (cancelled by
+        #: the drain, their slot came after SIGTERM, or timed out then): the drain gives
+        #: them back with the runs it cut.
+        self._unstarted: list[tuple[str, int]] = []
+        #: The runs that ended (cancelled) while their sync step code still runs in a
+        #: thread, by ``(job_id, claim)``: done once that code has returned.
+        self._lingering: dict[tuple[str, int], asyncio.Future[Any]] = {}
 
     async def write(self, write: Write[T]) -> T:
         """A lease-guarded write, committed together with other instances' writes."""
@@ -244,7 +262,7 @@ class EngineRunner:
 
     async def _claim_loop(self) -> None:
         while not self._stopping.is_set():
-            free = self.settings.engine_concurrency - len(self._inflight)
+            free = self.settings.engine_concurrency - len(self._inflight) + len(self._settling)
             if free <= 0:
                 self._slot_free.clear()
                 await self._full_wait()
@@ -332,16 +350,26 @@ class EngineRunner:
     async def _drain(self) -> None:
         """On shutdown: let in-flight instances finish for half a lease, then cancel the
         rest and release their leases so another engine resumes them at once."""
-        if not self._inflight:
+        if not self._inflight and not self._unstarted:
             return
         grace = self.settings.engine_lease_seconds / 2
         runs = dict(self._inflight)
-        _, pending = await asyncio.wait([run.task for run in runs.values()], timeout=grace)
+        # Claimed, not started: cut now, and given back whatever their task got to do
+        # (one cancelled before its first step never reaches ``_not_started``).
+        waiting = [
+            (job, run.claim) for job, run in runs.items() if (job, run.claim) not in self._holding
+        ]
+        for job, _ in waiting:
+            runs[job].task.cancel()
+        pending: set[asyncio.Task[None]] = set()
+        if runs:  # (the only claimed runs may all be unstarted and forgotten already)
+            _, pending = await asyncio.wait([run.task for run in runs.values()], timeout=grace)
         unfinished = [(job, run.claim) for job, run in runs.items() if run.task in pending]
         for task in pending:
             task.cancel()
         if pending:
             await asyncio.wait(pending)
+        unfinished = list(dict.fromkeys((*unfinished, *waiting, *self._unstarted)))
         await self._step_code_returned(unfinished)
         if unfinished:
             await failpoints.hit_async("engine.before_release")
@@ -372,9 +400,25 @@ class EngineRunner:
 
     async def _run_instance(self, inst: writes.Claimed) -> None:
         job = inst.job_id
-        ctx = self._context(inst)
+        if not await self._take_slot(inst):
+            return
         try:
-            await self._settle(inst, await self._execute(inst, ctx), ctx)
+            ctx = self._context(inst)
+        except BaseException:
+            self._forget(inst)
+            raise
+        try:
+            outcome = await self._execute(inst, ctx)
+            if self._settles_alone(inst, outcome, ctx):
+                self._settling_run(inst)
+            try:
+                await self._settle(inst, outcome, ctx)
+            except BaseException:
+                # its finish failed: what follows (a give-back through an outage, an
+                # errored finish) is not one commit away, so nothing more is claimed
+                # for the slot meanwhile
+                self._settling.discard((job, inst.claim_count))
+                raise
         except LeaseLost as exc:
             log.warning("%s", exc, extra={"event": "engine.lease_lost", "job_id": job})
         except asyncio.CancelledError:
@@ -415,9 +459,87 @@ class EngineRunner:
             return
         labelled(FINISHED, inst.workflow, InstanceStatus.ERRORED).inc()
 
+    async def _take_slot(self, inst: writes.Claimed) -> bool:
+        """Wait for a slot to run ``inst`` in; False if it is not to run. A run claimed
+        for a settling slot waits for the first slot to free (FIFO), normally that run's
+        finish; if none frees within a heartbeat interval, the run is given back before
+        any of its code ran, for any engine to take, instead of waiting here leased. (To
+        the database it had started: its claim set ``started_at``, its deadline, its
+        ``instance.started`` event.)"""
+        key = (inst.job_id, inst.claim_count)
+        try:
+            try:
+                if not self._slots.locked():
+                    await self._slots.acquire()  # a slot is free: taken without a wait
+                else:
+                    # asyncio.timeout, not wait_for: 3.11's wait_for can drop a permit
+                    # its inner acquire got just as it was cancelled; a cancelled acquire
+                    # passes it on
+                    async with asyncio.timeout(self.configs.lease_keeper.heartbeat_seconds):
+                        await self._slots.acquire()
+            except TimeoutError:
+                # A finish is stuck (blocked on a lock, say): no settling slot is lent
+                # any more, or the claim loop would claim again for it at once, this same
+                # instance likely, and bounce it every heartbeat (found in review).
+                self._settling.clear()
+                if not self._stopping.is_set():  # (during a drain, the drain gives it back)
+                    await self._give_back(inst.job_id, inst.claim_count)
+                self._not_started(inst)
+                return False
+        except asyncio.CancelledError:
+            # Abandoned (its lease lost) or cut by the drain: nothing of it ran.
+            self._not_started(inst)
+            return False
+        self._holding.add(key)
+        if self._stopping.is_set():  # the slot came after SIGTERM: start nothing new
+            self._not_started(inst)
+            return False
+        return True
+
+    def _not_started(self, inst: writes.Claimed) -> None:
+        """A claimed run that never started: during a shutdown the drain gives it back
+        with the runs it cut; otherwise it was given back already (``_take_slot`` timed
+        out) or its lease is gone (the heartbeat found it taken)."""
+        if self._stopping.is_set():
+            self._unstarted.append((inst.job_id, inst.claim_count))
+        self._forget(inst)
+
+    def _settles_alone(self, inst: writes.Claimed, outcome: Outcome, ctx: WorkflowContext) -> bool:
+        """Whether the claim may take ``inst``'s slot before its last write commits: a
+        finish (complete or errored) of a workflow without flow control, with none of
+        its step code still running. Not a flow-controlled one: its finish frees a slot
+        of its key that a queued instance of higher priority waits for, and a claim made
+        before that commit would pass it over for lower-priority work (found in review).
+        Not a suspension or an operator's action, which may make ``inst`` itself runnable
+        again at once (a claim skips the ids in flight)."""
+        if not isinstance(outcome, Completed | Failed) or not ctx.steps_returned():
+            return False
+        definition = self.registry.workflow(inst.workflow)
+        return definition is None or definition.flow is None
+
+    def _settling_run(self, inst: writes.Claimed) -> None:
+        """``inst``'s workflow code is done and none of its step code still runs: only
+        its last write is left, so the claim loop may claim for its slot now. The claim
+        (a few round trips) then overlaps that commit instead of following it: at 16 in
+        flight a slot stood empty ~12 ms between two runs, a third of a run's time
+        (BENCHMARKS.md, "Where a workflow's time goes at concurrency 16"). Never while
+        step code still runs in a thread: that slot is not free until the code returns,
+        which may be long, and an instance claimed for it would wait (its execution
+        deadline running) where another engine could have run it."""
+        self._settling.add((inst.job_id, inst.claim_count))
+        # The claim loop is not woken for it: it claims for settling slots when a slot
+        # really frees or it polls. Woken at every settle, it made claims of one or two
+        # at a time, each a few round trips (0.82-0.99 of the throughput at 256 in
+        # flight; BENCHMARKS.md, "Where a workflow's time goes at concurrency 16").
+
     def _forget(self, inst: writes.Claimed) -> None:
         """The run of ``inst``'s claim is over: free its slot (a newer run's is kept)."""
-        self._lingering.pop((inst.job_id, inst.claim_count), None)
+        key = (inst.job_id, inst.claim_count)
+        self._settling.discard(key)
+        if key in self._holding:
+            self._holding.discard(key)
+            self._slots.release()
+        self._lingering.pop(key, None)
         run = self._inflight.get(inst.job_id)
         if run is not None and run.claim == inst.claim_count:
             del self._inflight[inst.job_id]
