@@ -1,4 +1,4 @@
-"""The claim for a slot whose run has only its last write left (``_settling_run``).
+"""The claim for a slot whose run has only its last write left (``EngineRunner._settles_alone``).
 
 A run past its workflow code counts its slot as free, so the claim loop claims the next
 instance while that last write commits. The window: the claimed instance is leased

@@ -410,7 +410,12 @@ class EngineRunner:
         try:
             outcome = await self._execute(inst, ctx)
             if self._settles_alone(inst, outcome, ctx):
-                self._settling_run(inst)
+                # The claim loop is not woken for it: it claims for settling slots when
+                # a slot really frees or it polls. Woken at every settle, it made claims
+                # of one or two at a time, each a few round trips (0.82-0.99 of the
+                # throughput at 256 in flight; BENCHMARKS.md, "Where a workflow's time
+                # goes at concurrency 16").
+                self._settling.add((job, inst.claim_count))
             try:
                 await self._settle(inst, outcome, ctx)
             except BaseException:
@@ -507,7 +512,13 @@ class EngineRunner:
     def _settles_alone(self, inst: writes.Claimed, outcome: Outcome, ctx: WorkflowContext) -> bool:
         """Whether the claim may take ``inst``'s slot before its last write commits: a
         finish (complete or errored) of a workflow without flow control, with none of
-        its step code still running. Not a flow-controlled one: its finish frees a slot
+        its step code still running. The claim (a few round trips) then overlaps that
+        commit instead of following it: at 16 in flight a slot stood empty ~12 ms
+        between two runs, a third of a run's time (BENCHMARKS.md, "Where a workflow's
+        time goes at concurrency 16"). Never while step code still runs in a thread:
+        that slot is not free until the code returns, which may be long, and an
+        instance claimed for it would wait (its execution deadline running) where
+        another engine could have run it. Not a flow-controlled one: its finish frees a slot
         of its key that a queued instance of higher priority waits for, and a claim made
         before that commit would pass it over for lower-priority work (found in review).
         Not a suspension or an operator's action, which may make ``inst`` itself runnable
@@ -516,21 +527,6 @@ class EngineRunner:
             return False
         definition = self.registry.workflow(inst.workflow)
         return definition is None or definition.flow is None
-
-    def _settling_run(self, inst: writes.Claimed) -> None:
-        """``inst``'s workflow code is done and none of its step code still runs: only
-        its last write is left, so the claim loop may claim for its slot now. The claim
-        (a few round trips) then overlaps that commit instead of following it: at 16 in
-        flight a slot stood empty ~12 ms between two runs, a third of a run's time
-        (BENCHMARKS.md, "Where a workflow's time goes at concurrency 16"). Never while
-        step code still runs in a thread: that slot is not free until the code returns,
-        which may be long, and an instance claimed for it would wait (its execution
-        deadline running) where another engine could have run it."""
-        self._settling.add((inst.job_id, inst.claim_count))
-        # The claim loop is not woken for it: it claims for settling slots when a slot
-        # really frees or it polls. Woken at every settle, it made claims of one or two
-        # at a time, each a few round trips (0.82-0.99 of the throughput at 256 in
-        # flight; BENCHMARKS.md, "Where a workflow's time goes at concurrency 16").
 
     def _forget(self, inst: writes.Claimed) -> None:
         """The run of ``inst``'s claim is over: free its slot (a newer run's is kept)."""
