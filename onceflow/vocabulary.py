@@ -344,6 +344,12 @@ FINAL_EVENTS = frozenset(
         LifecycleEvent.DEBOUNCED,
     }
 )
+#: The events that say the worker wrote a job's record down: a run it started, or the
+#: record collapsed into an existing one (what a caller waiting on a resubmission of an
+#: id that may run again waits for first: producers/waiters.py).
+RECORDED_EVENTS = frozenset(
+    {LifecycleEvent.CREATED, LifecycleEvent.DUPLICATE, LifecycleEvent.PAYLOAD_MISMATCH}
+)
 
 
 class SingletonMode(StrEnum):

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 
 from onceflow.settings import SCOPES, Settings
-from onceflow.vocabulary import ActionResult, OperatorAction
+from onceflow.vocabulary import ActionResult, IdReuse, OperatorAction
 from producers.auth import Authenticator
 from producers.kafka import JobSender
 from producers.limits import ClientLimiter
@@ -56,6 +56,10 @@ class Ingest:
     waiters: Waiters | None = None
     #: Workflows whose jobs run in batches (``@workflow(batch=...)``): no start_within.
     batched: frozenset[str] = frozenset()
+    #: Workflows whose ids may run again (``@workflow(id_reuse=...)`` not ``never``): a
+    #: waiting resubmission waits for its own record's run. None: not known here (types
+    #: not checked), so every workflow's may.
+    may_reuse: frozenset[str] | None = frozenset()
 
     @classmethod
     def from_settings(
@@ -76,6 +80,7 @@ class Ingest:
             ),
             task_types=frozenset(registry.task_names()),
             batched=frozenset(registry.batches()),
+            may_reuse=_may_reuse(registry) if settings.ingest_validate_types else None,
         )
 
     def bulk_runner(self, db: Engine) -> BulkRunner:
@@ -106,6 +111,12 @@ def _known_types(registry: Registry) -> frozenset[str] | None:
     """Workflow and task names registered by the configured modules (None: no check)."""
     names = frozenset(registry.workflow_names()) | frozenset(registry.task_names())
     return names or None
+
+
+def _may_reuse(registry: Registry) -> frozenset[str]:
+    return frozenset(
+        name for name in registry.workflow_names() if registry.id_reuse(name) is not IdReuse.NEVER
+    )
 
 
 async def get_ingest(request: Request) -> Ingest:

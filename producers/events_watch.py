@@ -21,7 +21,11 @@ told (``on_gap``) to read their jobs' status again, after the new watermarks wer
 
 The filter runs in the consumer's thread and is cheap for the events nobody waits for:
 the record key (the job id) is looked up first, and only a record whose id has a waiter
-has its ``ce_type`` header read and, for a final kind, its JSON value parsed.
+has its ``ce_type`` header read and, for a final kind, its JSON value parsed. The events
+that say the worker wrote a record down (``instance.created``, ``instance.duplicate``,
+``instance.payload_mismatch``) are handed over too, without their data (the waiter reads
+the status), for the ids in ``records``: a waiter whose submission may start a new run
+waits for its record to be written down (producers/waiters.py).
 """
 
 from __future__ import annotations
@@ -41,13 +45,16 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from onceflow import failpoints
 from onceflow.settings import Settings
-from onceflow.vocabulary import FINAL_EVENTS
+from onceflow.vocabulary import FINAL_EVENTS, RECORDED_EVENTS
 from producers.metrics import DEPENDENCY_UP, EVENTS_CONSUMED
 
 log = logging.getLogger(__name__)
 
 #: The contract's final kinds (``ce_type``): a start-and-wait caller's answer.
 FINAL_TYPES = frozenset(kind.ce_type.encode() for kind in FINAL_EVENTS)
+#: The kinds that say the worker wrote a job's record down (a run started, or the
+#: record collapsed as a duplicate).
+RECORDED_TYPES = frozenset(kind.ce_type.encode() for kind in RECORDED_EVENTS)
 #: A consumer that has not come back from a poll for this long is stuck: not ready.
 STALE_SECONDS = 5.0
 #: How often the partitions are looked up again (a topic grown, or one that was missing).
@@ -69,7 +76,8 @@ Finals = list[tuple[str, dict[str, Any] | None]]
 class EventsWatcher:
     """The consumer thread. ``wanted`` says which job ids have a waiter (read from the
     thread: a dict's membership test); ``on_final`` is called on ``loop`` with the final
-    events of those ids, one call per consumed batch; ``on_gap`` once the partitions
+    events of those ids, one call per consumed batch, and with the record-written events
+    (data None) of the ids in ``records``; ``on_gap`` once the partitions
     are assigned again after they were lost (what was published meanwhile below the
     new start is never read: the waiters registered before must read the status)."""
 
@@ -80,9 +88,11 @@ class EventsWatcher:
         on_final: Callable[[Finals], None],
         loop: asyncio.AbstractEventLoop,
         on_gap: Callable[[], None] = lambda: None,
+        records: Container[str] = frozenset(),
     ) -> None:
         self.topic = settings.events_topic
         self._wanted = wanted
+        self._records = records
         self._on_final = on_final
         self._on_gap = on_gap
         self._loop = loop
@@ -234,7 +244,10 @@ class EventsWatcher:
         job_id = key.decode("utf-8", "replace")
         if job_id not in self._wanted:
             return None
-        if _ce_type(message) not in FINAL_TYPES:
+        kind = _ce_type(message)
+        if kind not in FINAL_TYPES:
+            if kind in RECORDED_TYPES and job_id in self._records:
+                return job_id, None  # read the status: is the record written down?
             return None
         try:
             data = orjson.loads(message.value() or b"")

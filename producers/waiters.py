@@ -30,13 +30,25 @@ its jobs: the map holds a future per job), with a 202 at once too ("refused").
 Reads are batched: the status reads of every request that registered while the
 previous read ran go in the next statement, so a burst of waiting requests costs a few
 queries on one connection at a time, each returned to the pool at once.
+
+A resubmission may start a new run of its id (id reuse), so "the id's run is final" is
+not its answer until the worker has written its record down: run 1 complete, read
+before the worker took the record, says nothing of the run 2 that record starts. For a
+submission whose workflow may reuse ids, the request passes its record's Kafka position
+(``records``) and the read answers the run that record belongs to, or *pending* (never
+final) while the record is not written down (workflow_engine/store/views/outcomes.py).
+The record's id is in :attr:`Waiters.records` (the watcher hands over its
+record-written events, ``instance.created`` / ``duplicate``) from before the first read
+on, the same order as above, so the wakeup that says "written down" cannot be lost
+either; and each of its final events is checked by a read, as a restarted instance's
+are (an earlier run's may still be delivered).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -49,7 +61,7 @@ from onceflow.settings import Settings
 from onceflow.vocabulary import JobKind
 from producers.events_watch import EventsWatcher, Finals
 from producers.metrics import WAIT_OUTCOMES, WAITING_REQUESTS
-from workflow_engine.store.views import JobOutcome, job_outcomes
+from workflow_engine.store.views import JobOutcome, Record, job_outcomes
 
 log = logging.getLogger(__name__)
 
@@ -106,17 +118,22 @@ class Waiters:
         self._settings = settings
         self._db = db
         self._waiting: dict[str, list[asyncio.Future[Any]]] = {}
+        #: Job ids whose waiting submission's record is not known to be written down
+        #: yet, and by how many waits: their record-written events wake them.
+        self.records: dict[str, int] = {}
         #: Jobs waited for now, over every waiting request (what ``max_waiting`` bounds).
         self._jobs = 0
         self._closing = False
-        self._reads: list[tuple[list[str], asyncio.Future[dict[str, JobOutcome]]]] = []
+        self._reads: list[
+            tuple[list[str], Mapping[str, Record], asyncio.Future[dict[str, JobOutcome]]]
+        ] = []
         self._reader: asyncio.Task[None] | None = None
         self.watcher: EventsWatcher | None = None
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.watcher = EventsWatcher(
-            self._settings, self._waiting, self._resolve, loop, self._reread_all
+            self._settings, self._waiting, self._resolve, loop, self._reread_all, self.records
         )
         self.watcher.start()
 
@@ -145,8 +162,15 @@ class Waiters:
         """The wait granted for ``wanted`` seconds (capped to ``ingest_max_wait_seconds``)."""
         return max(0.0, min(float(wanted), float(self.max_seconds)))
 
-    async def wait(self, job_ids: Sequence[str], seconds: float) -> Waited:
-        """Wait up to ``seconds`` for every one of ``job_ids`` to be final."""
+    async def wait(
+        self,
+        job_ids: Sequence[str],
+        seconds: float,
+        records: Mapping[str, Record] | None = None,
+    ) -> Waited:
+        """Wait up to ``seconds`` for every one of ``job_ids`` to be final; for those in
+        ``records`` (submissions that may start a new run of their id), final in the run
+        their record belongs to."""
         if not self.watchable:
             return self._count(Waited(WaitOutcome.DEGRADED, reason="events not watched"))
         if self._jobs + len(job_ids) > self.max_waiting:
@@ -156,32 +180,45 @@ class Waiters:
         self._jobs += len(job_ids)
         WAITING_REQUESTS.inc()
         futures: dict[str, asyncio.Future[Any]] = {}
+        records = records or {}
         try:
             # The window the module's docstring is about: acknowledged, not registered.
             await failpoints.hit_async("ingest.before_wait_register", job_ids[0])
             futures = {job_id: self._register(job_id, loop) for job_id in job_ids}
-            return self._count(await self._wait_registered(futures, deadline))
+            for job_id in records:
+                self.records[job_id] = self.records.get(job_id, 0) + 1
+            return self._count(await self._wait_registered(futures, deadline, records))
         finally:
             self._jobs -= len(job_ids)
             WAITING_REQUESTS.dec()
             for job_id, future in futures.items():
                 self._unregister(job_id, future)
+            for job_id in records if futures else ():
+                if self.records[job_id] > 1:
+                    self.records[job_id] -= 1
+                else:
+                    del self.records[job_id]
 
-    async def read(self, job_ids: Sequence[str]) -> dict[str, JobOutcome]:
-        """The jobs' outcomes, from one (batched) status read; DatabaseUnavailable if
-        PostgreSQL did not answer."""
+    async def read(
+        self, job_ids: Sequence[str], records: Mapping[str, Record] | None = None
+    ) -> dict[str, JobOutcome]:
+        """The jobs' outcomes (those in ``records``: of their record's run, or pending),
+        from one (batched) status read; DatabaseUnavailable if PostgreSQL did not answer."""
         future: asyncio.Future[dict[str, JobOutcome]] = asyncio.get_running_loop().create_future()
-        self._reads.append((list(job_ids), future))
+        self._reads.append((list(job_ids), records or {}, future))
         if self._reader is None or self._reader.done():
             self._reader = asyncio.create_task(self._read_batches())
         return await future
 
     async def _wait_registered(
-        self, futures: dict[str, asyncio.Future[Any]], deadline: float
+        self,
+        futures: dict[str, asyncio.Future[Any]],
+        deadline: float,
+        records: Mapping[str, Record],
     ) -> Waited:
         try:
             async with asyncio.timeout_at(deadline):
-                outcomes = await self.read(list(futures))
+                outcomes = await self.read(list(futures), records)
         except (DatabaseUnavailable, TimeoutError):
             return Waited(WaitOutcome.DEGRADED, reason="status read failed")
         if any(o.kind is JobKind.TASK and not o.final for o in outcomes.values()):
@@ -192,9 +229,10 @@ class Waiters:
         # so such an id's final events are checked against its status, not taken as they
         # are. (With the outbox's per-instance sequence in the read, "the event's
         # sequence is above the one read" says it at no cost.)
-        checked = {j for j, o in outcomes.items() if o.restarts > 0}
+        # So are those of a submission that may start a new run: its record's run decides.
+        checked = {j for j, o in outcomes.items() if o.restarts > 0} | set(records)
         pending = {j: f for j, f in futures.items() if j not in outcomes or not outcomes[j].final}
-        return await self._until_final(futures, pending, outcomes, checked, deadline)
+        return await self._until_final(futures, pending, outcomes, checked, deadline, records)
 
     async def _until_final(
         self,
@@ -203,6 +241,7 @@ class Waiters:
         outcomes: dict[str, JobOutcome],
         checked: set[str],
         deadline: float,
+        records: Mapping[str, Record],
     ) -> Waited:
         loop = asyncio.get_running_loop()
         while pending:
@@ -214,7 +253,7 @@ class Waiters:
                 if got is _CLOSING:
                     return Waited(WaitOutcome.DEGRADED, outcomes, "shutting down")
                 if got is _REREAD or job_id in checked:
-                    read, got = await self._check(job_id, futures, deadline)
+                    read, got = await self._check(job_id, futures, deadline, records)
                     if not read:
                         return Waited(WaitOutcome.TIMEOUT, outcomes)
                     if got is not None and got.restarts > 0:
@@ -229,7 +268,11 @@ class Waiters:
         return Waited(WaitOutcome.FINAL, outcomes)
 
     async def _check(
-        self, job_id: str, futures: dict[str, asyncio.Future[Any]], deadline: float
+        self,
+        job_id: str,
+        futures: dict[str, asyncio.Future[Any]],
+        deadline: float,
+        records: Mapping[str, Record],
     ) -> tuple[bool, JobOutcome | None]:
         """A final event not to be taken as it is (its data not the contract's, or maybe
         an earlier run's): the status, read once, and whether the read answered. The
@@ -240,27 +283,30 @@ class Waiters:
         self._unregister(job_id, old)
         try:
             async with asyncio.timeout_at(deadline):
-                return True, (await self.read([job_id])).get(job_id)
+                mine = {job_id: records[job_id]} if job_id in records else None
+                return True, (await self.read([job_id], mine)).get(job_id)
         except (DatabaseUnavailable, TimeoutError):
             return False, None
 
     async def _read_batches(self) -> None:
         while self._reads:
             batch, self._reads = self._reads[:_READ_CHUNK], self._reads[_READ_CHUNK:]
-            ids = sorted({job_id for wanted, _ in batch for job_id in wanted})
+            batch, records, apart = _split(batch)
+            self._reads[:0] = apart
+            ids = sorted({job_id for wanted, _, _ in batch for job_id in wanted})
             try:
-                found = await asyncio.to_thread(job_outcomes, self._db(), ids)
+                found = await asyncio.to_thread(job_outcomes, self._db(), ids, records)
             except Exception as exc:
                 log.warning(
                     "status read failed: %s",
                     exc,
                     extra={"event": "ingest.wait_read_failed", "job_id": ids[0]},
                 )
-                for _, future in batch:
+                for _, _, future in batch:
                     if not future.done():
                         future.set_exception(DatabaseUnavailable(str(exc)))
                 continue
-            for wanted, future in batch:
+            for wanted, _, future in batch:
                 if not future.done():
                     future.set_result({j: found[j] for j in wanted if j in found})
 
@@ -297,6 +343,32 @@ class Waiters:
     def _count(waited: Waited) -> Waited:
         WAIT_OUTCOMES.labels(waited.how).inc()
         return waited
+
+
+_Read = tuple[list[str], Mapping[str, Record], "asyncio.Future[dict[str, JobOutcome]]"]
+
+
+def _split(batch: list[_Read]) -> tuple[list[_Read], dict[str, Record], list[_Read]]:
+    """The reads of a batch one statement can answer, their records (one per job id),
+    and the reads left for the next statement: one that reads an id with a record
+    (its submission's) when another reads it with none, or with another record (a
+    statement answers one outcome per id)."""
+    records: dict[str, Record] = {}
+    plain: set[str] = set()
+    kept: list[_Read] = []
+    apart: list[_Read] = []
+    for read in batch:
+        ids, mine, _ = read
+        if any(
+            (j in plain or records.get(j, mine[j]) != mine[j]) if j in mine else j in records
+            for j in ids
+        ):
+            apart.append(read)
+            continue
+        records.update(mine)
+        plain.update(j for j in ids if j not in mine)
+        kept.append(read)
+    return kept, records, apart
 
 
 def outcome_of_event(job_id: str, data: dict[str, Any] | None) -> JobOutcome | None:

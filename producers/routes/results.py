@@ -37,7 +37,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive
 
 from onceflow.envelope import JobEnvelope
-from onceflow.vocabulary import OperatorAction
+from onceflow.vocabulary import IdReuse, OperatorAction
 from producers.deps import DbDep, Ingest, IngestDep, require
 from producers.errors import error_responses
 from producers.metrics import REQUESTS
@@ -45,6 +45,7 @@ from producers.prefer import wait_preference
 from producers.responses import json_response
 from producers.routes.unknown import not_found
 from producers.waiters import DatabaseUnavailable, Waited, WaitOutcome
+from workflow_engine.store.views import Record
 
 log = logging.getLogger(__name__)
 _REQUESTS_200 = REQUESTS.labels("200")
@@ -69,6 +70,18 @@ class Submitted:
     @property
     def job_ids(self) -> list[str]:
         return [e.job_id for e in self.envelopes]
+
+    def records(self, may_reuse: frozenset[str] | None, topic: str) -> dict[str, Record]:
+        """The records of the jobs whose submission may start a new run of their id
+        (their workflow's id reuse policy, or their own, is not ``never``; ``may_reuse``
+        None: any workflow's may): a wait answers the run each record belongs to
+        (producers/waiters.py)."""
+        positions = {a["job_id"]: a for a in self.body["accepted"]}
+        return {
+            e.job_id: Record(topic, positions[e.job_id]["partition"], positions[e.job_id]["offset"])
+            for e in self.envelopes
+            if e.id_reuse is not IdReuse.NEVER and (may_reuse is None or e.workflow in may_reuse)
+        }
 
     def names_a_task(self, tasks: frozenset[str]) -> bool:
         """Some job names a plain task (known to this deployment): not waited for."""
@@ -107,7 +120,8 @@ async def answer(
         return submitted.accepted()
     applied = waiters.applied(wanted)
     job_ids = submitted.job_ids
-    waited = await unless_hung_up(waiters.wait(job_ids, applied), receive)
+    records = submitted.records(ingest.may_reuse, ingest.settings.jobs_topic)
+    waited = await unless_hung_up(waiters.wait(job_ids, applied, records), receive)
     if waited is None:
         return submitted.accepted()  # to nobody: the client is gone
     if waited.how in _UNWAITED:

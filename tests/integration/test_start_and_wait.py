@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from onceflow import failpoints
+from onceflow.envelope import JobEnvelope
 from onceflow_tools.processes import free_port
 from tests.integration.kafka_helpers import consume_all
 from tests.integration.wait_helpers import (
@@ -26,6 +27,8 @@ from tests.integration.wait_helpers import (
     served,
     until,
 )
+from workflow_engine.model import Delivery
+from workflow_engine.store.writes import create_instances
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -460,3 +463,103 @@ def test_a_skipped_job_answers_its_waiter(wait_settings, db):
     assert r.status_code == 200, r.text
     assert (r.json()["status"], r.json()["job_id"]) == ("skipped", "w_skip")
     assert took < 10
+
+
+def _record_of(settings, job_id: str, expected: int) -> tuple[int, int]:
+    """The (partition, offset) of the newest record of ``job_id`` on the jobs topic."""
+    found = [
+        m
+        for m in consume_all(settings.kafka_bootstrap_servers, settings.jobs_topic, expected)
+        if m.key() == job_id.encode()
+    ]
+    assert len(found) >= expected, f"{len(found)} records of {job_id}"
+    newest = max(found, key=lambda m: m.offset())
+    return newest.partition(), newest.offset()
+
+
+def test_a_resubmission_that_starts_a_new_run_is_answered_with_that_run(wait_settings, db):
+    """Id reuse: run 1 of ``p_again`` errored, and ``payment-workflow`` runs an id again
+    after a failure. A resubmission waiting for its outcome must be answered with the run
+    *its* record starts, never with run 1's end, which the first status read finds
+    final while the worker has not yet taken the record (here: no worker at all until
+    the test plays it). Before the fix it was answered at once, ``errored``, run 1."""
+    from onceflow.vocabulary import IdReuse
+
+    run1 = Delivery(
+        JobEnvelope("p_again", "payment-workflow", {"amount": 1}),
+        wait_settings.jobs_topic,
+        0,
+        10**9,  # a position no record of the topic has
+        id_reuse=IdReuse.AFTER_FAILURE,
+    )
+    create_instances(db, [run1])
+    finish(db, wait_settings, "p_again", "errored", error="card declined")
+    with served(wait_settings) as (url, app, _), ThreadPoolExecutor(1) as pool:
+        waiters = app.state.ingest.waiters
+        job = {"job_id": "p_again", "workflow": "payment-workflow", "params": {"amount": 2}}
+        pending = pool.submit(_post, url, job, "wait=10")
+        # run 1 is final and the record is not written down: no answer (before the fix:
+        # 200 at once, run 1's "errored")
+        with pytest.raises(FutureTimeout):
+            pending.result(2.0)
+        assert waiters.records.get("p_again") == 1 and waiters.waiting("p_again") == 1
+        # the worker takes the record: run 2 starts (its instance.created wakes the waiter,
+        # which reads run 2, queued: not final)
+        partition, offset = _record_of(wait_settings, "p_again", 1)
+        run2 = Delivery(
+            JobEnvelope("p_again", "payment-workflow", {"amount": 2}),
+            wait_settings.jobs_topic,
+            partition,
+            offset,
+            id_reuse=IdReuse.AFTER_FAILURE,
+        )
+        assert create_instances(db, [run2]).new_runs == ["p_again"]
+        consumed = metric("onceflow_ingest_events_consumed_total")
+        publish(wait_settings, "p_again", "instance.created", 5, "payment-workflow", None, "queued")
+        until(
+            lambda: metric("onceflow_ingest_events_consumed_total") > consumed,
+            10,
+            "the created event consumed by ingest",
+        )
+        with pytest.raises(FutureTimeout):
+            pending.result(0.5)
+        finish(db, wait_settings, "p_again", result={"charged": 2}, sequence=8)
+        r, _ = pending.result(20)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["status"], body["result"], body["run"]) == ("complete", {"charged": 2}, 2)
+    assert waiters.records == {}
+
+
+def test_a_record_is_answered_with_the_run_it_belongs_to(wait_settings, db):
+    """The read behind it: a record that started run 2 is answered run 2's outcome even
+    after run 3 started (from the archived run); the record that started the current
+    run, and a duplicate, the current run; a record not written down, pending."""
+    from onceflow.vocabulary import IdReuse
+    from workflow_engine.store.views import Record, job_outcomes
+
+    topic = wait_settings.jobs_topic
+
+    def deliver(offset: int) -> None:
+        env = JobEnvelope("p_runs", "payment-workflow", {"n": offset})
+        create_instances(db, [Delivery(env, topic, 1, offset, id_reuse=IdReuse.AFTER_FAILURE)])
+
+    deliver(10**9 + 1)
+    finish(db, wait_settings, "p_runs", "errored", error="one")
+    deliver(10**9 + 2)
+    finish(db, wait_settings, "p_runs", "errored", error="two")
+    deliver(10**9 + 3)  # run 3, queued
+    deliver(10**9 + 4)  # a duplicate of run 3 (it is not finished)
+
+    def read(offset: int):
+        return job_outcomes(db, ["p_runs"], {"p_runs": Record(topic, 1, offset)})["p_runs"]
+
+    first, second, third, dup = (read(10**9 + k) for k in (1, 2, 3, 4))
+    assert (first.run, first.status, first.error, first.final) == (1, "errored", "one", True)
+    assert (second.run, second.status, second.error, second.final) == (2, "errored", "two", True)
+    assert (third.run, third.status, third.final, third.pending) == (3, "queued", False, False)
+    assert (dup.run, dup.status, dup.pending) == (3, "queued", False)
+    unknown = read(10**9 + 5)
+    assert (unknown.run, unknown.pending, unknown.final) == (3, True, False)
+    # without a record: the current run, as GET /v1/jobs/{id}/result reads it
+    assert job_outcomes(db, ["p_runs"])["p_runs"].run == 3

@@ -53,7 +53,7 @@ from workflow_engine.store.views.listing import (
     overview,
     where_clause,
 )
-from workflow_engine.store.views.outcomes import JobOutcome, job_outcomes
+from workflow_engine.store.views.outcomes import JobOutcome, Record, job_outcomes
 from workflow_engine.store.views.schedules import (
     TickView,
     get_schedule,
@@ -106,6 +106,7 @@ __all__ = [
     "Overview",
     "Page",
     "PendingEvent",
+    "Record",
     "ScheduleNotFound",
     "ScheduleView",
     "StepView",
