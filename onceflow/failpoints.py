@@ -50,6 +50,7 @@ POINTS: dict[str, str] = {
     "engine.before_tick_fire": "engine: a schedule's tick about to be created",
     "engine.before_partition_maintenance": "engine: a retention round about to run",
     "ingest.before_wait_register": "ingest: a waited-for job acknowledged, no waiter yet",
+    "outcomes.between_reads": "a submission's status read: the id's run read, its record not yet",
     "ingest.events_before_reassign": "ingest: the events consumer, its partitions lost,"
     " about to read their watermarks and assign them again",
     "bulk.between_batches": "bulk runner: a batch committed, the next not started (lease held)",

@@ -61,7 +61,7 @@ from onceflow.settings import Settings
 from onceflow.vocabulary import JobKind
 from producers.events_watch import EventsWatcher, Finals
 from producers.metrics import WAIT_OUTCOMES, WAITING_REQUESTS
-from workflow_engine.store.views import JobOutcome, Record, job_outcomes
+from workflow_engine.store.views import JobOutcome, Record, submission_outcomes
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,22 @@ class Waited:
     def final(self, job_id: str) -> JobOutcome | None:
         found = self.outcomes.get(job_id)
         return found if found is not None and found.final else None
+
+
+@dataclass(slots=True)
+class _Wait:
+    """One waiting request's state."""
+
+    deadline: float
+    #: The records of its submissions that may start a new run (producers/waiters.py).
+    records: dict[str, Record]
+    futures: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
+    #: Ids whose final events are checked by a read (restarted before the read).
+    checked: set[str] = field(default_factory=set)
+    #: The run each gated id's record belongs to, once a read found it written down.
+    runs: dict[str, int] = field(default_factory=dict)
+    #: Ids registered in ``Waiters.records`` by this request (woken by record events).
+    gated: set[str] = field(default_factory=set)
 
 
 class DatabaseUnavailable(Exception):
@@ -176,28 +192,23 @@ class Waiters:
         if self._jobs + len(job_ids) > self.max_waiting:
             return self._count(Waited(WaitOutcome.REFUSED))
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + seconds
         self._jobs += len(job_ids)
         WAITING_REQUESTS.inc()
-        futures: dict[str, asyncio.Future[Any]] = {}
-        records = records or {}
+        w = _Wait(loop.time() + seconds, dict(records or {}))
         try:
             # The window the module's docstring is about: acknowledged, not registered.
             await failpoints.hit_async("ingest.before_wait_register", job_ids[0])
-            futures = {job_id: self._register(job_id, loop) for job_id in job_ids}
-            for job_id in records:
-                self.records[job_id] = self.records.get(job_id, 0) + 1
-            return self._count(await self._wait_registered(futures, deadline, records))
+            w.futures = {job_id: self._register(job_id, loop) for job_id in job_ids}
+            for job_id in w.records:
+                self._gate(w, job_id)
+            return self._count(await self._wait_registered(w))
         finally:
             self._jobs -= len(job_ids)
             WAITING_REQUESTS.dec()
-            for job_id, future in futures.items():
+            for job_id, future in w.futures.items():
                 self._unregister(job_id, future)
-            for job_id in records if futures else ():
-                if self.records[job_id] > 1:
-                    self.records[job_id] -= 1
-                else:
-                    del self.records[job_id]
+            for job_id in list(w.gated):
+                self._ungate(w, job_id)
 
     async def read(
         self, job_ids: Sequence[str], records: Mapping[str, Record] | None = None
@@ -210,15 +221,34 @@ class Waiters:
             self._reader = asyncio.create_task(self._read_batches())
         return await future
 
-    async def _wait_registered(
-        self,
-        futures: dict[str, asyncio.Future[Any]],
-        deadline: float,
-        records: Mapping[str, Record],
-    ) -> Waited:
+    def _gate(self, w: _Wait, job_id: str) -> None:
+        """Wake ``w`` on ``job_id``'s record-written events (before the read that may
+        find its record not written down: the order the module's docstring keeps)."""
+        self.records[job_id] = self.records.get(job_id, 0) + 1
+        w.gated.add(job_id)
+
+    def _ungate(self, w: _Wait, job_id: str) -> None:
+        w.gated.discard(job_id)
+        if self.records[job_id] > 1:
+            self.records[job_id] -= 1
+        else:
+            del self.records[job_id]
+
+    def _learn(self, w: _Wait, job_id: str, outcome: JobOutcome | None) -> None:
+        """What a read said of a gated id: once its record is written down, the run it
+        belongs to is known, a final event of that run is its answer as it is (no read),
+        and its record-written events need not wake it any more (found in review: a
+        first submission of such a workflow paid a read per event)."""
+        if job_id not in w.records or outcome is None or outcome.pending:
+            return
+        w.runs[job_id] = outcome.run
+        if job_id in w.gated:
+            self._ungate(w, job_id)
+
+    async def _wait_registered(self, w: _Wait) -> Waited:
         try:
-            async with asyncio.timeout_at(deadline):
-                outcomes = await self.read(list(futures), records)
+            async with asyncio.timeout_at(w.deadline):
+                outcomes = await self.read(list(w.futures), w.records)
         except (DatabaseUnavailable, TimeoutError):
             return Waited(WaitOutcome.DEGRADED, reason="status read failed")
         if any(o.kind is JobKind.TASK and not o.final for o in outcomes.values()):
@@ -229,61 +259,59 @@ class Waiters:
         # so such an id's final events are checked against its status, not taken as they
         # are. (With the outbox's per-instance sequence in the read, "the event's
         # sequence is above the one read" says it at no cost.)
-        # So are those of a submission that may start a new run: its record's run decides.
-        checked = {j for j, o in outcomes.items() if o.restarts > 0} | set(records)
-        pending = {j: f for j, f in futures.items() if j not in outcomes or not outcomes[j].final}
-        return await self._until_final(futures, pending, outcomes, checked, deadline, records)
+        w.checked = {j for j, o in outcomes.items() if o.restarts > 0}
+        for job_id, outcome in outcomes.items():
+            self._learn(w, job_id, outcome)
+        pending = {j: f for j, f in w.futures.items() if j not in outcomes or not outcomes[j].final}
+        return await self._until_final(w, pending, outcomes)
+
+    def _take_as_is(self, w: _Wait, job_id: str, got: Any) -> bool:
+        """A final event's outcome is the answer without a read: not a restarted id's,
+        and, for a submission that may start a new run, of the run its record is known
+        to belong to."""
+        if got is _REREAD or job_id in w.checked:
+            return False
+        return job_id not in w.records or w.runs.get(job_id) == got.run
 
     async def _until_final(
-        self,
-        futures: dict[str, asyncio.Future[Any]],
-        pending: dict[str, asyncio.Future[Any]],
-        outcomes: dict[str, JobOutcome],
-        checked: set[str],
-        deadline: float,
-        records: Mapping[str, Record],
+        self, w: _Wait, pending: dict[str, asyncio.Future[Any]], outcomes: dict[str, JobOutcome]
     ) -> Waited:
         loop = asyncio.get_running_loop()
         while pending:
-            done, _ = await asyncio.wait(pending.values(), timeout=deadline - loop.time())
+            done, _ = await asyncio.wait(pending.values(), timeout=w.deadline - loop.time())
             if not done:
                 return Waited(WaitOutcome.TIMEOUT, outcomes)
             for job_id in [j for j, f in pending.items() if f in done]:
                 got = pending.pop(job_id).result()
                 if got is _CLOSING:
                     return Waited(WaitOutcome.DEGRADED, outcomes, "shutting down")
-                if got is _REREAD or job_id in checked:
-                    read, got = await self._check(job_id, futures, deadline, records)
+                if not self._take_as_is(w, job_id, got):
+                    read, got = await self._check(w, job_id)
                     if not read:
                         return Waited(WaitOutcome.TIMEOUT, outcomes)
+                    self._learn(w, job_id, got)
                     if got is not None and got.restarts > 0:
-                        checked.add(job_id)
+                        w.checked.add(job_id)
                     if got is None or not got.final:
                         # not final after all: wait on, on the future registered anew
                         if got is not None:
                             outcomes[job_id] = got
-                        pending[job_id] = futures[job_id]
+                        pending[job_id] = w.futures[job_id]
                         continue
                 outcomes[job_id] = got
         return Waited(WaitOutcome.FINAL, outcomes)
 
-    async def _check(
-        self,
-        job_id: str,
-        futures: dict[str, asyncio.Future[Any]],
-        deadline: float,
-        records: Mapping[str, Record],
-    ) -> tuple[bool, JobOutcome | None]:
+    async def _check(self, w: _Wait, job_id: str) -> tuple[bool, JobOutcome | None]:
         """A final event not to be taken as it is (its data not the contract's, or maybe
         an earlier run's): the status, read once, and whether the read answered. The
         job is registered anew *before* the read (the order :meth:`wait` keeps), so a
         final change after the read is not missed if this one was not final."""
-        old = futures[job_id]
-        futures[job_id] = self._register(job_id, asyncio.get_running_loop())
+        old = w.futures[job_id]
+        w.futures[job_id] = self._register(job_id, asyncio.get_running_loop())
         self._unregister(job_id, old)
         try:
-            async with asyncio.timeout_at(deadline):
-                mine = {job_id: records[job_id]} if job_id in records else None
+            async with asyncio.timeout_at(w.deadline):
+                mine = {job_id: w.records[job_id]} if job_id in w.records else None
                 return True, (await self.read([job_id], mine)).get(job_id)
         except (DatabaseUnavailable, TimeoutError):
             return False, None
@@ -291,11 +319,13 @@ class Waiters:
     async def _read_batches(self) -> None:
         while self._reads:
             batch, self._reads = self._reads[:_READ_CHUNK], self._reads[_READ_CHUNK:]
-            batch, records, apart = _split(batch)
-            self._reads[:0] = apart
             ids = sorted({job_id for wanted, _, _ in batch for job_id in wanted})
+            # every submission apart: two resubmissions of one id, each by its record
+            submissions = {(j, r) for _, mine, _ in batch for j, r in mine.items()}
             try:
-                found = await asyncio.to_thread(job_outcomes, self._db(), ids, records)
+                found, answered = await asyncio.to_thread(
+                    submission_outcomes, self._db(), ids, submissions
+                )
             except Exception as exc:
                 log.warning(
                     "status read failed: %s",
@@ -306,9 +336,9 @@ class Waiters:
                     if not future.done():
                         future.set_exception(DatabaseUnavailable(str(exc)))
                 continue
-            for wanted, _, future in batch:
+            for wanted, mine, future in batch:
                 if not future.done():
-                    future.set_result({j: found[j] for j in wanted if j in found})
+                    future.set_result(_answer(wanted, mine, found, answered))
 
     def _register(self, job_id: str, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Any]:
         future: asyncio.Future[Any] = loop.create_future()
@@ -345,30 +375,21 @@ class Waiters:
         return waited
 
 
-_Read = tuple[list[str], Mapping[str, Record], "asyncio.Future[dict[str, JobOutcome]]"]
-
-
-def _split(batch: list[_Read]) -> tuple[list[_Read], dict[str, Record], list[_Read]]:
-    """The reads of a batch one statement can answer, their records (one per job id),
-    and the reads left for the next statement: one that reads an id with a record
-    (its submission's) when another reads it with none, or with another record (a
-    statement answers one outcome per id)."""
-    records: dict[str, Record] = {}
-    plain: set[str] = set()
-    kept: list[_Read] = []
-    apart: list[_Read] = []
-    for read in batch:
-        ids, mine, _ = read
-        if any(
-            (j in plain or records.get(j, mine[j]) != mine[j]) if j in mine else j in records
-            for j in ids
-        ):
-            apart.append(read)
-            continue
-        records.update(mine)
-        plain.update(j for j in ids if j not in mine)
-        kept.append(read)
-    return kept, records, apart
+def _answer(
+    wanted: list[str],
+    mine: Mapping[str, Record],
+    found: dict[str, JobOutcome],
+    answered: dict[tuple[str, Record], JobOutcome],
+) -> dict[str, JobOutcome]:
+    """One read's outcomes out of its batch's: an id it names with its record, that
+    record's (absent while the id has no instance); any other, the id's."""
+    out: dict[str, JobOutcome] = {}
+    for job_id in wanted:
+        record = mine.get(job_id)
+        got = found.get(job_id) if record is None else answered.get((job_id, record))
+        if got is not None:
+            out[job_id] = got
+    return out
 
 
 def outcome_of_event(job_id: str, data: dict[str, Any] | None) -> JobOutcome | None:

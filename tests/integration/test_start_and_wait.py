@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
 
 import httpx
 import pytest
@@ -536,7 +537,7 @@ def test_a_record_is_answered_with_the_run_it_belongs_to(wait_settings, db):
     after run 3 started (from the archived run); the record that started the current
     run, and a duplicate, the current run; a record not written down, pending."""
     from onceflow.vocabulary import IdReuse
-    from workflow_engine.store.views import Record, job_outcomes
+    from workflow_engine.store.views import Record, job_outcomes, submission_outcomes
 
     topic = wait_settings.jobs_topic
 
@@ -552,9 +553,14 @@ def test_a_record_is_answered_with_the_run_it_belongs_to(wait_settings, db):
     deliver(10**9 + 4)  # a duplicate of run 3 (it is not finished)
 
     def read(offset: int):
-        return job_outcomes(db, ["p_runs"], {"p_runs": Record(topic, 1, offset)})["p_runs"]
+        mine = ("p_runs", Record(topic, 1, offset))
+        return submission_outcomes(db, ["p_runs"], [mine])[1][mine]
 
     first, second, third, dup = (read(10**9 + k) for k in (1, 2, 3, 4))
+    # several submissions of one id in one statement, each by its own record
+    both = [("p_runs", Record(topic, 1, 10**9 + 2)), ("p_runs", Record(topic, 1, 10**9 + 3))]
+    current, answered = submission_outcomes(db, ["p_runs"], both)
+    assert [answered[b].run for b in both] == [2, 3] and current["p_runs"].run == 3
     assert (first.run, first.status, first.error, first.final) == (1, "errored", "one", True)
     assert (second.run, second.status, second.error, second.final) == (2, "errored", "two", True)
     assert (third.run, third.status, third.final, third.pending) == (3, "queued", False, False)
@@ -563,3 +569,112 @@ def test_a_record_is_answered_with_the_run_it_belongs_to(wait_settings, db):
     assert (unknown.run, unknown.pending, unknown.final) == (3, True, False)
     # without a record: the current run, as GET /v1/jobs/{id}/result reads it
     assert job_outcomes(db, ["p_runs"])["p_runs"].run == 3
+
+
+def _gated(settings, db, job_id: str, status: str, **finished) -> None:
+    """Run 1 of ``job_id`` (payment-workflow: a new run after a failure), made final."""
+    from onceflow.vocabulary import IdReuse
+
+    env = JobEnvelope(job_id, "payment-workflow", {"amount": 1})
+    delivery = Delivery(env, settings.jobs_topic, 0, 10**9, id_reuse=IdReuse.AFTER_FAILURE)
+    create_instances(db, [delivery])
+    finish(db, settings, job_id, status, **finished)
+
+
+def _play_worker(settings, db, job_id: str, params: dict) -> Any:
+    """What the worker does with the newest record of ``job_id``: the batch result."""
+    from onceflow.vocabulary import IdReuse
+
+    partition, offset = _record_of(settings, job_id, 1)
+    env = JobEnvelope(job_id, "payment-workflow", params)
+    delivery = Delivery(env, settings.jobs_topic, partition, offset, id_reuse=IdReuse.AFTER_FAILURE)
+    return create_instances(db, [delivery])
+
+
+def test_a_resubmission_that_collapses_on_a_final_run_is_woken_by_its_duplicate(wait_settings, db):
+    """Run 1 is complete, and ``payment-workflow`` runs an id again only after a failure:
+    the resubmission collapses as a duplicate of run 1. Its first read finds the record
+    not written down; nothing final is coming any more, so only the record-written event
+    (``instance.duplicate``) can wake it to read again and answer run 1's end. Without
+    that wakeup it sat out its wait and got the 202."""
+    _gated(wait_settings, db, "p_dup", "complete", result={"charged": 1})
+    with served(wait_settings) as (url, app, _), ThreadPoolExecutor(1) as pool:
+        waiters = app.state.ingest.waiters
+        job = {"job_id": "p_dup", "workflow": "payment-workflow", "params": {"amount": 1}}
+        pending = pool.submit(_post, url, job, "wait=10")
+        until(lambda: waiters.records.get("p_dup") == 1, 10, "the waiter gated on its record")
+        result = _play_worker(wait_settings, db, "p_dup", {"amount": 1})
+        assert result.duplicates == 1 and result.new_runs == []
+        started = time.monotonic()
+        publish(
+            wait_settings, "p_dup", "instance.duplicate", 4, "payment-workflow", None, "complete"
+        )
+        r, _ = pending.result(20)
+        took = time.monotonic() - started
+    assert r.status_code == 200, r.text
+    assert (r.json()["result"], r.json()["run"]) == ({"charged": 1}, 1)
+    assert took < 5  # woken by the event, not by the end of the 10 s wait
+    assert waiters.records == {}
+
+
+def test_a_first_submission_of_a_reusable_workflow_is_answered_from_its_events(wait_settings, db):
+    """A new id of a workflow that may reuse ids: no instance at the first read; its
+    record written down (``instance.created``) tells the run, and that run's final
+    event is then the answer as it is, with no gate left behind."""
+    with served(wait_settings) as (url, app, _), ThreadPoolExecutor(1) as pool:
+        waiters = app.state.ingest.waiters
+        job = {"job_id": "p_new", "workflow": "payment-workflow", "params": {"amount": 3}}
+        pending = pool.submit(_post, url, job, "wait=10")
+        until(lambda: waiters.records.get("p_new") == 1, 10, "the waiter gated on its record")
+        assert _play_worker(wait_settings, db, "p_new", {"amount": 3}).created == 1
+        publish(wait_settings, "p_new", "instance.created", 1, "payment-workflow", None, "queued")
+        until(lambda: "p_new" not in waiters.records, 10, "the record known written down")
+        finish(db, wait_settings, "p_new", result={"charged": 3}, sequence=2)
+        r, _ = pending.result(20)
+    assert r.status_code == 200, r.text
+    assert (r.json()["status"], r.json()["result"], r.json()["run"]) == (
+        "complete",
+        {"charged": 3},
+        1,
+    )
+
+
+def test_a_record_read_in_one_snapshot_with_its_run(wait_settings, db):
+    """The two statements of a submission's read (the id's run, then where its record
+    is) see one snapshot. Between them (the failpoint) the worker commits one batch that
+    starts run 2 of ``p_snap`` from one record and records a retry of it, our record, as
+    run 2's duplicate. Read apart, the second statement saw the duplicate and the first
+    run 1's end, and answered run 1's ``errored`` (found in review)."""
+    from onceflow.vocabulary import IdReuse
+    from workflow_engine.store.views import Record, submission_outcomes
+
+    _gated(wait_settings, db, "p_snap", "errored", error="declined")
+    topic = wait_settings.jobs_topic
+    ours = ("p_snap", Record(topic, 1, 10**9 + 8))
+    paused = failpoints.arm("outcomes.between_reads", "pause", job_id="p_snap")
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            reading = pool.submit(submission_outcomes, db, ["p_snap"], [ours])
+            paused.wait_reached(10)
+            both = [
+                Delivery(
+                    JobEnvelope("p_snap", "payment-workflow", {"amount": 2}),
+                    topic,
+                    1,
+                    offset,
+                    id_reuse=IdReuse.AFTER_FAILURE,
+                )
+                for offset in (10**9 + 7, 10**9 + 8)
+            ]
+            result = create_instances(db, both)
+            assert result.new_runs == ["p_snap"] and result.duplicates == 1
+            paused.release()
+            _, answered = reading.result(20)
+    finally:
+        failpoints.disarm_all()
+    got = answered[ours]
+    # the snapshot before the worker's commit: run 1's end, our record not written down
+    assert (got.run, got.pending, got.final) == (1, True, False)
+    # read again (as the record-written event makes it): run 2, which it collapsed into
+    again = submission_outcomes(db, ["p_snap"], [ours])[1][ours]
+    assert (again.run, again.status, again.pending, again.final) == (2, "queued", False, False)

@@ -1,43 +1,31 @@
-"""Start and wait's batched status reads: one statement answers one outcome per job id,
-so a read that names an id's record (a resubmission that may start a new run) is not
-batched with one that reads the same id without it, or with another record of it."""
+"""Start and wait's batched status reads: each read of a batch gets its ids' outcomes,
+and an id it names with its submission's record gets that record's answer, not the id's
+(two resubmissions of one id, each answered by its own record, from one statement)."""
 
 from __future__ import annotations
 
-import asyncio
-
-from producers.waiters import _split
-from workflow_engine.store.views import Record
+from onceflow.vocabulary import JobKind
+from producers.waiters import _answer
+from workflow_engine.store.views import JobOutcome, Record
 
 A = Record("jobs", 0, 10)
 B = Record("jobs", 0, 11)
 
 
-def _read(ids, records=None):
-    loop = asyncio.new_event_loop()
-    try:
-        return (list(ids), records or {}, loop.create_future())
-    finally:
-        loop.close()
+def _outcome(run: int, status: str, pending: bool = False) -> JobOutcome:
+    return JobOutcome("j", JobKind.WORKFLOW, "w", status, run=run, pending=pending)
 
 
-def test_reads_of_other_ids_or_the_same_record_go_together():
-    plain, other, mine, same = (
-        _read(["x"]),
-        _read(["y"]),
-        _read(["j"], {"j": A}),
-        _read(["j", "y"], {"j": A}),
-    )
-    kept, records, apart = _split([plain, other, mine, same])
-    assert kept == [plain, other, mine, same]
-    assert records == {"j": A} and apart == []
+def test_each_read_gets_its_own_records_answer():
+    current = _outcome(2, "queued")
+    found = {"j": current, "x": _outcome(1, "complete")}
+    answered = {("j", A): _outcome(1, "errored"), ("j", B): _outcome(2, "queued", True)}
+    assert _answer(["j", "x"], {}, found, answered) == {"j": current, "x": found["x"]}
+    assert _answer(["j"], {"j": A}, found, answered)["j"].status == "errored"
+    b = _answer(["j"], {"j": B}, found, answered)["j"]
+    assert b.pending and not b.final
 
 
-def test_an_id_read_with_and_without_its_record_is_read_apart():
-    first, bare, second = _read(["j"], {"j": A}), _read(["j"]), _read(["j"], {"j": B})
-    kept, records, apart = _split([first, bare, second])
-    assert kept == [first] and records == {"j": A}
-    assert apart == [bare, second]
-    # and the next statement takes the first of what was left
-    kept, records, apart = _split(apart)
-    assert kept == [bare] and records == {} and apart == [second]
+def test_an_id_without_an_instance_is_absent_either_way():
+    assert _answer(["n"], {"n": A}, {}, {}) == {}
+    assert _answer(["n"], {}, {}, {}) == {}

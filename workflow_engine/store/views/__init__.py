@@ -53,7 +53,13 @@ from workflow_engine.store.views.listing import (
     overview,
     where_clause,
 )
-from workflow_engine.store.views.outcomes import JobOutcome, Record, job_outcomes
+from workflow_engine.store.views.outcomes import (
+    JobOutcome,
+    Record,
+    Submission,
+    job_outcomes,
+    submission_outcomes,
+)
 from workflow_engine.store.views.schedules import (
     TickView,
     get_schedule,
@@ -115,6 +121,7 @@ __all__ = [
     "StreamRead",
     "StreamState",
     "StreamValue",
+    "Submission",
     "TickView",
     "TraceEvent",
     "as_utc",
@@ -144,6 +151,7 @@ __all__ = [
     "stored_job_ids",
     "stream_counts",
     "stream_states",
+    "submission_outcomes",
     "tick_of",
     "where_clause",
     "workflow_mismatch_job_ids",

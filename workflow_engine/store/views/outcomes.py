@@ -16,7 +16,7 @@ run this record may yet start.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -24,6 +24,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from onceflow import failpoints
 from onceflow.vocabulary import TERMINAL_STATUSES, JobKind, TaskRunStatus
 
 _TASK_FINAL = frozenset({TaskRunStatus.SUCCEEDED, TaskRunStatus.DEAD_LETTERED})
@@ -108,7 +109,8 @@ class Record:
 # outcome once it is archived), the id's creating record (run 1), or a duplicate.
 _RECORDS = sa.text(
     """
-SELECT p.job_id, r.run, r.status, r.result, r.error, r.version, r.finished_at,
+SELECT p.job_id, p.topic, p.part, p.off, r.run, r.status, r.result, r.error, r.version,
+       r.finished_at,
        EXISTS (SELECT 1 FROM onceflow_jobs j
                WHERE j.job_id = p.job_id
                  AND (j.source_topic, j.source_partition, j.source_offset)
@@ -125,33 +127,55 @@ LEFT JOIN onceflow_runs r
 """
 )
 
+#: A submission: its job id and where its record is.
+Submission = tuple[str, Record]
 
-def job_outcomes(
-    db: Engine, job_ids: Sequence[str], records: Mapping[str, Record] | None = None
-) -> dict[str, JobOutcome]:
+
+def job_outcomes(db: Engine, job_ids: Sequence[str]) -> dict[str, JobOutcome]:
     """The outcome of each of ``job_ids`` that has an instance or a task run (an id
-    still in the queue, or unknown, is absent). One short statement (two when
-    ``records`` names the submissions' records: see the module's docstring); the
-    connection goes back to the pool at once."""
+    still in the queue, or unknown, is absent). One short statement; the connection
+    goes back to the pool at once."""
+    return submission_outcomes(db, job_ids, ())[0]
+
+
+def submission_outcomes(
+    db: Engine, job_ids: Sequence[str], submissions: Collection[Submission]
+) -> tuple[dict[str, JobOutcome], dict[Submission, JobOutcome]]:
+    """:func:`job_outcomes` of ``job_ids``, and the outcome each of ``submissions``
+    (an id with its record: see the module's docstring) is answered with, for those
+    whose id has an instance. Several submissions of one id (a client's retries) are
+    answered each by its own record, from one statement.
+
+    The two statements read one snapshot (REPEATABLE READ): read apart, the worker's
+    commit that starts run N+1 and records a second record of the id as its duplicate
+    could land between them, and that duplicate would be answered run N's end (found in
+    review)."""
     if not job_ids:
-        return {}
+        return {}, {}
     with db.connect() as conn:
-        rows = conn.execute(_OUTCOMES, {"ids": list(job_ids)}).all()
-        outcomes = _outcomes(rows)
-        wanted = {j: r for j, r in (records or {}).items() if j in outcomes}
-        if wanted:
-            found = conn.execute(
-                _RECORDS,
-                {
-                    "ids": list(wanted),
-                    "topics": [r.topic for r in wanted.values()],
-                    "parts": [r.partition for r in wanted.values()],
-                    "offs": [r.offset for r in wanted.values()],
-                },
-            ).all()
-            for row in found:
-                outcomes[row.job_id] = _of_record(outcomes[row.job_id], row)
-    return outcomes
+        if not submissions:
+            return _outcomes(conn.execute(_OUTCOMES, {"ids": list(job_ids)}).all()), {}
+        conn = conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            outcomes = _outcomes(conn.execute(_OUTCOMES, {"ids": list(job_ids)}).all())
+            wanted = [(j, r) for j, r in submissions if j in outcomes]
+            failpoints.hit("outcomes.between_reads", wanted[0][0] if wanted else None)
+            found: Sequence[Any] = ()
+            if wanted:
+                found = conn.execute(
+                    _RECORDS,
+                    {
+                        "ids": [j for j, _ in wanted],
+                        "topics": [r.topic for _, r in wanted],
+                        "parts": [r.partition for _, r in wanted],
+                        "offs": [r.offset for _, r in wanted],
+                    },
+                ).all()
+    answered = {
+        (row.job_id, Record(row.topic, row.part, row.off)): _of_record(outcomes[row.job_id], row)
+        for row in found
+    }
+    return outcomes, answered
 
 
 def _of_record(current: JobOutcome, row: Any) -> JobOutcome:
