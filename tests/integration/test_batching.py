@@ -62,7 +62,7 @@ def rows(db, prefix):
 
 
 def events(db, job_id):
-    sql = "SELECT type, payload FROM onceflow_outbox WHERE aggregateid = :j ORDER BY seq"
+    sql = "SELECT type, payload FROM onceflow_outbox_events WHERE aggregateid = :j ORDER BY seq"
     with db.connect() as conn:
         return [
             (t.removeprefix("dev.onceflow."), d)

@@ -73,7 +73,7 @@ def finished(db, *job_ids):
 
 
 def events(db, job_id):
-    sql = "SELECT type, payload FROM onceflow_outbox WHERE aggregateid = :j ORDER BY seq"
+    sql = "SELECT type, payload FROM onceflow_outbox_events WHERE aggregateid = :j ORDER BY seq"
     with db.connect() as conn:
         return [
             (t.removeprefix("dev.onceflow."), d)
@@ -292,7 +292,7 @@ def _relayed(db, job_id, kind):
     """The outbox row of ``job_id``'s latest ``kind`` event, as the webhook dispatcher
     reads it off the events topic."""
     sql = (
-        "SELECT aggregateid, seq, type, workflow, payload FROM onceflow_outbox"
+        "SELECT aggregateid, seq, type, workflow, payload FROM onceflow_outbox_events"
         " WHERE aggregateid = :j AND type = :t ORDER BY seq DESC LIMIT 1"
     )
     with db.connect() as conn:

@@ -98,7 +98,7 @@ def test_sigkilled_engine_every_committed_change_has_exactly_one_event(settings,
                 group.procs.pop(f"engine-{kills}")
                 kills += 1
                 _engine(group, f"engine-{kills}", free_port())
-        while _complete(db) < n or outbox_depth(db, 10**6).rows > 0:
+        while _complete(db) < n or outbox_depth(db, 10**6).events > 0:
             assert time.monotonic() < deadline, f"{_complete(db)} of {n} (seed {seed})"
             group.check_alive()
             time.sleep(0.1)
@@ -143,7 +143,7 @@ def test_the_relay_moves_to_another_engine_when_its_engine_dies(settings, db, tm
             group.wait_http(f"http://127.0.0.1:{port}/metrics")
         _deliver(db, "before_", 20, "noop-workflow", {})
         deadline = time.monotonic() + 60
-        while outbox_depth(db, 10**6).rows > 0 or _complete(db) < 20:
+        while outbox_depth(db, 10**6).events > 0 or _complete(db) < 20:
             assert time.monotonic() < deadline
             time.sleep(0.1)
         active = [name for name, port in ports.items() if _relay_active(port)]
@@ -151,7 +151,7 @@ def test_the_relay_moves_to_another_engine_when_its_engine_dies(settings, db, tm
         group.stop(active[0], sig=signal.SIGKILL)
         (survivor,) = [name for name in ports if name != active[0]]
         _deliver(db, "after_", 20, "noop-workflow", {})
-        while outbox_depth(db, 10**6).rows > 0 or _complete(db) < 40:
+        while outbox_depth(db, 10**6).events > 0 or _complete(db) < 40:
             assert time.monotonic() < deadline, "the surviving engine's relay did not take over"
             time.sleep(0.1)
         assert _relay_active(ports[survivor])

@@ -87,7 +87,7 @@ def _status(db, job_id):
 
 
 def _depth(db) -> int:
-    return outbox_depth(db, 1_000_000).rows
+    return outbox_depth(db, 1_000_000).events
 
 
 def _engine(settings, db, **update):
@@ -390,8 +390,8 @@ def _outbox(db, job_id):
             (seq, type_.removeprefix("dev.onceflow."), payload["status"])
             for seq, type_, payload in conn.execute(
                 sa.text(
-                    "SELECT seq, type, payload FROM onceflow_outbox WHERE aggregateid = :j"
-                    " ORDER BY position"
+                    "SELECT seq, type, payload FROM onceflow_outbox_events WHERE aggregateid = :j"
+                    " ORDER BY position, ordinality"
                 ),
                 {"j": job_id},
             )

@@ -115,7 +115,7 @@ def events(db, job_id):
     (type, the time limit in its data)."""
     found = rows(
         db,
-        "SELECT type, payload FROM onceflow_outbox WHERE aggregateid = :j ORDER BY seq",
+        "SELECT type, payload FROM onceflow_outbox_events WHERE aggregateid = :j ORDER BY seq",
         j=job_id,
     )
     for r in found:

@@ -92,24 +92,24 @@ class Backpressure(Service):
 
     def observe(self, depth: writes.OutboxDepth) -> None:
         """Publish the gauges and open or close the claims for ``depth``."""
-        OUTBOX_DEPTH.set(depth.rows)
+        OUTBOX_DEPTH.set(depth.events)
         OUTBOX_OLDEST_AGE.set(depth.oldest_age_seconds)
         bound = self.config.max_depth
         if not bound:
             return
-        if self.open and depth.rows >= bound:
+        if self.open and depth.events >= bound:
             self._open.clear()
             BACKPRESSURE.set(1)
             log.warning(
                 "outbox at %d events: claims held back until it drains",
-                depth.rows,
-                extra={"event": "outbox.backpressure_on", "depth": depth.rows},
+                depth.events,
+                extra={"event": "outbox.backpressure_on", "depth": depth.events},
             )
-        elif not self.open and depth.rows < bound * self.config.resume_ratio:
+        elif not self.open and depth.events < bound * self.config.resume_ratio:
             self._open.set()
             BACKPRESSURE.set(0)
             log.info(
                 "outbox at %d events: claims resumed",
-                depth.rows,
-                extra={"event": "outbox.backpressure_off", "depth": depth.rows},
+                depth.events,
+                extra={"event": "outbox.backpressure_off", "depth": depth.events},
             )

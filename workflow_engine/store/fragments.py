@@ -14,7 +14,7 @@ from onceflow.vocabulary import (
     InstanceStatus,
     LifecycleEvent,
 )
-from workflow_engine.store.lifecycle import ONE_EVENT, outbox_insert, record_position
+from workflow_engine.store.lifecycle import ONE_EVENT, outbox_insert, position_of, record_position
 from workflow_engine.store.prepared import execute_prepared
 
 #: ``'queued', 'sleeping', 'waiting'`` spelled out in the SQL text, not passed as a
@@ -99,7 +99,7 @@ STARTED_EVENTS = outbox_insert(
     "claimed",
     f"'{LifecycleEvent.STARTED}'",
     where="e.first_start",
-    provenance=record_position("e"),
+    provenance=position_of("e"),
 )
 
 

@@ -46,6 +46,13 @@ SESSION_SETTING = "onceflow.lifecycle_events"
 #: The default provenance of an event: the instance's job record, joined by job id.
 _JOB_OF = "LEFT JOIN onceflow_jobs j ON j.job_id = e.job_id"
 
+#: The SQL test "this session writes the hot paths' events one row per statement".
+BATCHED = "onceflow_outbox_batched()"
+
+#: An event whose extra data may be larger than this (bytes, as stored) has a row of
+#: its own: a finish's result can be megabytes, and a row of several would hold them all.
+LARGE_EXTRA_BYTES = 2000
+
 
 def record_position(alias: str) -> str:
     """The SQL of an instance's record's position (origin, topic, partition, offset:
@@ -53,7 +60,18 @@ def record_position(alias: str) -> str:
     return f"{alias}.origin, {alias}.source_topic, {alias}.source_partition, {alias}.source_offset"
 
 
-_JOB_POSITION = record_position("j")
+#: The SQL of a creating record's origin, topic, partition and offset.
+Provenance = tuple[str, str, str, str]
+
+
+def position_of(alias: str) -> Provenance:
+    """:func:`record_position`'s columns, one by one."""
+    return (
+        f"{alias}.origin",
+        f"{alias}.source_topic",
+        f"{alias}.source_partition",
+        f"{alias}.source_offset",
+    )
 
 
 def outbox_insert(
@@ -62,28 +80,58 @@ def outbox_insert(
     extra: str = "NULL",
     *,
     where: str = "true",
-    provenance: str | None = None,
+    provenance: Provenance | None = None,
+    large: str = "false",
 ) -> str:
     """The body of a CTE that writes one event for each row of the CTE ``source``
     (alias ``e``: its columns ``job_id``, ``workflow``, ``version``, ``seq``, ``status``,
     ``run``, the instance's after the change), when the session writes events.
 
     ``kind``: the SQL of the kind without its prefix (``'step.completed'`` or a CASE);
-    ``extra``: the SQL of the jsonb object the kind adds; ``where``: which rows of
-    ``source`` have an event. ``provenance``: the SQL of origin, topic, partition and
-    offset of the creating record; by default read from the job's record (``j``)."""
+    ``extra``: the SQL of the jsonb object the kind adds (never one of the common fields:
+    the relay puts it after them as it is); ``where``: which rows of ``source`` have an
+    event. ``provenance``: the SQL of the creating record's origin, topic, partition and
+    offset; by default the job's record (``j``), joined. ``large``: the SQL test "this
+    event's extra may be large" (a finish's result): such an event gets a row of its own
+    in either layout, so that a row of several stays small (found in review: 64 results
+    of 1.5 MB in one array).
+
+    One statement, two layouts (migration 0029), the session's setting choosing which
+    branch runs (a one-time filter: the other is never executed): by default ONE row for
+    all of the statement's events, as arrays (the relay builds each event's data); with
+    ``onceflow.outbox_layout = 'per_event'``, a row per event with its data built here
+    (``onceflow_event_data``), the rows Debezium's outbox router reads."""
     join = "" if provenance is not None else _JOB_OF
-    position = provenance if provenance is not None else _JOB_POSITION
+    origin, topic, partition, offset = provenance or position_of("j")
+    position = ", ".join((origin, topic, partition, offset))
     return f"""
-    INSERT INTO onceflow_outbox (id, aggregateid, type, seq, workflow, payload)
-    SELECT e.job_id || ':' || e.seq, e.job_id, '{EVENT_TYPE_PREFIX}' || {kind}, e.seq,
-           e.workflow,
-           onceflow_event_data(e.job_id, e.workflow, e.version, e.seq, e.status,
-                               {position},
-                               jsonb_build_object('run', e.run) || coalesce({extra}, '{{}}'::jsonb))
+    INSERT INTO onceflow_outbox (id, aggregateid, type, seq, workflow, payload, job_ids, seqs,
+                                 types, workflows, versions, statuses, runs, kafka_topics,
+                                 kafka_partitions, kafka_offsets, extras, events)
+    SELECT * FROM (
+        SELECT e.job_id || ':' || e.seq, e.job_id, '{EVENT_TYPE_PREFIX}' || {kind}, e.seq,
+               e.workflow,
+               onceflow_event_data(e.job_id, e.workflow, e.version, e.seq, e.status,
+                                   {position},
+                                   jsonb_build_object('run', e.run)
+                                   || coalesce({extra}, '{{}}'::jsonb)),
+               NULL::text[], NULL::int[], NULL::text[], NULL::text[], NULL::text[],
+               NULL::text[], NULL::int[], NULL::text[], NULL::int[], NULL::bigint[],
+               NULL::jsonb[], 1
+        FROM {source} e {join}
+        WHERE {EVENTS_ON} AND (NOT {BATCHED} OR ({large})) AND ({where})
+        ORDER BY e.job_id
+    ) AS per_event
+    UNION ALL
+    SELECT NULL, NULL, NULL, NULL, NULL, NULL,
+           array_agg(e.job_id), array_agg(e.seq), array_agg('{EVENT_TYPE_PREFIX}' || {kind}),
+           array_agg(e.workflow), array_agg(e.version), array_agg(e.status), array_agg(e.run),
+           array_agg(CAST(CASE WHEN {origin} IN ('http', 'kafka') THEN {topic} END AS text)),
+           array_agg(CAST({partition} AS integer)), array_agg(CAST({offset} AS bigint)),
+           array_agg(CAST({extra} AS jsonb)), CAST(count(*) AS integer)
     FROM {source} e {join}
-    WHERE {EVENTS_ON} AND ({where})
-    ORDER BY e.job_id
+    WHERE {EVENTS_ON} AND {BATCHED} AND NOT ({large}) AND ({where})
+    HAVING count(*) > 0
     RETURNING 1"""
 
 

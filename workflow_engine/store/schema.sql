@@ -426,6 +426,12 @@ CREATE FUNCTION public.onceflow_lane_key(value text) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ SELECT CASE WHEN octet_length(value) <= 200 THEN value ELSE 'md5:' || md5(value) END $$;
 
+CREATE FUNCTION public.onceflow_outbox_batched() RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT coalesce(current_setting('onceflow.outbox_layout', true), '') <> 'per_event'
+$$;
+
 CREATE FUNCTION public.onceflow_path(spec jsonb, field text) RETURNS text[]
     LANGUAGE sql IMMUTABLE
     AS $$ SELECT CASE WHEN jsonb_typeof(spec -> field) = 'array'
@@ -781,18 +787,69 @@ ALTER TABLE public.onceflow_operator_actions ALTER COLUMN id ADD GENERATED ALWAY
 
 CREATE TABLE public.onceflow_outbox (
     "position" bigint NOT NULL,
-    id text NOT NULL,
+    id text,
     aggregatetype text DEFAULT 'onceflow.instance'::text NOT NULL,
-    aggregateid text NOT NULL,
-    type text NOT NULL,
-    seq integer NOT NULL,
-    workflow text NOT NULL,
-    payload jsonb NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL
+    aggregateid text,
+    type text,
+    seq integer,
+    workflow text,
+    payload jsonb,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    job_ids text[],
+    seqs integer[],
+    types text[],
+    workflows text[],
+    versions text[],
+    statuses text[],
+    runs integer[],
+    kafka_topics text[],
+    kafka_partitions integer[],
+    kafka_offsets bigint[],
+    extras jsonb[],
+    events integer DEFAULT 1 NOT NULL,
+    CONSTRAINT onceflow_outbox_layout_check CHECK (
+CASE
+    WHEN (job_ids IS NULL) THEN ((id IS NOT NULL) AND (aggregateid IS NOT NULL) AND (type IS NOT NULL) AND (seq IS NOT NULL) AND (workflow IS NOT NULL) AND (payload IS NOT NULL) AND (events = 1))
+    ELSE ((id IS NULL) AND (aggregateid IS NULL) AND (payload IS NULL) AND (num_nonnulls(seqs, types, workflows, versions, statuses, runs, kafka_topics, kafka_partitions, kafka_offsets, extras) = 10) AND (cardinality(job_ids) > 0) AND (events = cardinality(job_ids)) AND (cardinality(seqs) = cardinality(job_ids)) AND (cardinality(types) = cardinality(job_ids)) AND (cardinality(workflows) = cardinality(job_ids)) AND (cardinality(versions) = cardinality(job_ids)) AND (cardinality(statuses) = cardinality(job_ids)) AND (cardinality(runs) = cardinality(job_ids)) AND (cardinality(kafka_topics) = cardinality(job_ids)) AND (cardinality(kafka_partitions) = cardinality(job_ids)) AND (cardinality(kafka_offsets) = cardinality(job_ids)) AND (cardinality(extras) = cardinality(job_ids)))
+END)
 )
 WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='5000', autovacuum_vacuum_insert_scale_factor='0', autovacuum_vacuum_insert_threshold='5000');
 
 COMMENT ON TABLE public.onceflow_outbox IS 'Lifecycle events written with their change, deleted once the events topic has them.';
+
+COMMENT ON COLUMN public.onceflow_outbox.job_ids IS 'A row of several events (one statement''s): event i is job_ids[i], seqs[i], types[i] ...';
+
+CREATE VIEW public.onceflow_outbox_events AS
+ SELECT o."position",
+    1 AS ordinality,
+    o.id,
+    o.aggregateid,
+    o.type,
+    o.seq,
+    o.workflow,
+    o.payload,
+    o.created_at
+   FROM public.onceflow_outbox o
+  WHERE (o.job_ids IS NULL)
+UNION ALL
+ SELECT o."position",
+    e.n AS ordinality,
+    ((e.job_id || ':'::text) || e.seq) AS id,
+    e.job_id AS aggregateid,
+    e.type,
+    e.seq,
+    e.workflow,
+    (jsonb_build_object('job_id', e.job_id, 'workflow', e.workflow, 'version', e.version, 'sequence', e.seq, 'time', to_char((o.created_at AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'::text), 'status', e.status, 'kafka',
+        CASE
+            WHEN (e.topic IS NOT NULL) THEN jsonb_build_object('topic', e.topic, 'partition', e.part, 'offset', e.off)
+            ELSE NULL::jsonb
+        END, 'run', e.run) || COALESCE(e.extra, '{}'::jsonb)) AS payload,
+    o.created_at
+   FROM (public.onceflow_outbox o
+     CROSS JOIN LATERAL UNNEST(o.job_ids, o.seqs, o.types, o.workflows, o.versions, o.statuses, o.runs, o.kafka_topics, o.kafka_partitions, o.kafka_offsets, o.extras) WITH ORDINALITY e(job_id, seq, type, workflow, version, status, run, topic, part, off, extra, n))
+  WHERE (o.job_ids IS NOT NULL);
+
+COMMENT ON VIEW public.onceflow_outbox_events IS 'Every unpublished lifecycle event, one row each, with its data (docs/events.md).';
 
 CREATE SEQUENCE public.onceflow_outbox_position_seq
     START WITH 1

@@ -2,7 +2,9 @@
 
 The console shows them beside those read back from the events topic: while the relay
 keeps up the outbox holds an event for milliseconds, but with Kafka away (or the relay
-stopped) this is where a job's latest events are. The outbox has no index by job id
+stopped) this is where a job's latest events are. They are read through the view
+``onceflow_outbox_events`` (migration 0029: a statement's row of several events
+unnested, each event's data built as the relay builds it). The outbox has no index by job id
 (a queue table, rows deleted as they are published); the scan is bounded by the
 outbox's depth, which backpressure bounds (``ONCEFLOW_EVENTS_OUTBOX_MAX_DEPTH``).
 """
@@ -30,7 +32,7 @@ class PendingEvent:
 _PENDING = sa.text(
     """
 SELECT type, seq, payload, created_at
-FROM onceflow_outbox
+FROM onceflow_outbox_events
 WHERE aggregateid = :job_id
 ORDER BY seq
 LIMIT :limit

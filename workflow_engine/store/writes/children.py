@@ -120,7 +120,7 @@ _CHILD_CREATED_EVENTS = outbox_insert(
     "inst",
     f"'{LifecycleEvent.CREATED}'",
     "jsonb_build_object('priority', e.priority, 'parent_job_id', e.parent_job_id)",
-    provenance=f"'{Origin.CHILD}', NULL, NULL, NULL",
+    provenance=(f"'{Origin.CHILD}'", "NULL", "NULL", "NULL"),
 )
 
 #: All the children one call starts, in one statement: the job-id registry row (the

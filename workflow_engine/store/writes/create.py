@@ -46,7 +46,7 @@ _CREATED_EVENTS = outbox_insert(
     " FROM inst n JOIN firsts f USING (job_id))",
     f"'{LifecycleEvent.CREATED}'",
     "jsonb_build_object('priority', e.priority, 'callback', e.callback)",
-    provenance="e.origin, e.topic, e.part, e.off",
+    provenance=("e.origin", "e.topic", "e.part", "e.off"),
 )
 
 _CREATE_SQL = sa.text(

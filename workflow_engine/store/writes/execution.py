@@ -53,7 +53,7 @@ from workflow_engine.store.commands import (
 from workflow_engine.store.db import constraint_of, is_row_at_fault, refusal, retry_on_deadlock
 from workflow_engine.store.fragments import held
 from workflow_engine.store.fragments import json_text as _json_text
-from workflow_engine.store.lifecycle import EVENTS_ON, ONE_EVENT, outbox_insert
+from workflow_engine.store.lifecycle import EVENTS_ON, LARGE_EXTRA_BYTES, ONE_EVENT, outbox_insert
 from workflow_engine.store.prepared import execute_prepared
 from workflow_engine.store.writes import children, stream_values
 
@@ -131,6 +131,7 @@ _FINISH_EVENTS = outbox_insert(
     # the time limit that errored it (timed_out), if one did
     " || CASE WHEN e.timeout_kind IS NULL THEN '{}'::jsonb"
     " ELSE jsonb_build_object('timeout', e.timeout_kind) END",
+    large=f"coalesce(pg_column_size(e.result), 0) > {LARGE_EXTRA_BYTES}",
 )
 
 _START_STEPS = sa.text(

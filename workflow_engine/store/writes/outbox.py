@@ -16,7 +16,9 @@ later event of a job is inserted only after the earlier one committed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
@@ -42,7 +44,8 @@ def unlock_relay(conn: Connection) -> None:
 
 @dataclass(frozen=True, slots=True)
 class OutboxEvent:
-    """One row of the outbox, as the relay publishes it."""
+    """One event of the outbox, as the relay publishes it (a row's, or one of a
+    statement's row of several: they share its position)."""
 
     position: int
     id: str  # ce_id, <job_id>:<seq>
@@ -52,63 +55,132 @@ class OutboxEvent:
     workflow: str
     version: str | None
     time: str  # ce_time (RFC 3339, UTC)
-    data: bytes  # the event's JSON data, as stored
+    data: bytes  # the event's JSON data
 
 
+# A row of one event carries its data (built by the statement that wrote it); a row of
+# several (migration 0029) its events' fields as arrays, the data built in Python here
+# (cheaper than jsonb in the writing statement, which is the engine's hot path), and the
+# time once: the events of one row are of one transaction.
+#
+# ``limit`` bounds the events: at most that many rows are read, and of those the ones
+# that start before the limit'th event (so a round is at most one row over it).
 _DUE = sa.text(
     """
 SELECT position, id, aggregateid, type, seq, workflow, payload ->> 'version',
-       payload ->> 'time', CAST(payload AS text)
+       payload ->> 'time', CAST(payload AS text),
+       job_ids, seqs, types, workflows, versions, statuses, runs, kafka_topics,
+       kafka_partitions, kafka_offsets, CAST(extras AS text[]),
+       to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
 FROM onceflow_outbox
+WHERE position IN (
+    -- sized by the rows' counts alone (their arrays are read for the rows taken only)
+    SELECT position FROM (
+        SELECT position, events, sum(events) OVER (ORDER BY position) AS upto
+        FROM (SELECT position, events FROM onceflow_outbox ORDER BY position LIMIT :limit) AS o
+    ) AS due
+    WHERE upto - events < :limit
+)
 ORDER BY position
-LIMIT :limit
 """
 )
 
 
 def due_events(conn: Connection, limit: int) -> list[OutboxEvent]:
-    """The first ``limit`` events in position order (committed ones only)."""
+    """About the first ``limit`` events in position order (committed ones only): a
+    round has ``limit`` or more when more are waiting, fewer when it caught up. Within a
+    row of several, each job's in sequence order."""
     rows = conn.execute(_DUE, {"limit": limit}).all()
     conn.commit()
-    return [
-        OutboxEvent(pos, id_, job, type_, seq, workflow, version, time, data.encode())
-        for pos, id_, job, type_, seq, workflow, version, time, data in rows
-    ]
+    events: list[OutboxEvent] = []
+    for row in rows:
+        if row[9] is None:
+            pos, id_, job, type_, seq, workflow, version, time, data = row[:9]
+            events.append(
+                OutboxEvent(pos, id_, job, type_, seq, workflow, version, time, data.encode())
+            )
+        else:
+            events.extend(_unpack(row))
+    return events
 
 
-# Deleted once Kafka acknowledged them; each row's age (the database's clock on both
-# sides) is the relay's lag from the change's transaction to the acknowledgement.
+def _unpack(row: Any) -> list[OutboxEvent]:
+    """The events of a row of several, their data to the contract (docs/events.md):
+    the common fields, then what the kind adds, spliced in as PostgreSQL wrote it (its
+    numbers exactly as stored, never through a float)."""
+    position = row[0]
+    job_ids, seqs, types, workflows, versions, statuses, runs = row[9:16]
+    topics, partitions, offsets, extras, time = row[16:21]
+    events = []
+    for i in sorted(range(len(job_ids)), key=lambda i: (job_ids[i], seqs[i])):
+        job, seq, workflow, version, topic = (
+            job_ids[i],
+            seqs[i],
+            workflows[i],
+            versions[i],
+            topics[i],
+        )
+        common = orjson.dumps(
+            {
+                "job_id": job,
+                "workflow": workflow,
+                "version": version,
+                "sequence": seq,
+                "time": time,
+                "status": statuses[i],
+                "kafka": None
+                if topic is None
+                else {"topic": topic, "partition": partitions[i], "offset": offsets[i]},
+                "run": runs[i],
+            }
+        )
+        extra = extras[i]
+        # an object with fields (what every writer's extra is: outbox_insert's rule)
+        if extra is not None and extra.startswith("{") and extra != "{}":
+            common = b"%s, %s" % (common[:-1], extra[1:].encode())
+        events.append(
+            OutboxEvent(
+                position, f"{job}:{seq}", job, types[i], seq, workflow, version, time, common
+            )
+        )
+    return events
+
+
+# Deleted once Kafka acknowledged them; the oldest row's age (the database's clock on
+# both sides) is the relay's lag from the change's transaction to the acknowledgement.
 _DELETE = sa.text(
     """
 WITH deleted AS (
     DELETE FROM onceflow_outbox WHERE position = ANY(CAST(:positions AS bigint[]))
-    RETURNING type, extract(epoch FROM clock_timestamp() - created_at) AS age
+    RETURNING created_at
 )
-SELECT type, count(*), max(age) FROM deleted GROUP BY type
+SELECT coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0) FROM deleted
 """
 )
 
 
-def delete_published(conn: Connection, positions: list[int]) -> list[tuple[str, int, float]]:
-    """Delete the published rows; per type, how many, and the oldest one's seconds
-    since its change."""
-    rows = conn.execute(_DELETE, {"positions": positions}).all()
+def delete_published(conn: Connection, positions: list[int]) -> float:
+    """Delete the published rows (each position once); the oldest one's seconds since
+    its change."""
+    age = conn.execute(_DELETE, {"positions": sorted(set(positions))}).scalar_one()
     conn.commit()
-    return [(type_, int(count), float(age)) for type_, count, age in rows]
+    return float(age)
 
 
 @dataclass(frozen=True, slots=True)
 class OutboxDepth:
-    rows: int  # at most the cap the caller gave
+    events: int  # in at most the cap of rows the caller gave
     oldest_age_seconds: float  # 0 when empty
 
 
-# Counting is bounded (a backlog of millions is not counted every second), and the
-# oldest row is the first in position order (a later commit of a lower position is
-# younger than that, never much older).
+# Counting is bounded (a backlog of millions is not counted every second: at most
+# ``cap`` rows, each counted for its events), and the oldest row is the first in
+# position order (a later commit of a lower position is younger than that, never much
+# older).
 _DEPTH = sa.text(
     """
-SELECT (SELECT count(*) FROM (SELECT 1 FROM onceflow_outbox LIMIT :cap) AS t),
+SELECT (SELECT coalesce(sum(events), 0)
+        FROM (SELECT events FROM onceflow_outbox LIMIT :cap) AS t),
        coalesce(extract(epoch FROM now() - (
            SELECT created_at FROM onceflow_outbox ORDER BY position LIMIT 1)), 0)
 """
@@ -116,7 +188,8 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM onceflow_outbox LIMIT :cap) AS t),
 
 
 def outbox_depth(db: Engine, cap: int) -> OutboxDepth:
-    """How many rows wait in the outbox (counted up to ``cap``), and the oldest's age."""
+    """How many events wait in the outbox (in at most ``cap`` rows), and the oldest's
+    age."""
     with db.connect() as conn:
         rows, age = conn.execute(_DEPTH, {"cap": cap}).one()
     return OutboxDepth(int(rows), float(age))
