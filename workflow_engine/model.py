@@ -478,6 +478,9 @@ class RecordedStep:
     kind: StepKind = StepKind.STEP
     wake_at: datetime | None = None
     error: str | None = None
+    #: A child entry's child (the id it was started with: history decides, not the
+    #: id a later scheme would derive).
+    child_job_id: str | None = None
 
 
 # --- definitions and their registry ---------------------------------------------------

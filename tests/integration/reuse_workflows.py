@@ -62,3 +62,22 @@ async def after_completion(ctx: Context, params: dict[str, Any]) -> str:
 @workflow(NEVER)
 async def never(ctx: Context, params: dict[str, Any]) -> str:
     return await _two_steps(ctx, params)
+
+
+PARENT = "test-reuse-parent"
+CHILD = "test-reuse-child"
+
+
+@workflow(CHILD)
+async def child(ctx: Context, params: dict[str, Any]) -> str:
+    """Fails when its params say so (``fail``): its parent's run then errors."""
+    attempt = str(params.get("attempt", ""))
+    fail = bool(params.get("fail"))
+    return await ctx.step("work", _execute, ctx.job_id, "work", attempt, 0.0, fail)
+
+
+@workflow(PARENT, id_reuse="after_failure")
+async def parent(ctx: Context, params: dict[str, Any]) -> Any:
+    """One child, ``charge``, with the parent's params: its result is the parent's."""
+    handle = await ctx.start_child(CHILD, "charge", params)
+    return await ctx.child_result(handle)

@@ -462,3 +462,33 @@ def test_an_operator_retry_meanwhile_makes_the_resubmission_a_duplicate(db):
     row = instance(db, "ro_a")
     assert (row.run, row.status, row.params) == (1, "queued", {"attempt": "first"})
     assert runs(db, "ro_a") == []
+
+
+def test_a_new_run_starts_its_own_children(settings, db):
+    """A parent's run 2 (after_failure: its child failed, so it errored) starts its
+    child again, as its own (``<parent>__charge~run2``), and takes that child's result;
+    it does not adopt run 1's failed child (before: run 2 collapsed on ``rf_p__charge``,
+    errored at once with run 1's failure, and the child never ran again)."""
+    submit(db, wf.PARENT, "rf_p", {"attempt": "first", "fail": True})
+    run_until(settings, db, lambda: finished(db, "rf_p", "rf_p__charge"), events_relay=False)
+    assert (instance(db, "rf_p").status, instance(db, "rf_p__charge").status) == (
+        "errored",
+        "errored",
+    )
+    assert submit(db, wf.PARENT, "rf_p", {"attempt": "second"}).new_runs == ["rf_p"]
+    run_until(settings, db, lambda: finished(db, "rf_p"), events_relay=False)
+    row = instance(db, "rf_p")
+    assert (row.run, row.status, row.result) == (2, "complete", "work:second")
+    again = instance(db, "rf_p__charge~run2")
+    assert (again.status, again.parent_job_id, again.params) == (
+        "complete",
+        "rf_p",
+        {"attempt": "second"},
+    )
+    # run 1's child is as it ended; the history names each run's own
+    assert instance(db, "rf_p__charge").status == "errored"
+    with db.connect() as conn:
+        children = conn.execute(
+            sa.text("SELECT child_job_id FROM onceflow_steps WHERE job_id = 'rf_p'")
+        ).scalars()
+        assert list(children) == ["rf_p__charge~run2"]

@@ -200,6 +200,14 @@ def test_child_ids_are_valid_job_ids_and_split_back_uniquely():
         writes.child_job_id("p" * 95, "toolong")
 
 
+def test_a_later_run_of_a_reused_id_has_children_of_its_own():
+    """Run 2's child is not run 1's (``~`` is in neither a client id nor a child name,
+    so no other pair gives it), and a long id is measured as a derived one."""
+    assert writes.child_job_id("job_1", "charge", 1) == "job_1__charge"
+    assert writes.child_job_id("job_1", "charge", 2) == "job_1__charge~run2"
+    assert writes.child_job_id("p" * 95, "toolong", 3) == "p" * 95 + "__toolong~run3"
+
+
 def test_a_schedule_tick_may_start_children():
     """A tick's job id (``<schedule>@<instant>``) has ``@`` and ``:``, which client ids
     may not: its children's ids keep them (no client id can collide with one)."""

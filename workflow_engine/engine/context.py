@@ -141,8 +141,11 @@ class WorkflowContext:
         version: str | None = None,
         engine_version: str | None = None,
         inline_steps: bool = False,
+        run: int = 1,
     ) -> None:
         self._rt = runtime
+        #: The job id's run (id reuse): a later run's children are its own.
+        self.run = run
         #: The claim this run holds: every write it makes names it (a fencing token).
         self.lease = lease
         self.inline_steps = inline_steps  # the workflow's default for sync steps
@@ -651,11 +654,12 @@ class WorkflowContext:
         once; ``child_result`` awaits it. ``on_parent_close``: when this instance is
         terminated, terminate the child too, or abandon it (let it run)."""
         policy = ParentClosePolicy(on_parent_close)
-        child_id = writes.child_job_id(self.job_id, name)
+        child_id = writes.child_job_id(self.job_id, name, self.run)
         position, recorded = self._next(name, StepKind.CHILD)
-        handle = ChildHandle(child_id, name, workflow, position)
         if recorded is not None:
-            return handle
+            # the child it was started with (the history decides)
+            return ChildHandle(recorded.child_job_id or child_id, name, workflow, position)
+        handle = ChildHandle(child_id, name, workflow, position)
         if self._rt.registry.batch_key(workflow) is not None:
             # a member waits for a batch; a child's parent awaits the child itself
             raise NonRetryableError(

@@ -61,7 +61,7 @@ def replayed_failure(job_id: str, recorded: RecordedStep) -> WorkflowError:
         return EventTimeout(recorded.error or f"timed out waiting for event ({recorded.name!r})")
     if recorded.kind == StepKind.CHILD:
         outcome = writes.recorded_outcome(recorded.status, recorded.result, recorded.error)
-        child = writes.child_job_id(job_id, recorded.name)
+        child = recorded.child_job_id or writes.child_job_id(job_id, recorded.name)
         return ChildWorkflowFailed(child, outcome.child_status, outcome.error or "")
     return _step_error(recorded)
 

@@ -556,6 +556,7 @@ class EngineRunner:
             version=inst.version,
             engine_version=definition.version if definition else None,
             inline_steps=definition.inline_steps if definition else False,
+            run=inst.run,
         )
         if self._traced:
             ctx.spans = JobSpans.of(inst.traceparent, inst.job_id, inst.workflow, inst.claim_count)

@@ -363,8 +363,8 @@ def _claim_controlled(
 
 
 _LOAD_STEPS = sa.text(
-    "SELECT job_id, position, name, status, attempts, result, kind, wake_at, error"
-    " FROM onceflow_steps WHERE job_id = ANY(:job_ids) ORDER BY job_id, position"
+    "SELECT job_id, position, name, status, attempts, result, kind, wake_at, error,"
+    " child_job_id FROM onceflow_steps WHERE job_id = ANY(:job_ids) ORDER BY job_id, position"
 )
 
 
@@ -372,11 +372,18 @@ def load_steps(conn: sa.Connection, job_ids: list[str]) -> dict[str, list[Record
     """The recorded history of several instances, in one query."""
     history: dict[str, list[RecordedStep]] = {job: [] for job in job_ids}
     if job_ids:
-        for job_id, position, name, status, attempts, result, kind, wake_at, error in conn.execute(
-            _LOAD_STEPS, {"job_ids": job_ids}
-        ):
+        for row in conn.execute(_LOAD_STEPS, {"job_ids": job_ids}):
+            job_id, position, name, status, attempts, result, kind, wake_at, error, child = row
             entry = RecordedStep(
-                position, name, StepStatus(status), attempts, result, StepKind(kind), wake_at, error
+                position,
+                name,
+                StepStatus(status),
+                attempts,
+                result,
+                StepKind(kind),
+                wake_at,
+                error,
+                child,
             )
             history[job_id].append(entry)
     return history
