@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from onceflow.vocabulary import InstanceStatus, StepKind, StepStatus
-from tests.unit.test_replay import FakeRuntime, context, never, step
+from tests.unit.test_replay import LEASE, FakeRuntime, _runtime, context, never, step
 from workflow_engine.definitions import ChildHandle
 from workflow_engine.engine.branches import Cursor, merge_waits
+from workflow_engine.engine.context import WorkflowContext
 from workflow_engine.errors import ChildWorkflowFailed, NonDeterminismError, Suspend
 from workflow_engine.model import RecordedStep
 from workflow_engine.store import writes
@@ -177,6 +178,36 @@ def test_a_recorded_child_failure_raises_in_the_parent_with_the_childs_error():
         "errored",
         "card declined",
     )
+
+
+def test_a_recorded_child_is_the_one_the_history_names_whatever_the_derivation():
+    """The history decides which child an entry started: a run-2 parent whose entry was
+    recorded as ``job-1__charge`` (started before children were scoped to the run) keeps
+    taking that child, on the handle and in a replayed failure; the derived id (here
+    ``job-1__charge~run2``) is for children not yet started."""
+    rt = FakeRuntime()
+    recorded = RecordedStep(
+        0,
+        "charge",
+        StepStatus.FAILED,
+        0,
+        {"child_status": "errored"},
+        StepKind.CHILD,
+        None,
+        "declined",
+        "job-1__charge",
+    )
+    ctx = WorkflowContext(_runtime(rt), LEASE, "job-1", "orders", [recorded], run=2)
+
+    async def workflow() -> Any:
+        handle = await ctx.start_child("charge-workflow", "charge")
+        assert handle.job_id == "job-1__charge"
+        return await ctx.child_result(handle)
+
+    with pytest.raises(ChildWorkflowFailed) as got:
+        asyncio.run(workflow())
+    assert got.value.child_job_id == "job-1__charge"
+    assert rt.writes == []  # nothing started
 
 
 def test_a_step_recorded_where_a_child_is_asked_for_is_non_determinism():

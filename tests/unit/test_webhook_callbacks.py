@@ -114,6 +114,18 @@ def test_parse_event_builds_the_standard_webhooks_payload_around_the_exact_data(
     assert parse_event([(k, v) for k, v in headers if k != "ce_sequence"], value) is None
 
 
+def test_events_of_derived_job_ids_are_read_and_ids_off_the_alphabet_are_not():
+    """A later run's child (``p__charge~run2``), a fork, a schedule tick's child: ids
+    the system derives, up to 200 characters, are delivered like a client's (they were
+    skipped, so a child's webhooks stopped at run 1: found in review); an id no part
+    of onceflow gives is not."""
+    for job_id in ("p__charge~run2", "o~fork1", "nightly@2026-12-01T10:00:00Z__c", "d" * 199 + "~"):
+        event = parse_event(*_event("instance.complete", job_id, 12))
+        assert event is not None and event.job_id == job_id
+    for job_id in ("bad id", "x" * 101, "d" * 200 + "~"):
+        assert parse_event(*_event("instance.complete", job_id)) is None
+
+
 def test_deliveries_follow_subscriptions_kinds_and_callbacks():
     endpoints = {
         "billing": WebhookEndpoint(url="https://b.example/", secret=SECRET),

@@ -649,8 +649,9 @@ class WorkflowContext:
         on_parent_close: Literal["terminate", "abandon"] = "terminate",
     ) -> ChildHandle:
         """Start the child workflow ``workflow`` called ``name`` (once: its job id is
-        ``<this job id>__<name>``, created through the job-id constraint and recorded in
-        this history in one transaction, so replay never starts a second). Returns at
+        ``<this job id>__<name>``, ``~run<N>`` after it from this id's run 2 on, created
+        through the job-id constraint and recorded in this history in one transaction,
+        so replay never starts a second; replay takes the child its entry names). Returns at
         once; ``child_result`` awaits it. ``on_parent_close``: when this instance is
         terminated, terminate the child too, or abandon it (let it run)."""
         policy = ParentClosePolicy(on_parent_close)

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from onceflow.ids import is_valid_job_id
+from onceflow.ids import MAX_DERIVED_JOB_ID, is_derived_job_id, is_valid_job_id
 from onceflow.vocabulary import EVENT_TYPE_PREFIX, WebhookDeadReason
 from onceflow.webhooks import EVENT_KINDS, FINAL_KINDS, WebhookEndpoint
 from workflow_engine.model import Registry
@@ -47,6 +47,18 @@ def _headers(headers: Iterable[tuple[str, Any]] | None) -> dict[str, str]:
     return found
 
 
+#: The longest event id (``<job_id>:<sequence>``): a derived job id's, and its number.
+MAX_EVENT_ID = 220
+
+
+def _job_id_of_ours(job_id: str) -> bool:
+    """A job id onceflow gives: a client's, or one the system derives (a tick's, a
+    fork's, a batch run's, a later run's child: ``onceflow.ids``)."""
+    if is_valid_job_id(job_id):
+        return True
+    return is_derived_job_id(job_id) and 0 < len(job_id) <= MAX_DERIVED_JOB_ID
+
+
 def parse_event(
     headers: Iterable[tuple[str, Any]] | None, value: bytes | None
 ) -> LifecycleEvent | None:
@@ -59,7 +71,7 @@ def parse_event(
     event_id, workflow = h.get("ce_id", ""), h.get("ce_workflow", "")
     if not ce_type.startswith(EVENT_TYPE_PREFIX) or kind not in EVENT_KINDS:
         return None
-    if not (event_id and workflow and is_valid_job_id(job_id)) or len(event_id) > 200:
+    if not (event_id and workflow and _job_id_of_ours(job_id)) or len(event_id) > MAX_EVENT_ID:
         return None
     try:
         sequence = int(h.get("ce_sequence", ""))

@@ -1068,7 +1068,7 @@ CREATE TABLE public.onceflow_webhook_deliveries (
     CONSTRAINT onceflow_webhook_deliveries_dead_check CHECK (((status = 'dead'::text) = (dead_reason IS NOT NULL))),
     CONSTRAINT onceflow_webhook_deliveries_dead_reason_check CHECK ((dead_reason = ANY (ARRAY['retries_exhausted'::text, 'refused_address'::text, 'unknown_endpoint'::text]))),
     CONSTRAINT onceflow_webhook_deliveries_endpoint_length CHECK ((char_length(endpoint) <= 64)),
-    CONSTRAINT onceflow_webhook_deliveries_event_id_length CHECK ((char_length(event_id) <= 200)),
+    CONSTRAINT onceflow_webhook_deliveries_event_id_length CHECK ((char_length(event_id) <= 220)),
     CONSTRAINT onceflow_webhook_deliveries_kind_length CHECK ((char_length(kind) <= 64)),
     CONSTRAINT onceflow_webhook_deliveries_last_error_length CHECK ((char_length(last_error) <= 1000)),
     CONSTRAINT onceflow_webhook_deliveries_lease_check CHECK (((status = 'sending'::text) = (lease_expires_at IS NOT NULL))),

@@ -28,8 +28,9 @@ holding a lease of run N (a zombie past its lease) names a claim number no claim
 N+1 can have, and its fenced writes (``held``: owner and claim) miss.
 
 A child's id is not resubmitted by its parent: a parent's ``start_child`` goes through
-``children.py`` and collapses on an existing child as it always did; a child instance is
-never given a new run by a submission either (its parent owns its lifecycle).
+``children.py``, and a later run of the parent starts children of its own
+(``<parent>__<name>~run<N>``: ``children.child_job_id``), never an earlier run's; a child
+instance is never given a new run by a submission either (its parent owns its lifecycle).
 """
 
 from __future__ import annotations
