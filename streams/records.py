@@ -85,26 +85,9 @@ def classify(
             dead.append(DeadLetter.of(rec, *refused, env.job_id))
             continue
         enqueued = datetime.fromtimestamp(rec.timestamp, UTC) if rec.timestamp else None
-        version = registry.version(env.workflow) if workflow else None
-        lane = registry.lane_path(env.workflow) if workflow else None
-        delay = registry.start_after(env.workflow) if workflow else None
-        within = registry.start_within(env.workflow) if workflow else None
         deliveries.append(
-            Delivery(
-                env,
-                rec.topic,
-                rec.partition,
-                rec.offset,
-                kind,
-                enqueued,
-                version,
-                lane_path=lane,
-                start_after=delay,
-                start_within=within,
-                singleton=registry.singleton(env.workflow) if workflow else None,
-                id_reuse=env.id_reuse or registry.id_reuse(env.workflow),
-                batch_key=registry.batch_key(env.workflow) if workflow else None,
-                debounce=registry.debounce(env.workflow) if workflow else None,
+            registry.delivery(
+                env, rec.topic, rec.partition, rec.offset, kind=kind, enqueued_at=enqueued
             )
         )
     return deliveries, dead

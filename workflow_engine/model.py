@@ -661,6 +661,44 @@ class Registry:
             return None
         return definition.flow.lane or ()
 
+    def delivery(
+        self,
+        envelope: JobEnvelope,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        kind: JobKind = JobKind.WORKFLOW,
+        enqueued_at: datetime | None = None,
+        origin: Origin | None = None,
+    ) -> Delivery:
+        """What creating ``envelope``'s instance takes: the job, where it came from, and
+        this process's definition of its workflow (version, fairness lane, start delay
+        and limit, singleton, id reuse, batching, debounce). The one place those are
+        read for a new instance, whatever made the job: a Kafka record (the worker) or a
+        schedule's tick (an engine): a tick built without them bypassed its workflow's
+        singleton, flow control and batching (found in review)."""
+        if kind != JobKind.WORKFLOW:
+            return Delivery(envelope, topic, partition, offset, kind, enqueued_at, origin=origin)
+        name = envelope.workflow
+        return Delivery(
+            envelope,
+            topic,
+            partition,
+            offset,
+            kind,
+            enqueued_at,
+            self.version(name),
+            origin=origin,
+            lane_path=self.lane_path(name),
+            start_after=self.start_after(name),
+            start_within=self.start_within(name),
+            singleton=self.singleton(name),
+            id_reuse=envelope.id_reuse or self.id_reuse(name),
+            batch_key=self.batch_key(name),
+            debounce=self.debounce(name),
+        )
+
     def schedules(self) -> list[ScheduleDef]:
         """The schedules the registered workflows declare (engines upsert them), one per
         schedule name: where two workflows declare the same name, the one registered

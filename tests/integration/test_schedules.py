@@ -395,3 +395,42 @@ def test_an_engine_fires_only_the_schedules_of_workflows_it_has(db):
             {"j": tick_job_id("split", T0 + timedelta(minutes=5))},
         ).scalar()
     assert version == "v7"
+
+
+def test_a_tick_is_created_with_its_workflows_definition(db):
+    """An engine fires a tick as the worker creates a Kafka record's job: with its
+    workflow's singleton and fairness lane (``Registry.delivery``). Before, a tick
+    carried its version only: a schedule of a singleton workflow started a second live
+    instance of the key beside one still running. A tick still never joins a batch (as
+    documented): a batched workflow's tick is created on its own."""
+    from onceflow.envelope import JobEnvelope
+    from workflow_engine.definitions import load_workflow_modules
+    from workflow_engine.store.writes import create_instances
+
+    registry = load_workflow_modules(["onceflow_examples"])
+    # a live report of account "a", created from a record
+    live = JobEnvelope("report_a", "report-workflow", {"account": "a"})
+    create_instances(db, [registry.delivery(live, "t", 0, 1)])
+    for name, workflow, params in (
+        ("reports", "report-workflow", {"account": "a"}),
+        ("digests", "digest-workflow", {"tenant": "t1"}),
+    ):
+        spec = TickSpec(cron="*/5 * * * *")
+        operations.create_schedule(
+            db,
+            ScheduleDef(name, workflow, spec, params, CatchupPolicy.RUN_ONCE, OverlapPolicy.ALLOW),
+            now=T0,
+        )
+    fired = writes.fire_due(db, now=T0 + timedelta(minutes=5, seconds=1), registry=registry)
+    assert sorted(r.schedule for r in fired) == ["digests", "reports"]
+    with db.connect() as conn:
+        status = dict(
+            conn.execute(
+                sa.text("SELECT job_id, status FROM onceflow_instances WHERE job_id LIKE '%@%'")
+            ).all()
+        )
+    tick = T0 + timedelta(minutes=5)
+    # the singleton's decision: the live report of "a" stands, the tick is skipped
+    assert status[tick_job_id("reports", tick)] == "skipped"
+    # the batched workflow's tick is no member of its tenant's pool
+    assert status[tick_job_id("digests", tick)] == "queued"

@@ -251,7 +251,7 @@ class EngineRunner:
                 self.clock,
                 c.scheduler,
                 self.registry.schedules(),
-                self.registry.versions(),
+                self.registry,
             ),
         ]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
@@ -33,7 +33,7 @@ from workflow_engine.engine.metrics import (
     SCHEDULE_TICKS_SKIPPED,
 )
 from workflow_engine.engine.services import Service
-from workflow_engine.model import ScheduleDef
+from workflow_engine.model import Registry, ScheduleDef
 from workflow_engine.store import views, writes
 from workflow_engine.store.writes import TickReport
 
@@ -70,14 +70,15 @@ class Scheduler(Service):
         clock: SystemClock | FakeClock,
         config: SchedulerConfig,
         declared: Sequence[ScheduleDef] = (),
-        versions: Mapping[str, str] | None = None,
+        registry: Registry | None = None,
     ) -> None:
         super().__init__()
         self.db = db
         self.clock = clock
         self.config = config
         self.declared = tuple(declared)
-        self.versions = dict(versions or {})
+        #: This engine's workflows: which schedules it fires, and a tick's definition.
+        self.registry = registry if registry is not None else Registry()
         self._passes = 0
 
     async def run(self) -> None:
@@ -124,7 +125,7 @@ class Scheduler(Service):
             self.db,
             self.clock.db_now(),
             self.config.grace_seconds,
-            versions=self.versions,
+            registry=self.registry,
         )
         for report in reports:
             self._observe(report)

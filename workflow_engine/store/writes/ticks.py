@@ -8,7 +8,7 @@ of the schedules declared in code."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 import orjson
@@ -28,7 +28,7 @@ from onceflow.vocabulary import (
     TickSkipReason,
     TickTrigger,
 )
-from workflow_engine.model import Delivery, ScheduleDef
+from workflow_engine.model import Delivery, Registry, ScheduleDef
 from workflow_engine.store.fragments import TERMINAL
 from workflow_engine.store.schedule_rows import (
     COLUMNS,
@@ -170,14 +170,20 @@ def fire_due(
     limit: int = 1000,
     versions: Mapping[str, str] | None = None,
     batch: int = 50,
+    registry: Registry | None = None,
 ) -> list[TickReport]:
     """Fire the due schedules, ``batch`` per transaction, up to ``limit`` in all.
 
-    ``versions``: the workflow versions of the firing process (an instance records the
-    version it was created with); given, only the schedules of those workflows are
-    fired here (an engine fleet split by workflow modules fires each schedule on an
-    engine that can run it). None (tools, tests): every due schedule.
+    ``registry``: the firing process's workflows (an engine's): only the schedules of
+    those are fired here (an engine fleet split by workflow modules fires each schedule
+    on an engine that can run it), and a tick is created with its workflow's definition
+    as a Kafka record's job would be (version, fairness lane, start delay and limit,
+    singleton: ``Registry.delivery``; never batching or debounce). ``versions`` (tools,
+    tests, a backfill): the version and the filter only. Neither: every due schedule,
+    with no definition.
     """
+    if registry is not None:
+        versions = registry.versions()
     workflows = None if versions is None else sorted(versions)
     reports: list[TickReport] = []
     while len(reports) < limit:
@@ -188,7 +194,7 @@ def fire_due(
             if not rows:
                 break
             reports += _fire_batch(
-                conn, [schedule_view(r) for r in rows], at, grace_seconds, versions
+                conn, [schedule_view(r) for r in rows], at, grace_seconds, versions, registry
             )
         if len(rows) < want:
             break
@@ -201,11 +207,12 @@ def _fire_batch(
     at: datetime,
     grace_seconds: float,
     versions: Mapping[str, str] | None,
+    registry: Registry | None,
 ) -> list[TickReport]:
     """Plan each locked schedule, create all their ticks in one statement, move them on."""
     plans = {s.name: plan(_due(s), at, grace_seconds) for s in due}
     wanted = [(s, t) for s in due for t in plans[s.name].fire]
-    fired = create_ticks(conn, wanted, at, versions or {})
+    fired = create_ticks(conn, wanted, at, versions or {}, registry)
     reports, updates = [], []
     for s in due:
         p = plans[s.name]
@@ -239,14 +246,24 @@ def _due(s: ScheduleView) -> DueSchedule:
     )
 
 
-def _delivery(s: ScheduleView, tick: datetime, at: datetime, version: str | None) -> Delivery:
+def _delivery(
+    s: ScheduleView,
+    tick: datetime,
+    at: datetime,
+    versions: Mapping[str, str],
+    registry: Registry | None,
+) -> Delivery:
+    envelope = JobEnvelope(tick_job_id(s.name, tick), s.workflow, dict(s.params), submitted_at=at)
+    topic, offset = f"schedule:{s.name}", int(tick.timestamp())
+    if registry is not None:
+        # A tick is never a batch member nor part of a debounce window (README,
+        # "Batching", "Debounce": registration refuses a declared schedule of such a
+        # workflow, and the engine errors such a tick); everything else of its
+        # definition applies as to a submitted job's.
+        job = registry.delivery(envelope, topic, 0, offset, origin=Origin.SCHEDULE)
+        return replace(job, batch_key=None, debounce=None)
     return Delivery(
-        JobEnvelope(tick_job_id(s.name, tick), s.workflow, dict(s.params), submitted_at=at),
-        f"schedule:{s.name}",
-        0,
-        int(tick.timestamp()),
-        version=version,
-        origin=Origin.SCHEDULE,
+        envelope, topic, 0, offset, version=versions.get(s.workflow), origin=Origin.SCHEDULE
     )
 
 
@@ -255,11 +272,12 @@ def create_ticks(
     ticks: Sequence[tuple[ScheduleView, PlannedTick]],
     at: datetime,
     versions: Mapping[str, str],
+    registry: Registry | None = None,
 ) -> list[FiredTick]:
     """Create the ticks' instances through the one create path, and record the ticks."""
     if not ticks:
         return []
-    deliveries = [_delivery(s, t.tick_at, at, versions.get(s.workflow)) for s, t in ticks]
+    deliveries = [_delivery(s, t.tick_at, at, versions, registry) for s, t in ticks]
     created = set(create_instances_in(conn, deliveries).created_ids)
     fired = []
     for s, t in ticks:
