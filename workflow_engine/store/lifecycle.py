@@ -4,8 +4,8 @@ Two ways in, one table, one shape of data (``onceflow_event_data``):
 
 * the hot paths (create, claim, checkpoints, finish) insert their events in the very
   statement that makes the change, one more CTE (:func:`outbox_insert`), and bump the
-  instance's ``event_seq`` in that statement too: no extra round trip, one multi-row
-  insert per batch;
+  instance's ``event_seq`` in that statement too: no extra round trip, and by default
+  one outbox row for the whole batch's events, as arrays (migration 0029);
 * the rarer changes (an operator's action, a suspension, a duplicate delivery, a child
   created) call :func:`emit` after their change, in its transaction: one statement
   (``onceflow_emit``) for all the events of that change.
