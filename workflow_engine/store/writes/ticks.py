@@ -24,6 +24,7 @@ from onceflow.ticks import (
     tick_job_id,
 )
 from onceflow.vocabulary import (
+    IdReuse,
     Origin,
     TickSkipReason,
     TickTrigger,
@@ -258,10 +259,10 @@ def _delivery(
     if registry is not None:
         # A tick is never a batch member nor part of a debounce window (README,
         # "Batching", "Debounce": registration refuses a declared schedule of such a
-        # workflow, and the engine errors such a tick); everything else of its
-        # definition applies as to a submitted job's.
+        # workflow, and the engine errors such a tick), and its id, one instant's, never
+        # runs again; everything else of its definition applies as to a submitted job's.
         job = registry.delivery(envelope, topic, 0, offset, origin=Origin.SCHEDULE)
-        return replace(job, batch_key=None, debounce=None)
+        return replace(job, batch_key=None, debounce=None, id_reuse=IdReuse.NEVER)
     return Delivery(
         envelope, topic, 0, offset, version=versions.get(s.workflow), origin=Origin.SCHEDULE
     )
