@@ -676,8 +676,9 @@ class Registry:
         this process's definition of its workflow (version, fairness lane, start delay
         and limit, singleton, id reuse, batching, debounce). The one place those are
         read for a new instance, whatever made the job: a Kafka record (the worker) or a
-        schedule's tick (an engine): a tick built without them bypassed its workflow's
-        singleton, flow control and batching (found in review)."""
+        schedule's tick (an engine, which drops what a tick never takes: batching,
+        debounce, id reuse). A tick built without them bypassed its workflow's singleton
+        and flow control (found in review)."""
         if kind != JobKind.WORKFLOW:
             return Delivery(envelope, topic, partition, offset, kind, enqueued_at, origin=origin)
         name = envelope.workflow
