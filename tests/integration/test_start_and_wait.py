@@ -569,6 +569,18 @@ def test_a_record_is_answered_with_the_run_it_belongs_to(wait_settings, db):
     assert (unknown.run, unknown.pending, unknown.final) == (3, True, False)
     # without a record: the current run, as GET /v1/jobs/{id}/result reads it
     assert job_outcomes(db, ["p_runs"])["p_runs"].run == 3
+    # run 3 errors and a resubmission starts run 4: the duplicate is still answered the
+    # run it collapsed into, 3, from its archive (migration 0031; before: run 4's queued)
+    finish(db, wait_settings, "p_runs", "errored", error="three")
+    deliver(10**9 + 6)
+    assert job_outcomes(db, ["p_runs"])["p_runs"].run == 4
+    late_dup = read(10**9 + 4)
+    assert (late_dup.run, late_dup.status, late_dup.error, late_dup.final) == (
+        3,
+        "errored",
+        "three",
+        True,
+    )
 
 
 def _gated(settings, db, job_id: str, status: str, **finished) -> None:

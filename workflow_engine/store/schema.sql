@@ -571,9 +571,12 @@ CREATE TABLE public.onceflow_duplicate_deliveries (
     workflow text,
     workflow_match boolean,
     job_received_at timestamp with time zone NOT NULL,
+    run integer,
     CONSTRAINT onceflow_duplicate_deliveries_workflow_check CHECK (((workflow IS NULL) = (workflow_match IS NULL)))
 )
 PARTITION BY RANGE (job_received_at);
+
+COMMENT ON COLUMN public.onceflow_duplicate_deliveries.run IS 'The run of the job id this delivery collapsed into (NULL: recorded before migration 31).';
 
 CREATE TABLE public.onceflow_duplicate_deliveries_default (
     id bigint NOT NULL,
@@ -591,6 +594,7 @@ CREATE TABLE public.onceflow_duplicate_deliveries_default (
     workflow text,
     workflow_match boolean,
     job_received_at timestamp with time zone NOT NULL,
+    run integer,
     CONSTRAINT onceflow_duplicate_deliveries_workflow_check CHECK (((workflow IS NULL) = (workflow_match IS NULL)))
 );
 

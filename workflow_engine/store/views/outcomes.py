@@ -9,9 +9,9 @@ A submission of a job id whose instance may start a new run (id reuse) is answer
 the run *its record* belongs to, not with whatever run the id has now: its record's Kafka
 position (:class:`Record`) is looked up where the worker writes it down, as the record
 that started a run (``onceflow_runs``), the id's creating record (``onceflow_jobs``) or
-a duplicate (``onceflow_duplicate_deliveries``). Until the worker has done one of those,
-the id's outcome is *pending* (never final): run 1 already complete says nothing of the
-run this record may yet start.
+a duplicate (``onceflow_duplicate_deliveries``, which names the run it collapsed into).
+Until the worker has done one of those, the id's outcome is *pending* (never final): run
+1 already complete says nothing of the run this record may yet start.
 """
 
 from __future__ import annotations
@@ -115,15 +115,22 @@ SELECT p.job_id, p.topic, p.part, p.off, r.run, r.status, r.result, r.error, r.v
                WHERE j.job_id = p.job_id
                  AND (j.source_topic, j.source_partition, j.source_offset)
                      = (p.topic, p.part, p.off)) AS creating,
-       EXISTS (SELECT 1 FROM onceflow_duplicate_deliveries d
-               WHERE d.job_id = p.job_id
-                 AND (d.source_topic, d.source_partition, d.source_offset)
-                     = (p.topic, p.part, p.off)) AS duplicate
+       d.job_id IS NOT NULL AS duplicate, d.run AS dup_run, dr.status AS dup_status,
+       dr.result AS dup_result, dr.error AS dup_error, dr.version AS dup_version,
+       dr.finished_at AS dup_finished_at
 FROM unnest(CAST(:ids AS text[]), CAST(:topics AS text[]), CAST(:parts AS int[]),
             CAST(:offs AS bigint[])) AS p(job_id, topic, part, off)
 LEFT JOIN onceflow_runs r
        ON (r.source_topic, r.source_partition, r.source_offset) = (p.topic, p.part, p.off)
       AND r.job_id = p.job_id
+LEFT JOIN LATERAL (
+    SELECT d.job_id, d.run FROM onceflow_duplicate_deliveries d
+    WHERE d.job_id = p.job_id
+      AND (d.source_topic, d.source_partition, d.source_offset) = (p.topic, p.part, p.off)
+    LIMIT 1
+) d ON true
+-- the run a duplicate joined, archived once a later run started
+LEFT JOIN onceflow_runs dr ON dr.job_id = p.job_id AND dr.run = d.run
 """
 )
 
@@ -185,22 +192,49 @@ def _of_record(current: JobOutcome, row: Any) -> JobOutcome:
         if row.status is None:  # cannot be: only the current run's row has no status
             return replace(current, pending=True)
         # the record started an earlier run, archived since: that run's outcome
-        return JobOutcome(
-            current.job_id,
-            current.kind,
-            current.workflow,
-            row.status,
-            row.result,
-            row.error,
-            row.version,
-            row.finished_at,
-            run=row.run,
+        return _archived(
+            current, row.run, row.status, row.result, row.error, row.version, row.finished_at
         )
-    if row.run is not None or row.creating or row.duplicate:
-        # the current run: the one it started, or (a duplicate) the one it collapsed
-        # into, unless another submission started a later run since (then that one)
+    if row.run is not None or row.creating:
+        return current  # the run it started
+    if row.duplicate:
+        # the run it collapsed into (migration 0031), archived if a later run started
+        # since; a row from before that migration names none: the current run
+        if row.dup_run is not None and row.dup_run != current.run and row.dup_status:
+            return _archived(
+                current,
+                row.dup_run,
+                row.dup_status,
+                row.dup_result,
+                row.dup_error,
+                row.dup_version,
+                row.dup_finished_at,
+            )
         return current
     return replace(current, pending=True)
+
+
+def _archived(
+    current: JobOutcome,
+    run: int,
+    status: str,
+    result: Any,
+    error: str | None,
+    version: str | None,
+    finished_at: datetime | None,
+) -> JobOutcome:
+    """An earlier run's outcome, from its ``onceflow_runs`` row."""
+    return JobOutcome(
+        current.job_id,
+        current.kind,
+        current.workflow,
+        status,
+        result,
+        error,
+        version,
+        finished_at,
+        run=run,
+    )
 
 
 def _outcomes(rows: Sequence[Any]) -> dict[str, JobOutcome]:

@@ -101,11 +101,14 @@ dups AS (
     INSERT INTO onceflow_duplicate_deliveries (
         job_id, source_topic, source_partition, source_offset, params_digest, params_match,
         workflow, workflow_match, redelivery, request_id, submitted_at, enqueued_at,
-        job_received_at)
+        job_received_at, run)
     SELECT c.job_id, c.topic, c.part, c.off, c.params_digest,
            c.params_digest = c.winner_digest, c.workflow, c.workflow = c.winner_type,
-           c.redelivery, c.request_id, c.submitted_at, c.enqueued_at, c.job_received_at
-    FROM candidates c
+           c.redelivery, c.request_id, c.submitted_at, c.enqueued_at, c.job_received_at,
+           -- the run it collapsed into (migration 0031: start-and-wait answers it); an
+           -- instance this statement creates is not in its snapshot: run 1
+           coalesce(i.run, 1)
+    FROM candidates c LEFT JOIN onceflow_instances i ON i.job_id = c.job_id
     ORDER BY c.topic, c.part, c.off
     ON CONFLICT ON CONSTRAINT onceflow_duplicate_deliveries_position_key DO NOTHING
     RETURNING job_id, params_match, workflow_match, redelivery, workflow,
