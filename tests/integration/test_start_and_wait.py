@@ -690,3 +690,29 @@ def test_a_record_read_in_one_snapshot_with_its_run(wait_settings, db):
     # read again (as the record-written event makes it): run 2, which it collapsed into
     again = submission_outcomes(db, ["p_snap"], [ours])[1][ours]
     assert (again.run, again.status, again.pending, again.final) == (2, "queued", False, False)
+
+
+def test_duplicates_around_a_new_run_in_one_batch_name_the_run_each_joined(wait_settings, db):
+    """One worker batch: a resubmission with its own ``never`` policy, then one that
+    starts run 2 (run 1 errored), then another ``never``. The first collapsed into run 1,
+    the last into run 2; each is answered that run, whatever the instance reads when the
+    waiter asks (found in review: the first was written down as run 2's)."""
+    from onceflow.vocabulary import IdReuse
+    from workflow_engine.store.views import Record, submission_outcomes
+
+    _gated(wait_settings, db, "p_batch", "errored", error="declined")
+    topic = wait_settings.jobs_topic
+
+    def job(offset: int, own: IdReuse | None) -> Delivery:
+        env = JobEnvelope("p_batch", "payment-workflow", {"n": offset}, id_reuse=own)
+        return Delivery(env, topic, 1, 10**9 + offset, id_reuse=own or IdReuse.AFTER_FAILURE)
+
+    batch = [job(20, IdReuse.NEVER), job(21, None), job(22, IdReuse.NEVER)]
+    result = create_instances(db, batch)
+    assert result.new_runs == ["p_batch"] and result.duplicates == 2
+    finish(db, wait_settings, "p_batch", "complete", result="two", sequence=9)
+    mine = [("p_batch", Record(topic, 1, 10**9 + k)) for k in (20, 22)]
+    _, answered = submission_outcomes(db, ["p_batch"], mine)
+    before, after = (answered[m] for m in mine)
+    assert (before.run, before.status, before.error) == (1, "errored", "declined")
+    assert (after.run, after.status, after.result) == (2, "complete", "two")

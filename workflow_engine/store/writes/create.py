@@ -58,7 +58,7 @@ WITH input AS (
         topic text, part integer, off bigint, enqueued_at timestamptz, version text,
         priority smallint, lane_path text[], callback text, run_after timestamptz,
         attributes jsonb, start_within double precision, batch_path text[],
-        debounce_path text[])
+        debounce_path text[], run integer)
 ),
 firsts AS (
     SELECT DISTINCT ON (job_id) * FROM input ORDER BY job_id, ord
@@ -105,9 +105,11 @@ dups AS (
     SELECT c.job_id, c.topic, c.part, c.off, c.params_digest,
            c.params_digest = c.winner_digest, c.workflow, c.workflow = c.winner_type,
            c.redelivery, c.request_id, c.submitted_at, c.enqueued_at, c.job_received_at,
-           -- the run it collapsed into (migration 0031: start-and-wait answers it); an
-           -- instance this statement creates is not in its snapshot: run 1
-           coalesce(i.run, 1)
+           -- the run it collapsed into (migration 0031: start-and-wait answers it): the
+           -- one id reuse decided it against (reuse.py), else the instance's as this
+           -- statement reads it; an instance this statement creates is not in its
+           -- snapshot: run 1
+           coalesce(c.run, i.run, 1)
     FROM candidates c LEFT JOIN onceflow_instances i ON i.job_id = c.job_id
     ORDER BY c.topic, c.part, c.off
     ON CONFLICT ON CONSTRAINT onceflow_duplicate_deliveries_position_key DO NOTHING
