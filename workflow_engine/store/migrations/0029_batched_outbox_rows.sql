@@ -19,10 +19,10 @@
 -- session of every process, set BEFORE the processes of this version start) writes rows
 -- as before. The rarer changes (onceflow_emit: operators, suspensions, duplicates) always
 -- write one row an event, and so does an event whose extra data is large (a finish with
--- a big result): a row of several stays small. Either way a job's events keep their order: each is written
--- under the instance's row lock, so a row holding a later event of a job is inserted
--- after the one holding the earlier committed, and the relay publishes rows in position
--- order (within a row, a job's events in sequence order).
+-- a big result): a row of several stays small. Either way a job's events keep their
+-- order: each is written under the instance's row lock, so a row holding a later event
+-- of a job is inserted after the one holding the earlier committed, and the relay
+-- publishes rows in position order (within a row, a job's events in sequence order).
 
 ALTER TABLE onceflow_outbox
     ALTER COLUMN id DROP NOT NULL,
