@@ -54,24 +54,24 @@ BATCHED = "onceflow_outbox_batched()"
 LARGE_EXTRA_BYTES = 2000
 
 
-def record_position(alias: str) -> str:
-    """The SQL of an instance's record's position (origin, topic, partition, offset:
-    the events' provenance) as columns of ``alias``."""
-    return f"{alias}.origin, {alias}.source_topic, {alias}.source_partition, {alias}.source_offset"
-
-
 #: The SQL of a creating record's origin, topic, partition and offset.
 Provenance = tuple[str, str, str, str]
 
 
 def position_of(alias: str) -> Provenance:
-    """:func:`record_position`'s columns, one by one."""
+    """An instance's record's position (origin, topic, partition, offset: the events'
+    provenance) as columns of ``alias``, one by one."""
     return (
         f"{alias}.origin",
         f"{alias}.source_topic",
         f"{alias}.source_partition",
         f"{alias}.source_offset",
     )
+
+
+def record_position(alias: str) -> str:
+    """:func:`position_of` as one SQL list."""
+    return ", ".join(position_of(alias))
 
 
 def outbox_insert(

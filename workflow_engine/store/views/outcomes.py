@@ -105,19 +105,19 @@ class Record:
     offset: int
 
 
-# Where the worker wrote each record down, if it has: the run it started (with that run's
-# outcome once it is archived), the id's creating record (run 1), or a duplicate.
+# Where the worker wrote each record down, if it has: as the record that started a run,
+# as the id's creating record (run 1), or as a duplicate (naming the run it collapsed
+# into, migration 0031); and that run's outcome once it is archived (a later run began).
 _RECORDS = sa.text(
     """
-SELECT p.job_id, p.topic, p.part, p.off, r.run, r.status, r.result, r.error, r.version,
-       r.finished_at,
+SELECT p.job_id, p.topic, p.part, p.off,
+       r.run IS NOT NULL AS started,
        EXISTS (SELECT 1 FROM onceflow_jobs j
                WHERE j.job_id = p.job_id
                  AND (j.source_topic, j.source_partition, j.source_offset)
                      = (p.topic, p.part, p.off)) AS creating,
-       d.job_id IS NOT NULL AS duplicate, d.run AS dup_run, dr.status AS dup_status,
-       dr.result AS dup_result, dr.error AS dup_error, dr.version AS dup_version,
-       dr.finished_at AS dup_finished_at
+       d.job_id IS NOT NULL AS duplicate,
+       coalesce(r.run, d.run) AS run, a.status, a.result, a.error, a.version, a.finished_at
 FROM unnest(CAST(:ids AS text[]), CAST(:topics AS text[]), CAST(:parts AS int[]),
             CAST(:offs AS bigint[])) AS p(job_id, topic, part, off)
 LEFT JOIN onceflow_runs r
@@ -129,8 +129,7 @@ LEFT JOIN LATERAL (
       AND (d.source_topic, d.source_partition, d.source_offset) = (p.topic, p.part, p.off)
     LIMIT 1
 ) d ON true
--- the run a duplicate joined, archived once a later run started
-LEFT JOIN onceflow_runs dr ON dr.job_id = p.job_id AND dr.run = d.run
+LEFT JOIN onceflow_runs a ON a.job_id = p.job_id AND a.run = coalesce(r.run, d.run)
 """
 )
 
@@ -187,53 +186,24 @@ def submission_outcomes(
 
 def _of_record(current: JobOutcome, row: Any) -> JobOutcome:
     """The outcome a submission's record is answered with, given where it was written
-    down (``_RECORDS``' row) and the id's current outcome."""
-    if row.run is not None and row.run != current.run:
-        if row.status is None:  # cannot be: only the current run's row has no status
-            return replace(current, pending=True)
-        # the record started an earlier run, archived since: that run's outcome
-        return _archived(
-            current, row.run, row.status, row.result, row.error, row.version, row.finished_at
-        )
-    if row.run is not None or row.creating:
-        return current  # the run it started
-    if row.duplicate:
-        # the run it collapsed into (migration 0031), archived if a later run started
-        # since; a row from before that migration names none: the current run
-        if row.dup_run is not None and row.dup_run != current.run and row.dup_status:
-            return _archived(
-                current,
-                row.dup_run,
-                row.dup_status,
-                row.dup_result,
-                row.dup_error,
-                row.dup_version,
-                row.dup_finished_at,
-            )
+    down (``_RECORDS``' row) and the id's current outcome: the run it started or
+    collapsed into, from its archive when a later run has begun since (a duplicate row
+    from before migration 0031 names none: the current run); pending while it is not
+    written down."""
+    if not (row.started or row.creating or row.duplicate):
+        return replace(current, pending=True)
+    if row.run is None or row.run == current.run or row.status is None:
         return current
-    return replace(current, pending=True)
-
-
-def _archived(
-    current: JobOutcome,
-    run: int,
-    status: str,
-    result: Any,
-    error: str | None,
-    version: str | None,
-    finished_at: datetime | None,
-) -> JobOutcome:
-    """An earlier run's outcome, from its ``onceflow_runs`` row."""
     return JobOutcome(
         current.job_id,
         current.kind,
         current.workflow,
-        status,
-        result,
-        error,
-        version,
-        finished_at,
-        run=run,
+        row.status,
+        row.result,
+        row.error,
+        row.version,
+        row.finished_at,
+        run=row.run,
     )
 
 

@@ -108,40 +108,30 @@ def _unpack(row: Any) -> list[OutboxEvent]:
     """The events of a row of several, their data to the contract (docs/events.md):
     the common fields, then what the kind adds, spliced in as PostgreSQL wrote it (its
     numbers exactly as stored, never through a float)."""
-    position = row[0]
-    job_ids, seqs, types, workflows, versions, statuses, runs = row[9:16]
-    topics, partitions, offsets, extras, time = row[16:21]
+    position, time = row[0], row[20]
     events = []
-    for i in sorted(range(len(job_ids)), key=lambda i: (job_ids[i], seqs[i])):
-        job, seq, workflow, version, topic = (
-            job_ids[i],
-            seqs[i],
-            workflows[i],
-            versions[i],
-            topics[i],
-        )
-        common = orjson.dumps(
+    # a job's events in sequence order (the arrays hold them as the statement met them)
+    for job, seq, type_, workflow, version, status, run, topic, part, off, extra in sorted(
+        zip(*row[9:20], strict=True), key=lambda e: (e[0], e[1])
+    ):
+        kafka = None if topic is None else {"topic": topic, "partition": part, "offset": off}
+        data = orjson.dumps(
             {
                 "job_id": job,
                 "workflow": workflow,
                 "version": version,
                 "sequence": seq,
                 "time": time,
-                "status": statuses[i],
-                "kafka": None
-                if topic is None
-                else {"topic": topic, "partition": partitions[i], "offset": offsets[i]},
-                "run": runs[i],
+                "status": status,
+                "kafka": kafka,
+                "run": run,
             }
         )
-        extra = extras[i]
         # an object with fields (what every writer's extra is: outbox_insert's rule)
         if extra is not None and extra.startswith("{") and extra != "{}":
-            common = b"%s, %s" % (common[:-1], extra[1:].encode())
+            data = b"%s, %s" % (data[:-1], extra[1:].encode())
         events.append(
-            OutboxEvent(
-                position, f"{job}:{seq}", job, types[i], seq, workflow, version, time, common
-            )
+            OutboxEvent(position, f"{job}:{seq}", job, type_, seq, workflow, version, time, data)
         )
     return events
 

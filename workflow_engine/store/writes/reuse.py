@@ -211,10 +211,10 @@ def start_new_runs(
     (the new runs' and redeliveries of a run's starting record), the job ids given a
     new run (consumption order) and the (workflow, decision) pairs for the counter.
 
-    A delivery decided a duplicate here gets the run it was decided against in its row
-    (``run``: the creating statement writes it on the duplicate's row, migration 0031):
-    one before a new run of the same batch collapsed into the run it read, not the one
-    that batch then started (found in review)."""
+    Another delivery of an id the batch starts a new run of gets in its row the run it
+    is a duplicate of (``run``: the creating statement writes it on the duplicate's row,
+    migration 0031): one before the new run's record joined the run read, not the one
+    the batch then started, which the creating statement would read (found in review)."""
     asking = [
         n
         for n, d in enumerate(deliveries)
@@ -231,16 +231,14 @@ def start_new_runs(
     locked = {r.job_id: r for r in conn.execute(_LOCK, {"ids": finished})} if finished else {}
     # read after the lock: a record that started a run on another worker meanwhile
     known = _positions(conn, deliveries, asking)
-    skip, chosen, decisions, joined = _decide(deliveries, asking, first, locked, known)
-    # a delivery of an id this batch starts a new run of that did not ask (its own
-    # policy never): before the new run's record, a duplicate of the run read; after, of
-    # the new run
+    skip, chosen, decisions = _decide(deliveries, asking, first, locked, known)
+    # Another delivery of an id this batch starts a new run of is a duplicate: of the
+    # run read before the new run's record, of the new run after it. (Any other
+    # duplicate joined the run the creating statement reads: it needs nothing here.)
     for n, d in enumerate(deliveries):
-        job_id = d.envelope.job_id
-        if n not in joined and job_id in chosen and n != chosen[job_id]:
-            joined[n] = first[job_id].run + (1 if n > chosen[job_id] else 0)
-    for n, run in joined.items():
-        rows[n]["run"] = run
+        start = chosen.get(d.envelope.job_id)
+        if start is not None and n != start:
+            rows[n]["run"] = first[d.envelope.job_id].run + (1 if n > start else 0)
     if chosen:
         _apply(conn, [rows[n] for n in chosen.values()], chosen)
     return skip, list(chosen), decisions
@@ -252,15 +250,13 @@ def _decide(
     first: dict[str, Any],
     locked: dict[str, Any],
     known: dict[int, tuple[bool, bool]],
-) -> tuple[set[int], dict[str, int], list[tuple[str, str]], dict[int, int]]:
+) -> tuple[set[int], dict[str, int], list[tuple[str, str]]]:
     """Per delivery asking (consumption order): a redelivery of a run's starting record
     (skipped), the first that a locked finished run allows (a new run), or a duplicate
-    (``live`` or ``refused``, counted) that the creating statement records as always;
-    and for each duplicate, the run it joined."""
+    (``live`` or ``refused``, counted) that the creating statement records as always."""
     skip: set[int] = set()
     chosen: dict[str, int] = {}
     decisions: list[tuple[str, str]] = []
-    joined: dict[int, int] = {}
     for n in asking:
         d = deliveries[n]
         job_id = d.envelope.job_id
@@ -274,12 +270,10 @@ def _decide(
         if job_id in chosen or job_id not in locked or row.run != first[job_id].run:
             # this batch started its new run, or it was live when read: live now
             decisions.append((d.envelope.workflow, str(IdReuseDecision.LIVE)))
-            joined[n] = row.run + 1 if job_id in chosen else row.run
             continue
         status = InstanceStatus(row.status)
         if status not in TERMINAL_STATUSES:
             decisions.append((d.envelope.workflow, str(IdReuseDecision.LIVE)))
-            joined[n] = row.run
         elif (
             status in d.id_reuse.reusable and not row.child and row.workflow == d.envelope.workflow
         ):
@@ -288,8 +282,7 @@ def _decide(
             decisions.append((d.envelope.workflow, str(IdReuseDecision.NEW_RUN)))
         else:
             decisions.append((d.envelope.workflow, str(IdReuseDecision.REFUSED)))
-            joined[n] = row.run
-    return skip, chosen, decisions, joined
+    return skip, chosen, decisions
 
 
 def _positions(
