@@ -66,8 +66,8 @@ class JobProducer:
         self._deliveries = Deliveries(self._producer, self.link)
         self._poller = threading.Thread(target=self._deliveries.run, name="kafka-poll", daemon=True)
         self._poller.start()
-        self._admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
-        self.link.watch(self._writable)
+        self._admin: AdminClient | None = None  # made on first use, let go at close
+        self._watcher = self.link.watch(self._writable)
 
     async def send(self, envelopes: Sequence[JobEnvelope]) -> list[Ack]:
         """Produce every envelope; wait for each one's delivery report.
@@ -148,8 +148,13 @@ class JobProducer:
         asked each time: a probe runs only while the link is down, a readiness check
         every few seconds. 1 when it cannot be read (then only leaders are checked)."""
         resource = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
+        admin = self._admin
+        if admin is None:
+            admin = self._admin = AdminClient(
+                {"bootstrap.servers": self.settings.kafka_bootstrap_servers}
+            )
         try:
-            configs = self._admin.describe_configs([resource], request_timeout=timeout)
+            configs = admin.describe_configs([resource], request_timeout=timeout)
             entry = configs[resource].result(timeout)["min.insync.replicas"]
             return int(entry.value)
         except (KafkaException, KeyError, ValueError, TypeError, TimeoutError):
@@ -178,10 +183,18 @@ class JobProducer:
         self.link.stop()
         self._deliveries.running = False
         self._poller.join(timeout=2)
+        self._watcher.join(timeout=2)
         remaining = self._producer.flush(timeout)
         try:  # what flush() served here goes to its requests
             here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             here = None
         self._deliveries.dispatch(here)
+        if remaining == 0 and not self._poller.is_alive() and not self._watcher.is_alive():
+            # The handle's threads and connections go now, not when the object is
+            # collected: an app object can outlive its server (FastAPI caches its
+            # endpoints, the Swagger page's closure holds the app), and tests start
+            # many. Undelivered records keep it: close() would wait on them again.
+            self._producer.close()
+        self._admin = None
         return remaining

@@ -40,6 +40,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.acceptance)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator:
+    """A test stopped by pytest-timeout gets every thread's stack in its own report,
+    first: pytest-timeout prints them amid the progress output, which a CI summary of
+    the failures leaves out (the stacks say what hung, the failure only where it waited)."""
+    report = yield
+    if report.failed and call.excinfo is not None and "Timeout" in str(call.excinfo.value):
+        report.sections.insert(0, ("threads when the test timed out", _thread_stacks()))
+    return report
+
+
+def _thread_stacks() -> str:
+    import sys
+    import threading
+    import traceback
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = []
+    for ident, frame in sys._current_frames().items():
+        out.append(f"--- thread {names.get(ident, '?')} ({ident})")
+        out.extend(line.rstrip("\n") for line in traceback.format_stack(frame))
+    return "\n".join(out)
+
+
 @pytest.fixture(scope="session")
 def services() -> Iterator:
     from tests.services import Services

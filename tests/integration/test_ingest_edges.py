@@ -66,9 +66,9 @@ def test_ingest_stays_ready_and_accepts_jobs_while_postgres_is_down(settings):
                 "/v1/jobs", json={"job_id": "pg_down", "workflow": "order-workflow"}
             )
             api_ready = client.get("/readyz")
-        status, body = _get(f"{base}/readyz")
-        _, details = _get(f"{base}/readyz/details")
-        _, metrics = _get(f"{base}/metrics")
+            status, body = _get(f"{base}/readyz")  # while the app runs: its close
+            _, details = _get(f"{base}/readyz/details")  # closes the producer
+            _, metrics = _get(f"{base}/metrics")
     finally:
         server.shutdown()
     assert submitted.status_code == 202, submitted.text
