@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import NamedTuple
 
@@ -100,9 +100,14 @@ _Report = tuple[Reports, int, KafkaError | None, Message]
 class Deliveries:
     """Routes the reports of one producer to their requests (see the module's doc)."""
 
-    def __init__(self, producer: Producer, link: BrokerLink) -> None:
+    def __init__(
+        self, producer: Producer, link: BrokerLink, depth_of: Sequence[Producer] | None = None
+    ) -> None:
         self._producer = producer
         self._link = link
+        #: The producers whose queued records the depth gauge sums (this one by
+        #: default; none: another lane's thread reports them).
+        self._depth_of = (producer,) if depth_of is None else tuple(depth_of)
         # Filled by the callbacks on whichever thread polled; deque appends and
         # pops are atomic, so two pollers never take the same report or lose one.
         self._served: deque[_Report] = deque()
@@ -111,6 +116,11 @@ class Deliveries:
         self._thread_may_poll = threading.Event()  # set: no loop is polling
         self._thread_may_poll.set()
         self.running = True
+
+    @property
+    def idle(self) -> bool:
+        """No record of this producer awaits its report."""
+        return self._waiting <= 0
 
     def reports(self, loop: asyncio.AbstractEventLoop, job_ids: list[str]) -> Reports:
         """Where the reports of one request's records (``job_ids``) go."""
@@ -125,6 +135,9 @@ class Deliveries:
             loop.call_later(LOOP_POLL_INTERVAL, self._poll_on_loop, loop)
 
     def _poll_on_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self.running:  # closing: close() flushes and settles what is left
+            self._polling.discard(loop)
+            return
         self._producer.poll(0)
         self.dispatch(loop)
         if self._waiting > 0 and self.running:
@@ -143,7 +156,8 @@ class Deliveries:
                 self._thread_may_poll.wait(_BUSY_THREAD_INTERVAL)
                 self._producer.poll(0)
             self.dispatch(None)
-            QUEUE_DEPTH.set(len(self._producer))
+            if self._depth_of:
+                QUEUE_DEPTH.set(sum(len(p) for p in self._depth_of))
 
     def dispatch(self, here: asyncio.AbstractEventLoop | None) -> None:
         """Settle what was served: directly for requests of ``here`` (the loop whose

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -26,6 +27,9 @@ from producers.metrics import KAFKA_ERRORS, PRODUCE_LATENCY
 log = logging.getLogger(__name__)
 
 __all__ = ["Ack", "JobProducer", "JobSender", "producer_config"]
+
+#: close() flushes the two lanes in turns of this long.
+_FLUSH_TURN_SECONDS = 0.05
 
 
 class JobSender(Protocol):
@@ -56,18 +60,71 @@ def producer_config(settings: Settings) -> dict[str, object]:
     }
 
 
+class _Lane:
+    """One librdkafka producer and the thread serving its delivery reports."""
+
+    def __init__(self, producer: Producer, deliveries: Deliveries, name: str) -> None:
+        self.producer = producer
+        self.deliveries = deliveries
+        self.poller = threading.Thread(target=deliveries.run, name=name, daemon=True)
+        self.poller.start()
+
+    def stop_polling(self) -> None:
+        self.deliveries.running = False
+        self.poller.join(timeout=2)
+
+
 class JobProducer:
-    def __init__(self, settings: Settings) -> None:
+    """Ingest's producer. Two when ``producer_express_when_idle`` is on (the default)
+    and the linger is not 0: a request that finds no record of this process awaiting
+    Kafka's report goes out at once through a second producer with ``linger.ms`` 0,
+    so a lone job does not wait out the linger (a light load's submit → first step);
+    a request arriving while others are in flight goes through the lingering one,
+    where it is batched with them (a heavy load's throughput). librdkafka cannot change
+    a producer's linger while it runs, hence two.
+
+    Two submissions of one job id made one after the other (the second sent after the
+    first's 202) reach Kafka in that order whichever producer carries each: the first
+    was acknowledged before the second was produced. Nothing orders submissions in
+    flight at once, nor a resubmission after a 503 or a client's own timeout against
+    the first try, which may still be written late (a single producer would have kept
+    those two in order; two ingest processes never did): the first to reach the worker
+    is the one that counts (README, "The HTTP API")."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        producer_factory: Callable[[dict[str, object]], Producer] | None = None,
+    ) -> None:
+        make = Producer if producer_factory is None else producer_factory
         self.settings = settings
         self.topic = settings.jobs_topic
         self.link = BrokerLink()
-        config = {**producer_config(settings), "error_cb": self.link.on_error}
-        self._producer = Producer(config, logger=log)
-        self._deliveries = Deliveries(self._producer, self.link)
-        self._poller = threading.Thread(target=self._deliveries.run, name="kafka-poll", daemon=True)
-        self._poller.start()
+        config = {**producer_config(settings), "error_cb": self.link.on_error, "logger": log}
+        express: Producer | None = None
+        if settings.producer_express_when_idle and settings.producer_linger_ms > 0:
+            express = make({**config, "linger.ms": 0, "client.id": "onceflow-ingest-express"})
+        self._producer = make(config)
+        depth_of = (self._producer,) if express is None else (self._producer, express)
+        self._lane = _Lane(
+            self._producer, Deliveries(self._producer, self.link, depth_of), "kafka-poll"
+        )
+        self._express = (
+            None
+            if express is None
+            else _Lane(express, Deliveries(express, self.link, ()), "kafka-poll-express")
+        )
+        self._lanes = [self._lane] if self._express is None else [self._lane, self._express]
         self._admin: AdminClient | None = None  # made on first use, let go at close
+        self._closed = False
         self._watcher = self.link.watch(self._writable)
+
+    def _lane_for_next(self) -> _Lane:
+        """The express lane while no record of this process awaits its report."""
+        express = self._express
+        if express is not None and express.deliveries.idle and self._lane.deliveries.idle:
+            return express
+        return self._lane
 
     async def send(self, envelopes: Sequence[JobEnvelope]) -> list[Ack]:
         """Produce every envelope; wait for each one's delivery report.
@@ -80,12 +137,13 @@ class JobProducer:
         self.link.check()
         loop = asyncio.get_running_loop()
         started = loop.time()
-        reports = self._deliveries.reports(loop, [env.job_id for env in envelopes])
+        lane = self._lane_for_next()
+        reports = lane.deliveries.reports(loop, [env.job_id for env in envelopes])
         produced = 0
         for index, env in enumerate(envelopes):
-            produced += self._produce(env, index, reports)
+            produced += self._produce(lane.producer, env, index, reports)
         if produced:
-            self._deliveries.produced(loop, produced)
+            lane.deliveries.produced(loop, produced)
         if envelopes:
             # librdkafka's delivery.timeout.ms fires first; this is a safety net. A job
             # whose report has not arrived is *not* reported accepted. A timer on the
@@ -115,11 +173,11 @@ class JobProducer:
             )
         return result
 
-    def _produce(self, env: JobEnvelope, index: int, reports: Reports) -> bool:
+    def _produce(self, producer: Producer, env: JobEnvelope, index: int, reports: Reports) -> bool:
         """Hand one record to librdkafka; False (and its ``Ack`` an error) if refused."""
         job_id = env.job_id
         try:
-            self._producer.produce(
+            producer.produce(
                 self.topic,
                 key=env.key(),
                 value=env.encode(),
@@ -168,7 +226,7 @@ class JobProducer:
         """Kafka can take and confirm a write. A "cannot confirm" found here (a partition
         without a leader or short of in-sync replicas) marks the link down too, so that
         submissions get their 503 at once instead of after the ack timeout."""
-        if not self.link.up:  # known at once: no 2 s wait for a broker that is gone
+        if self._closed or not self.link.up:  # known at once: no 2 s wait
             return False
         try:
             reason = self._unwritable(timeout)
@@ -180,21 +238,34 @@ class JobProducer:
 
     def close(self, timeout: float = 30.0) -> int:
         """Flush what is queued (clean shutdown); return records still undelivered."""
+        self._closed = True  # readiness says no from now on (and makes no admin client)
         self.link.stop()
-        self._deliveries.running = False
-        self._poller.join(timeout=2)
+        for lane in self._lanes:
+            lane.stop_polling()
         self._watcher.join(timeout=2)
-        remaining = self._producer.flush(timeout)
-        try:  # what flush() served here goes to its requests
+        deadline = time.monotonic() + timeout
+        try:  # what flush() serves here goes to its requests
             here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             here = None
-        self._deliveries.dispatch(here)
-        if remaining == 0 and not self._poller.is_alive() and not self._watcher.is_alive():
-            # The handle's threads and connections go now, not when the object is
-            # collected: an app object can outlive its server (FastAPI caches its
-            # endpoints, the Swagger page's closure holds the app), and tests start
-            # many. Undelivered records keep it: close() would wait on them again.
-            self._producer.close()
+        # Both lanes flushed in turns, so that one slow to drain leaves the other its
+        # share of the time.
+        left = {id(lane): len(lane.producer) for lane in self._lanes}
+        while True:
+            for lane in self._lanes:
+                if left[id(lane)]:
+                    left[id(lane)] = lane.producer.flush(_FLUSH_TURN_SECONDS)
+                lane.deliveries.dispatch(here)
+            if not any(left.values()) or time.monotonic() >= deadline:
+                break
+        for lane in self._lanes:
+            if left[id(lane)] == 0 and not lane.poller.is_alive() and not self._watcher.is_alive():
+                # The handle's threads and connections go now, not when the object is
+                # collected: an app object can outlive its server (FastAPI caches its
+                # endpoints, the Swagger page's closure holds the app), and tests
+                # start many. Undelivered records keep it: close() would wait on them
+                # again.
+                lane.producer.close()
+        remaining = sum(left.values())
         self._admin = None
         return remaining

@@ -135,6 +135,7 @@ def test_broker_killed_then_back_in_flight_requests_get_their_true_answer(settin
             "topic_partitions": 1,
             "topic_replication_factor": 1,
             "producer_linger_ms": 1000,  # holds the in-flight record while we kill
+            "producer_express_when_idle": False,  # (which a lone request would skip)
             "ingest_ack_timeout_seconds": 60.0,
         }
     )

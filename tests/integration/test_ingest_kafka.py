@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from fastapi.testclient import TestClient
 
 from onceflow.envelope import HEADER_JOB_ID, HEADER_TRACEPARENT, JobEnvelope
@@ -100,3 +102,27 @@ def test_concurrent_requests_on_one_loop_each_get_their_own_acks(settings):
     assert len(positions) == 500  # every record its own place in the topic
     records = consume_all(settings.kafka_bootstrap_servers, settings.jobs_topic, 500)
     assert {(m.partition(), m.offset()) for m in records} == positions
+
+
+def test_a_lone_request_does_not_wait_out_the_linger(settings):
+    """With a linger far longer than a broker's answer, a lone job's 202 comes at the
+    broker's pace through the express lane, and at the linger's without it; both
+    records are in Kafka, on the partition their key names."""
+    answered: dict[bool, float] = {}
+    for express in (True, False):
+        own = settings.model_copy(
+            update={"producer_linger_ms": 1500, "producer_express_when_idle": express}
+        )
+        with TestClient(create_app(own)) as client:
+            client.post("/v1/jobs", json={"job_id": "warm", "workflow": "order-workflow"})
+            started = time.monotonic()
+            r = client.post(
+                "/v1/jobs", json={"job_id": f"lone_{express}", "workflow": "order-workflow"}
+            )
+            answered[express] = time.monotonic() - started
+        assert r.status_code == 202, r.text
+    assert answered[True] < 0.5 and answered[False] >= 1.4, answered
+    records = consume_all(settings.kafka_bootstrap_servers, settings.jobs_topic, 4)
+    by_id = {JobEnvelope.decode(m.key(), m.value()).job_id: m for m in records}
+    for job_id in ("lone_True", "lone_False"):
+        assert by_id[job_id].partition() == partition_for(job_id, settings.topic_partitions)

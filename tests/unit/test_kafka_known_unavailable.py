@@ -86,6 +86,9 @@ class ScriptedProducer:
     def flush(self, timeout: float) -> int:
         return 0
 
+    def close(self) -> None:
+        pass
+
     def __len__(self) -> int:
         return len(self.pending)
 
@@ -103,7 +106,7 @@ class ScriptedAdmin:
 @pytest.fixture
 def cluster(monkeypatch) -> Cluster:
     scripted = Cluster()
-    monkeypatch.setattr(kafka_module, "Producer", lambda config, logger: ScriptedProducer(scripted))
+    monkeypatch.setattr(kafka_module, "Producer", lambda config: ScriptedProducer(scripted))
     monkeypatch.setattr(kafka_module, "AdminClient", lambda config: ScriptedAdmin(scripted))
     return scripted
 
