@@ -10,17 +10,7 @@ import threading
 from onceflow.envelope import JobEnvelope
 from onceflow.settings import Settings
 from producers.kafka import JobProducer
-
-
-class _Message:
-    def __init__(self, offset: int) -> None:
-        self._offset = offset
-
-    def partition(self) -> int:
-        return 0
-
-    def offset(self) -> int:
-        return self._offset
+from tests.unit.test_ingest_fast_path import FakeMessage
 
 
 class HeldProducer:
@@ -49,7 +39,7 @@ class HeldProducer:
         with self._lock:
             served, self._callbacks = self._callbacks, []
         for callback in served:
-            callback(None, _Message(len(self.keys)))
+            callback(None, FakeMessage(0, len(self.keys)))
         return len(served)
 
     def flush(self, timeout: float) -> int:
