@@ -120,6 +120,23 @@ def test_a_record_in_flight_on_either_lane_sends_the_next_to_the_lingering_one()
         producer.close(timeout=1)
 
 
+def test_a_request_within_the_linger_of_the_last_one_is_batched_even_when_idle():
+    producer, made = _producer(producer_linger_ms=60_000)
+    express, lingering = made["onceflow-ingest-express"], made["onceflow-ingest"]
+    express.release()
+    lingering.release()
+
+    async def main() -> None:
+        await producer.send(_env("a"))  # the first: nothing before it
+        await producer.send(_env("b"))  # nothing in flight, but "a" within the linger
+        assert express.keys == [b"a"] and lingering.keys == [b"b"]
+
+    try:
+        asyncio.run(main())
+    finally:
+        producer.close(timeout=1)
+
+
 def test_close_flushes_both_lanes_and_settles_their_requests():
     producer, made = _producer(producer_linger_ms=5)
 
