@@ -71,8 +71,9 @@ class Settings(BaseSettings):
     ingest_ack_timeout_seconds: float = Field(default=15.0, gt=0)
     ingest_retry_after_seconds: int = Field(default=2, ge=1)
     producer_linger_ms: int = Field(default=2, ge=0)
-    # A request finding no other record in flight skips the linger (a second producer
-    # with linger 0): light load's latency without giving up heavy load's batches.
+    # A request finding no other record in flight, and none sent within the linger,
+    # skips the linger (a second producer with linger 0; none when the linger is 0):
+    # light load's latency without giving up heavy load's batches.
     producer_express_when_idle: bool = True
     # Serve the instance admin API (/v1/instances…) from the ingest process.
     admin_api_enabled: bool = True

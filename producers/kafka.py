@@ -118,7 +118,8 @@ class JobProducer:
         self._admin: AdminClient | None = None  # made on first use, let go at close
         self._closed = False
         self._linger_seconds = settings.producer_linger_ms / 1000
-        self._last_produce = float("-inf")  # the event loop's clock
+        # time.monotonic(), not the loop's clock: uvloop's counts whole milliseconds
+        self._last_produce = float("-inf")
         self._watcher = self.link.watch(self._writable)
 
     def _lane_for_next(self, now: float) -> _Lane:
@@ -128,10 +129,9 @@ class JobProducer:
         express sends do not take the batches' place (a request in a few between each
         burst of acknowledgements did: 0.9 of the single-job throughput)."""
         express = self._express
-        last, self._last_produce = self._last_produce, now
         if (
             express is not None
-            and now - last >= self._linger_seconds
+            and now - self._last_produce >= self._linger_seconds
             and express.deliveries.idle
             and self._lane.deliveries.idle
         ):
@@ -149,13 +149,15 @@ class JobProducer:
         self.link.check()
         loop = asyncio.get_running_loop()
         started = loop.time()
-        lane = self._lane_for_next(started)
+        now = time.monotonic()
+        lane = self._lane_for_next(now)
         reports = lane.deliveries.reports(loop, [env.job_id for env in envelopes])
         produced = 0
         for index, env in enumerate(envelopes):
             produced += self._produce(lane.producer, env, index, reports)
         if produced:
             lane.deliveries.produced(loop, produced)
+            self._last_produce = now
         if envelopes:
             # librdkafka's delivery.timeout.ms fires first; this is a safety net. A job
             # whose report has not arrived is *not* reported accepted. A timer on the

@@ -17,7 +17,8 @@ PRODUCE_LATENCY = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 QUEUE_DEPTH = Gauge(
-    "onceflow_ingest_producer_queue_depth", "Records waiting in the producer's local queue"
+    "onceflow_ingest_producer_queue_depth",
+    "Records waiting in the producers' local queues (both lanes)",
 )
 KAFKA_ERRORS = Counter("onceflow_ingest_kafka_errors_total", "Records Kafka did not acknowledge")
 DEPENDENCY_UP = Gauge(

@@ -1,6 +1,6 @@
 """Ingest's express lane (producers/kafka.py, ``JobProducer``): a request that finds no
-record in flight goes through the producer without linger; one that finds others in
-flight through the lingering producer, batched with them."""
+record in flight and none sent within the linger goes through the producer without
+linger; any other through the lingering producer, batched with its neighbours."""
 
 from __future__ import annotations
 
