@@ -80,8 +80,8 @@ class JobProducer:
     Kafka's report, and none produced within the linger, goes out at once through a
     second producer with ``linger.ms`` 0, so a lone job does not wait out the linger
     (a light load's submit → first step); any other goes through the lingering one,
-    where it is batched with its neighbours (a heavy load's throughput). librdkafka cannot change
-    a producer's linger while it runs, hence two.
+    where it is batched with its neighbours (a heavy load's throughput). librdkafka
+    cannot change a producer's linger while it runs, hence two.
 
     Two submissions of one job id made one after the other (the second sent after the
     first's 202) reach Kafka in that order whichever producer carries each: the first
