@@ -104,11 +104,9 @@ class JobProducer:
         express: Producer | None = None
         if settings.producer_express_when_idle and settings.producer_linger_ms > 0:
             express = make({**config, "linger.ms": 0, "client.id": "onceflow-ingest-express"})
-        self._producer = make(config)
-        depth_of = (self._producer,) if express is None else (self._producer, express)
-        self._lane = _Lane(
-            self._producer, Deliveries(self._producer, self.link, depth_of), "kafka-poll"
-        )
+        lingering = make(config)
+        depth_of = (lingering,) if express is None else (lingering, express)
+        self._lane = _Lane(lingering, Deliveries(lingering, self.link, depth_of), "kafka-poll")
         self._express = (
             None
             if express is None
@@ -210,7 +208,7 @@ class JobProducer:
         """Why Kafka cannot confirm a write to the jobs topic now (None: it can); raises
         KafkaException when no broker answers in ``timeout`` (not this check's to say:
         librdkafka's "all brokers down" marks the link)."""
-        md = self._producer.list_topics(self.topic, timeout=timeout)
+        md = self._lane.producer.list_topics(self.topic, timeout=timeout)
         if not md.brokers:
             raise KafkaException(KafkaError(KafkaError._ALL_BROKERS_DOWN, "no broker answers"))
         return unwritable(md.topics.get(self.topic), self._min_insync(timeout))
@@ -264,22 +262,21 @@ class JobProducer:
             here = None
         # Both lanes flushed in turns, so that one slow to drain leaves the other its
         # share of the time.
-        left = {id(lane): len(lane.producer) for lane in self._lanes}
+        left = [len(lane.producer) for lane in self._lanes]
         while True:
-            for lane in self._lanes:
-                if left[id(lane)]:
-                    left[id(lane)] = lane.producer.flush(_FLUSH_TURN_SECONDS)
+            for n, lane in enumerate(self._lanes):
+                if left[n]:
+                    left[n] = lane.producer.flush(_FLUSH_TURN_SECONDS)
                 lane.deliveries.dispatch(here)
-            if not any(left.values()) or time.monotonic() >= deadline:
+            if not any(left) or time.monotonic() >= deadline:
                 break
-        for lane in self._lanes:
-            if left[id(lane)] == 0 and not lane.poller.is_alive() and not self._watcher.is_alive():
+        for lane, undelivered in zip(self._lanes, left, strict=True):
+            if not undelivered and not lane.poller.is_alive() and not self._watcher.is_alive():
                 # The handle's threads and connections go now, not when the object is
                 # collected: an app object can outlive its server (FastAPI caches its
                 # endpoints, the Swagger page's closure holds the app), and tests
                 # start many. Undelivered records keep it: close() would wait on them
                 # again.
                 lane.producer.close()
-        remaining = sum(left.values())
         self._admin = None
-        return remaining
+        return sum(left)

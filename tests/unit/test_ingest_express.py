@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from onceflow.envelope import JobEnvelope
 from onceflow.settings import Settings
@@ -65,76 +67,74 @@ def _producer(**settings: object) -> tuple[JobProducer, dict[str, HeldProducer]]
     return JobProducer(s, producer_factory=factory), made  # type: ignore[arg-type]
 
 
+@contextmanager
+def _lanes(**settings: object) -> Iterator[tuple[JobProducer, HeldProducer, HeldProducer]]:
+    """A producer with fake lanes (express, lingering), closed at the end."""
+    producer, made = _producer(**settings)
+    try:
+        yield producer, made["onceflow-ingest-express"], made["onceflow-ingest"]
+    finally:
+        producer.close(timeout=1)
+
+
 def _env(job_id: str) -> list[JobEnvelope]:
     return [JobEnvelope(job_id, "w", {})]
 
 
 def test_a_lone_request_skips_the_linger_and_one_behind_others_is_batched():
-    producer, made = _producer(producer_linger_ms=5)
-    express, lingering = made["onceflow-ingest-express"], made["onceflow-ingest"]
-    assert express.config["linger.ms"] == 0 and lingering.config["linger.ms"] == 5
+    with _lanes(producer_linger_ms=5) as (producer, express, lingering):
+        assert express.config["linger.ms"] == 0 and lingering.config["linger.ms"] == 5
 
-    async def main() -> None:
-        first = asyncio.ensure_future(producer.send(_env("a")))
-        await asyncio.sleep(0.05)
-        # "a" awaits its report: "b" and "c" find a record in flight
-        second = asyncio.ensure_future(producer.send(_env("b")))
-        third = asyncio.ensure_future(producer.send(_env("c")))
-        await asyncio.sleep(0.05)
-        assert express.keys == [b"a"] and lingering.keys == [b"b", b"c"]
-        express.release()
-        lingering.release()
-        acks = await asyncio.gather(first, second, third)
-        assert all(ack.ok for batch in acks for ack in batch)
-        # nothing in flight any more: the next lone request is express again
-        express_after = await producer.send(_env("d"))
-        assert express_after[0].ok and express.keys == [b"a", b"d"]
+        async def main() -> None:
+            first = asyncio.ensure_future(producer.send(_env("a")))
+            await asyncio.sleep(0.05)
+            # "a" awaits its report: "b" and "c" find a record in flight
+            second = asyncio.ensure_future(producer.send(_env("b")))
+            third = asyncio.ensure_future(producer.send(_env("c")))
+            await asyncio.sleep(0.05)
+            assert express.keys == [b"a"] and lingering.keys == [b"b", b"c"]
+            express.release()
+            lingering.release()
+            acks = await asyncio.gather(first, second, third)
+            assert all(ack.ok for batch in acks for ack in batch)
+            # nothing in flight any more: the next lone request is express again
+            express_after = await producer.send(_env("d"))
+            assert express_after[0].ok and express.keys == [b"a", b"d"]
 
-    try:
         asyncio.run(main())
-    finally:
-        producer.close(timeout=1)
 
 
 def test_a_record_in_flight_on_either_lane_sends_the_next_to_the_lingering_one():
-    producer, made = _producer(producer_linger_ms=5)
-    express, lingering = made["onceflow-ingest-express"], made["onceflow-ingest"]
+    with _lanes(producer_linger_ms=5) as (producer, express, lingering):
 
-    async def main() -> None:
-        first = asyncio.ensure_future(producer.send(_env("a")))  # express, held
-        await asyncio.sleep(0.05)
-        second = asyncio.ensure_future(producer.send(_env("b")))  # lingering, held
-        await asyncio.sleep(0.05)
-        express.release()
-        await asyncio.wait_for(first, 5)
-        # the express lane is idle, the lingering one is not: "c" joins "b"
-        third = asyncio.ensure_future(producer.send(_env("c")))
-        await asyncio.sleep(0.05)
-        assert express.keys == [b"a"] and lingering.keys == [b"b", b"c"]
-        lingering.release()
-        assert all(ack.ok for batch in await asyncio.gather(second, third) for ack in batch)
+        async def main() -> None:
+            first = asyncio.ensure_future(producer.send(_env("a")))  # express, held
+            await asyncio.sleep(0.05)
+            second = asyncio.ensure_future(producer.send(_env("b")))  # lingering, held
+            await asyncio.sleep(0.05)
+            express.release()
+            await asyncio.wait_for(first, 5)
+            # the express lane is idle, the lingering one is not: "c" joins "b"
+            third = asyncio.ensure_future(producer.send(_env("c")))
+            await asyncio.sleep(0.05)
+            assert express.keys == [b"a"] and lingering.keys == [b"b", b"c"]
+            lingering.release()
+            assert all(ack.ok for batch in await asyncio.gather(second, third) for ack in batch)
 
-    try:
         asyncio.run(main())
-    finally:
-        producer.close(timeout=1)
 
 
 def test_a_request_within_the_linger_of_the_last_one_is_batched_even_when_idle():
-    producer, made = _producer(producer_linger_ms=60_000)
-    express, lingering = made["onceflow-ingest-express"], made["onceflow-ingest"]
-    express.release()
-    lingering.release()
+    with _lanes(producer_linger_ms=60_000) as (producer, express, lingering):
+        express.release()
+        lingering.release()
 
-    async def main() -> None:
-        await producer.send(_env("a"))  # the first: nothing before it
-        await producer.send(_env("b"))  # nothing in flight, but "a" within the linger
-        assert express.keys == [b"a"] and lingering.keys == [b"b"]
+        async def main() -> None:
+            await producer.send(_env("a"))  # the first: nothing before it
+            await producer.send(_env("b"))  # nothing in flight, but "a" within the linger
+            assert express.keys == [b"a"] and lingering.keys == [b"b"]
 
-    try:
         asyncio.run(main())
-    finally:
-        producer.close(timeout=1)
 
 
 def test_close_flushes_both_lanes_and_settles_their_requests():
